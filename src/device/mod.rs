@@ -1,0 +1,95 @@
+//! The `Device` trait: the only place that talks to a driver. Everything
+//! above it (resources, stream pool, runtime) is backend-independent.
+//!
+//! Handles are plain integers so that no layer above needs `unsafe`: on CUDA
+//! a `RawStream`/`RawEvent` is the `CUstream`/`CUevent` pointer value, on the
+//! sim backend an index into the sim's own tables.
+
+use crate::error::DeviceError;
+
+pub mod cuda;
+pub mod sim;
+
+/// Backend stream handle (a `CUstream` value, or a sim stream index).
+pub type RawStream = u64;
+/// Backend event handle (a `CUevent` value, or a sim event index).
+pub type RawEvent = u64;
+/// Device address (host address of the arena on the sim backend).
+pub type DevicePtr = u64;
+
+/// Host work queued in stream order.
+pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// Which backend a device (or a requested runtime) uses.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// CUDA when a driver and device are present, else sim.
+    Auto,
+    Cuda,
+    Sim,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Cuda => "cuda",
+            Backend::Sim => "sim",
+        }
+    }
+}
+
+/// Everything the resources need from a GPU. Implementations are
+/// thread-safe; a call may come from any thread.
+pub trait Device: Send + Sync {
+    fn backend(&self) -> Backend;
+    fn ordinal(&self) -> i32;
+    /// Human-readable device name ("NVIDIA H100 80GB HBM3", "sim").
+    fn name(&self) -> String;
+    /// (free, total) device memory in bytes.
+    fn mem_info(&self) -> DeviceResult<(u64, u64)>;
+
+    /// Create an owned, non-blocking stream.
+    fn create_stream(&self) -> DeviceResult<RawStream>;
+    /// Destroy a stream made by `create_stream` (never an imported one).
+    fn destroy_stream(&self, stream: RawStream) -> DeviceResult<()>;
+    /// Adopt a foreign native stream (a `cudaStream_t`; 0 is the legacy
+    /// default stream). Not owned: never destroyed by us.
+    fn import_stream(&self, native: u64) -> DeviceResult<RawStream>;
+    /// Native handle of a stream (what `xlog_stream_native` returns).
+    fn native_stream(&self, stream: RawStream) -> u64;
+    /// Block the calling thread until all work queued on `stream` is done.
+    fn synchronize_stream(&self, stream: RawStream) -> DeviceResult<()>;
+    /// Run `f` on the host once all earlier work on `stream` is done; later
+    /// work on `stream` waits for it. `f` must not call into the driver.
+    fn enqueue_host(&self, stream: RawStream, f: HostFn) -> DeviceResult<()>;
+
+    /// Stream-ordered allocation (`cuMemAllocAsync`).
+    fn alloc_async(&self, bytes: u64, stream: RawStream) -> DeviceResult<DevicePtr>;
+    /// Stream-ordered free (`cuMemFreeAsync`): the memory is reusable once
+    /// `stream` reaches this point.
+    fn free_async(&self, ptr: DevicePtr, stream: RawStream) -> DeviceResult<()>;
+    /// Synchronous allocation (`cuMemAlloc`).
+    fn alloc_sync(&self, bytes: u64) -> DeviceResult<DevicePtr>;
+    /// Synchronous free (`cuMemFree`).
+    fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()>;
+
+    /// Create an event with timing disabled (cheap to record and query).
+    fn create_event(&self) -> DeviceResult<RawEvent>;
+    fn destroy_event(&self, event: RawEvent);
+    /// Capture the work queued on `stream` so far.
+    fn record_event(&self, event: RawEvent, stream: RawStream) -> DeviceResult<()>;
+    /// Make future work on `stream` wait for the event's latest record.
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> DeviceResult<()>;
+    /// Whether the event's latest record has completed. Never blocks.
+    fn event_query(&self, event: RawEvent) -> DeviceResult<bool>;
+    /// Block until the event's latest record has completed.
+    fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()>;
+
+    /// The sim device behind this trait object, for tests and fault injection.
+    fn as_sim(&self) -> Option<&sim::SimDevice> {
+        None
+    }
+}

@@ -1,0 +1,705 @@
+//! The sim backend: a host-simulated device, the embedded default where no
+//! GPU or driver is present and the bed every test runs on.
+//!
+//! - Memory is real host memory (one arena, zero-filled and committed lazily
+//!   by the OS), so host callbacks can read and write blocks.
+//! - The heap is best-fit over free ranges, lowest address first, and a freed
+//!   range is merged back the moment its stream reaches the free: addresses
+//!   are reused eagerly, which is what stale-handle tests need.
+//! - Each stream is a FIFO run by its own worker thread, so streams really
+//!   run concurrently and a missing wait shows up as a race.
+//! - Events complete when the worker passes them; a wait captures the
+//!   event's latest record at enqueue time, as `cuStreamWaitEvent` does.
+//! - Fault injection: fail the Nth subsequent alloc, free, event record or
+//!   stream creation.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle, ThreadId};
+
+use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
+use crate::error::DeviceError;
+
+/// Alignment of every sim allocation (CUDA guarantees at least 256).
+pub const SIM_ALIGNMENT: u64 = 256;
+
+/// Tag bits that mark a sim stream's native handle, so that a native value
+/// handed out by `native_stream` is recognised by `import_stream`.
+const NATIVE_TAG: u64 = 0x51A0_0000_0000_0000;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a host callback panicked while the sim held it;
+    // the sim's own invariants are restored before any call that can panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Which operation an injected fault targets.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    Alloc,
+    Free,
+    EventRecord,
+    StreamCreate,
+}
+
+#[derive(Default)]
+struct Faults {
+    /// Countdown per kind: 0 = disarmed; n = fail the nth call from now.
+    alloc: AtomicU64,
+    free: AtomicU64,
+    event_record: AtomicU64,
+    stream_create: AtomicU64,
+}
+
+impl Faults {
+    fn slot(&self, kind: FaultKind) -> &AtomicU64 {
+        match kind {
+            FaultKind::Alloc => &self.alloc,
+            FaultKind::Free => &self.free,
+            FaultKind::EventRecord => &self.event_record,
+            FaultKind::StreamCreate => &self.stream_create,
+        }
+    }
+
+    /// Count one call of `kind`; true if this call is the one to fail.
+    fn hit(&self, kind: FaultKind) -> bool {
+        let slot = self.slot(kind);
+        let mut current = slot.load(Ordering::Relaxed);
+        loop {
+            if current == 0 {
+                return false;
+            }
+            match slot.compare_exchange_weak(current, current - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return current == 1,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+/// Best-fit heap over the arena, in offsets from the arena base.
+#[derive(Default)]
+struct Heap {
+    free_by_offset: BTreeMap<u64, u64>,
+    free_by_size: BTreeSet<(u64, u64)>,
+    allocated: HashMap<u64, u64>,
+    used: u64,
+}
+
+impl Heap {
+    fn new(capacity: u64) -> Heap {
+        let mut heap = Heap::default();
+        if capacity > 0 {
+            heap.insert_free(0, capacity);
+        }
+        heap
+    }
+
+    fn insert_free(&mut self, offset: u64, len: u64) {
+        self.free_by_offset.insert(offset, len);
+        self.free_by_size.insert((len, offset));
+    }
+
+    fn remove_free(&mut self, offset: u64, len: u64) {
+        self.free_by_offset.remove(&offset);
+        self.free_by_size.remove(&(len, offset));
+    }
+
+    fn largest_free(&self) -> u64 {
+        self.free_by_size.iter().next_back().map(|&(len, _)| len).unwrap_or(0)
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Option<u64> {
+        let len = bytes.checked_add(SIM_ALIGNMENT - 1)? / SIM_ALIGNMENT * SIM_ALIGNMENT;
+        let &(free_len, offset) = self.free_by_size.range((len, 0)..).next()?;
+        self.remove_free(offset, free_len);
+        if free_len > len {
+            self.insert_free(offset + len, free_len - len);
+        }
+        self.allocated.insert(offset, len);
+        self.used += len;
+        Some(offset)
+    }
+
+    fn free(&mut self, offset: u64) -> bool {
+        let Some(len) = self.allocated.remove(&offset) else {
+            return false;
+        };
+        self.used -= len;
+        let (mut start, mut end) = (offset, offset + len);
+        if let Some((&prev, &prev_len)) = self.free_by_offset.range(..start).next_back() {
+            if prev + prev_len == start {
+                self.remove_free(prev, prev_len);
+                start = prev;
+            }
+        }
+        if let Some(&next_len) = self.free_by_offset.get(&end) {
+            self.remove_free(end, next_len);
+            end += next_len;
+        }
+        self.insert_free(start, end - start);
+        true
+    }
+}
+
+#[derive(Default)]
+struct EventState {
+    recorded: u64,
+    completed: u64,
+}
+
+#[derive(Default)]
+struct SimEvent {
+    state: Mutex<EventState>,
+    changed: Condvar,
+}
+
+impl SimEvent {
+    fn complete(&self, epoch: u64) {
+        let mut st = lock(&self.state);
+        if epoch > st.completed {
+            st.completed = epoch;
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    fn wait_for(&self, epoch: u64) {
+        let mut st = lock(&self.state);
+        while st.completed < epoch {
+            st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+enum Task {
+    Host(HostFn),
+    Record(Arc<SimEvent>, u64),
+    Wait(Arc<SimEvent>, u64),
+    Free(u64),
+    Shutdown,
+}
+
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+}
+
+struct SimStream {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    worker_id: Mutex<Option<ThreadId>>,
+}
+
+impl SimStream {
+    fn push(&self, task: Task) {
+        lock(&self.queue).tasks.push_back(task);
+        self.ready.notify_one();
+    }
+}
+
+struct Shared {
+    heap: Mutex<Heap>,
+}
+
+fn run_worker(stream: Arc<SimStream>, shared: Arc<Shared>) {
+    loop {
+        let task = {
+            let mut q = lock(&stream.queue);
+            loop {
+                if let Some(t) = q.tasks.pop_front() {
+                    break t;
+                }
+                q = stream.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        match task {
+            Task::Host(f) => {
+                // A panicking callback must not kill the stream: the rest of
+                // its queue (frees, event records) still has to run.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                    eprintln!("xlog sim: a host callback panicked; the stream continues");
+                }
+            }
+            Task::Record(ev, epoch) => ev.complete(epoch),
+            Task::Wait(ev, epoch) => ev.wait_for(epoch),
+            Task::Free(offset) => {
+                lock(&shared.heap).free(offset);
+            }
+            Task::Shutdown => return,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Streams {
+    /// Index = raw handle - 1; None once destroyed.
+    slots: Vec<Option<Arc<SimStream>>>,
+    /// Foreign native handle → raw stream made for it.
+    imported: HashMap<u64, RawStream>,
+}
+
+/// The host-simulated device.
+pub struct SimDevice {
+    ordinal: i32,
+    arena: Box<[AtomicU8]>,
+    /// Arena offset of the first 256-aligned byte.
+    align_pad: u64,
+    capacity: u64,
+    shared: Arc<Shared>,
+    streams: Mutex<Streams>,
+    events: Mutex<Vec<Arc<SimEvent>>>,
+    faults: Faults,
+    next_worker: AtomicU64,
+}
+
+impl SimDevice {
+    /// A sim device with `capacity` bytes of memory. The arena is reserved
+    /// up front and committed by the OS only as it is touched.
+    pub fn new(ordinal: i32, capacity: u64) -> DeviceResult<Arc<SimDevice>> {
+        let len = usize::try_from(capacity)
+            .ok()
+            .and_then(|c| c.checked_add(SIM_ALIGNMENT as usize))
+            .ok_or_else(|| DeviceError::Invalid(format!("sim capacity {capacity} bytes does not fit in memory")))?;
+        let arena = bytemuck::allocation::try_zeroed_slice_box::<AtomicU8>(len).map_err(|_| {
+            DeviceError::OutOfMemory {
+                requested: capacity,
+                detail: format!("host could not reserve a {capacity}-byte sim arena"),
+            }
+        })?;
+        let addr = arena.as_ptr() as u64;
+        let align_pad = (SIM_ALIGNMENT - addr % SIM_ALIGNMENT) % SIM_ALIGNMENT;
+        Ok(Arc::new(SimDevice {
+            ordinal,
+            arena,
+            align_pad,
+            capacity,
+            shared: Arc::new(Shared { heap: Mutex::new(Heap::new(capacity)) }),
+            streams: Mutex::new(Streams::default()),
+            events: Mutex::new(Vec::new()),
+            faults: Faults::default(),
+            next_worker: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes of the arena currently allocated (freed ranges count until
+    /// their stream reaches the free).
+    pub fn bytes_in_use(&self) -> u64 {
+        lock(&self.shared.heap).used
+    }
+
+    /// Fail the `nth` call of `kind` from now (1 = the next one). 0 disarms.
+    pub fn inject_fault(&self, kind: FaultKind, nth: u64) {
+        self.faults.slot(kind).store(nth, Ordering::Release);
+    }
+
+    fn base(&self) -> u64 {
+        self.arena.as_ptr() as u64 + self.align_pad
+    }
+
+    fn range(&self, ptr: DevicePtr, len: u64) -> DeviceResult<std::ops::Range<usize>> {
+        let base = self.base();
+        let bad = || DeviceError::Invalid(format!(
+            "sim access of {len} bytes at {ptr:#x} is outside the arena [{base:#x}, {:#x})",
+            base + self.capacity
+        ));
+        let offset = ptr.checked_sub(base).ok_or_else(bad)?;
+        let end = offset.checked_add(len).ok_or_else(bad)?;
+        if end > self.capacity {
+            return Err(bad());
+        }
+        let start = (offset + self.align_pad) as usize;
+        Ok(start..start + len as usize)
+    }
+
+    /// Copy `data` into device memory at `ptr` (as a kernel would write).
+    pub fn write(&self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
+        let r = self.range(ptr, data.len() as u64)?;
+        for (cell, &b) in self.arena[r].iter().zip(data) {
+            cell.store(b, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Copy `len` bytes of device memory at `ptr` out.
+    pub fn read(&self, ptr: DevicePtr, len: u64) -> DeviceResult<Vec<u8>> {
+        let r = self.range(ptr, len)?;
+        Ok(self.arena[r].iter().map(|c| c.load(Ordering::Relaxed)).collect())
+    }
+
+    /// Fill `len` bytes at `ptr` with `value`.
+    pub fn fill(&self, ptr: DevicePtr, len: u64, value: u8) -> DeviceResult<()> {
+        let r = self.range(ptr, len)?;
+        for cell in &self.arena[r] {
+            cell.store(value, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn write_u64(&self, ptr: DevicePtr, value: u64) -> DeviceResult<()> {
+        self.write(ptr, &value.to_le_bytes())
+    }
+
+    pub fn read_u64(&self, ptr: DevicePtr) -> DeviceResult<u64> {
+        let b = self.read(ptr, 8)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    fn stream(&self, raw: RawStream) -> DeviceResult<Arc<SimStream>> {
+        let streams = lock(&self.streams);
+        raw.checked_sub(1)
+            .and_then(|i| streams.slots.get(i as usize))
+            .and_then(|s| s.clone())
+            .ok_or_else(|| DeviceError::Invalid(format!("sim stream {raw} does not exist")))
+    }
+
+    fn event(&self, raw: RawEvent) -> DeviceResult<Arc<SimEvent>> {
+        let events = lock(&self.events);
+        raw.checked_sub(1)
+            .and_then(|i| events.get(i as usize))
+            .cloned()
+            .ok_or_else(|| DeviceError::Invalid(format!("sim event {raw} does not exist")))
+    }
+
+    fn spawn_stream(&self) -> DeviceResult<RawStream> {
+        let stream = Arc::new(SimStream {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            worker: Mutex::new(None),
+            worker_id: Mutex::new(None),
+        });
+        let n = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        let (s, shared) = (stream.clone(), self.shared.clone());
+        let handle = thread::Builder::new()
+            .name(format!("xlog-sim-{}-stream-{n}", self.ordinal))
+            .spawn(move || run_worker(s, shared))
+            .map_err(|e| DeviceError::Driver {
+                call: "sim stream create",
+                code: -1,
+                name: format!("could not start worker thread: {e}"),
+            })?;
+        *lock(&stream.worker_id) = Some(handle.thread().id());
+        *lock(&stream.worker) = Some(handle);
+        let mut streams = lock(&self.streams);
+        streams.slots.push(Some(stream));
+        Ok(streams.slots.len() as RawStream)
+    }
+
+    fn stop_stream(stream: &SimStream) {
+        stream.push(Task::Shutdown);
+        let handle = lock(&stream.worker).take();
+        let own = *lock(&stream.worker_id) == Some(thread::current().id());
+        if let (Some(h), false) = (handle, own) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        let slots = std::mem::take(&mut lock(&self.streams).slots);
+        for stream in slots.into_iter().flatten() {
+            SimDevice::stop_stream(&stream);
+        }
+    }
+}
+
+impl Device for SimDevice {
+    fn backend(&self) -> Backend {
+        Backend::Sim
+    }
+
+    fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn name(&self) -> String {
+        format!("xlog sim device {} ({} bytes)", self.ordinal, self.capacity)
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        Ok((self.capacity - self.bytes_in_use(), self.capacity))
+    }
+
+    fn create_stream(&self) -> DeviceResult<RawStream> {
+        if self.faults.hit(FaultKind::StreamCreate) {
+            return Err(DeviceError::InjectedFault("sim stream creation".into()));
+        }
+        self.spawn_stream()
+    }
+
+    fn destroy_stream(&self, raw: RawStream) -> DeviceResult<()> {
+        let stream = {
+            let mut streams = lock(&self.streams);
+            let slot = raw
+                .checked_sub(1)
+                .and_then(|i| streams.slots.get_mut(i as usize))
+                .ok_or_else(|| DeviceError::Invalid(format!("sim stream {raw} does not exist")))?;
+            slot.take().ok_or_else(|| DeviceError::Invalid(format!("sim stream {raw} already destroyed")))?
+        };
+        SimDevice::stop_stream(&stream);
+        Ok(())
+    }
+
+    fn import_stream(&self, native: u64) -> DeviceResult<RawStream> {
+        if native & !0xFFFF_FFFF == NATIVE_TAG {
+            let raw = native & 0xFFFF_FFFF;
+            self.stream(raw)?;
+            return Ok(raw);
+        }
+        if let Some(&raw) = lock(&self.streams).imported.get(&native) {
+            return Ok(raw);
+        }
+        let raw = self.spawn_stream()?;
+        let mut streams = lock(&self.streams);
+        // Another thread may have imported the same handle meanwhile; keep
+        // the first mapping so one native stream has one sim stream.
+        let kept = *streams.imported.entry(native).or_insert(raw);
+        drop(streams);
+        if kept != raw {
+            self.destroy_stream(raw)?;
+        }
+        Ok(kept)
+    }
+
+    fn native_stream(&self, raw: RawStream) -> u64 {
+        NATIVE_TAG | raw
+    }
+
+    fn synchronize_stream(&self, raw: RawStream) -> DeviceResult<()> {
+        let stream = self.stream(raw)?;
+        if *lock(&stream.worker_id) == Some(thread::current().id()) {
+            return Err(DeviceError::Invalid(format!(
+                "synchronize of sim stream {raw} from its own host callback would deadlock"
+            )));
+        }
+        let (tx, rx) = mpsc::channel::<()>();
+        stream.push(Task::Host(Box::new(move || {
+            let _ = tx.send(());
+        })));
+        rx.recv().map_err(|_| DeviceError::Invalid(format!("sim stream {raw} stopped")))
+    }
+
+    fn enqueue_host(&self, raw: RawStream, f: HostFn) -> DeviceResult<()> {
+        self.stream(raw)?.push(Task::Host(f));
+        Ok(())
+    }
+
+    fn alloc_async(&self, bytes: u64, raw: RawStream) -> DeviceResult<DevicePtr> {
+        self.stream(raw)?;
+        self.alloc_sync(bytes)
+    }
+
+    fn free_async(&self, ptr: DevicePtr, raw: RawStream) -> DeviceResult<()> {
+        let stream = self.stream(raw)?;
+        let offset = self.offset_of_allocation(ptr)?;
+        if self.faults.hit(FaultKind::Free) {
+            return Err(DeviceError::InjectedFault(format!("sim free of {ptr:#x}")));
+        }
+        stream.push(Task::Free(offset));
+        Ok(())
+    }
+
+    fn alloc_sync(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        if bytes == 0 {
+            return Err(DeviceError::Invalid("sim allocation of 0 bytes".into()));
+        }
+        if self.faults.hit(FaultKind::Alloc) {
+            return Err(DeviceError::InjectedFault(format!("sim allocation of {bytes} bytes")));
+        }
+        let mut heap = lock(&self.shared.heap);
+        match heap.alloc(bytes) {
+            Some(offset) => Ok(self.base() + offset),
+            None => Err(DeviceError::OutOfMemory {
+                requested: bytes,
+                detail: format!(
+                    "sim capacity {} bytes, {} in use, largest free range {} bytes",
+                    self.capacity,
+                    heap.used,
+                    heap.largest_free()
+                ),
+            }),
+        }
+    }
+
+    fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        let offset = self.offset_of_allocation(ptr)?;
+        if self.faults.hit(FaultKind::Free) {
+            return Err(DeviceError::InjectedFault(format!("sim free of {ptr:#x}")));
+        }
+        lock(&self.shared.heap).free(offset);
+        Ok(())
+    }
+
+    fn create_event(&self) -> DeviceResult<RawEvent> {
+        let mut events = lock(&self.events);
+        events.push(Arc::new(SimEvent::default()));
+        Ok(events.len() as RawEvent)
+    }
+
+    fn destroy_event(&self, _event: RawEvent) {
+        // Sim events are tiny; slots are kept so handles stay unambiguous.
+    }
+
+    fn record_event(&self, event: RawEvent, raw: RawStream) -> DeviceResult<()> {
+        let stream = self.stream(raw)?;
+        let ev = self.event(event)?;
+        if self.faults.hit(FaultKind::EventRecord) {
+            return Err(DeviceError::InjectedFault(format!("sim record of event {event}")));
+        }
+        let epoch = {
+            let mut st = lock(&ev.state);
+            st.recorded += 1;
+            st.recorded
+        };
+        stream.push(Task::Record(ev, epoch));
+        Ok(())
+    }
+
+    fn stream_wait_event(&self, raw: RawStream, event: RawEvent) -> DeviceResult<()> {
+        let stream = self.stream(raw)?;
+        let ev = self.event(event)?;
+        let epoch = lock(&ev.state).recorded;
+        stream.push(Task::Wait(ev, epoch));
+        Ok(())
+    }
+
+    fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
+        let ev = self.event(event)?;
+        let st = lock(&ev.state);
+        Ok(st.completed >= st.recorded)
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
+        let ev = self.event(event)?;
+        let epoch = lock(&ev.state).recorded;
+        ev.wait_for(epoch);
+        Ok(())
+    }
+
+    fn as_sim(&self) -> Option<&SimDevice> {
+        Some(self)
+    }
+}
+
+impl SimDevice {
+    fn offset_of_allocation(&self, ptr: DevicePtr) -> DeviceResult<u64> {
+        let offset = ptr.checked_sub(self.base()).filter(|o| *o < self.capacity);
+        match offset {
+            Some(o) if lock(&self.shared.heap).allocated.contains_key(&o) => Ok(o),
+            _ => Err(DeviceError::Invalid(format!("{ptr:#x} is not a live sim allocation"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    #[test]
+    fn heap_reuses_freed_address_and_coalesces() {
+        let mut heap = Heap::new(4096);
+        let a = heap.alloc(100).unwrap();
+        let b = heap.alloc(300).unwrap();
+        assert_eq!(a, 0);
+        assert_eq!(b, 256);
+        assert!(heap.free(a));
+        assert_eq!(heap.alloc(200), Some(0), "freed address is reused eagerly");
+        assert!(heap.free(0));
+        assert!(heap.free(b));
+        assert!(!heap.free(b), "double free is refused");
+        assert_eq!(heap.used, 0);
+        assert_eq!(heap.largest_free(), 4096, "ranges coalesce back into one");
+    }
+
+    #[test]
+    fn alloc_is_aligned_and_capacity_is_enforced() {
+        let sim = SimDevice::new(0, 1 << 20).unwrap();
+        let p = sim.alloc_sync(1).unwrap();
+        assert_eq!(p % SIM_ALIGNMENT, 0);
+        let err = sim.alloc_sync(2 << 20).unwrap_err();
+        assert!(matches!(err, DeviceError::OutOfMemory { requested, .. } if requested == 2 << 20));
+        sim.free_sync(p).unwrap();
+        assert!(sim.free_sync(p).is_err());
+    }
+
+    #[test]
+    fn async_free_reuses_address_only_after_stream_reaches_it() {
+        let sim = SimDevice::new(0, 1 << 16).unwrap();
+        let s = sim.create_stream().unwrap();
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        sim.enqueue_host(s, Box::new(move || {
+            while !g.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }))
+        .unwrap();
+        let p = sim.alloc_async(1 << 15, s).unwrap();
+        sim.free_async(p, s).unwrap();
+        let q = sim.alloc_async(1 << 15, s).unwrap();
+        assert_ne!(p, q, "memory freed in stream order is not reused before the stream gets there");
+        gate.store(true, Ordering::Release);
+        sim.synchronize_stream(s).unwrap();
+        let r = sim.alloc_async(1 << 15, s).unwrap();
+        assert_eq!(r, p);
+    }
+
+    #[test]
+    fn events_order_streams() {
+        let sim = SimDevice::new(0, 1 << 16).unwrap();
+        let (a, b) = (sim.create_stream().unwrap(), sim.create_stream().unwrap());
+        let ptr = sim.alloc_sync(8).unwrap();
+        let ev = sim.create_event().unwrap();
+        let sim2 = sim.clone();
+        sim.enqueue_host(a, Box::new(move || {
+            thread::sleep(Duration::from_millis(30));
+            sim2.write_u64(ptr, 42).unwrap();
+        }))
+        .unwrap();
+        sim.record_event(ev, a).unwrap();
+        assert!(!sim.event_query(ev).unwrap());
+        sim.stream_wait_event(b, ev).unwrap();
+        let seen = Arc::new(AtomicU64::new(0));
+        let (sim3, seen2) = (sim.clone(), seen.clone());
+        sim.enqueue_host(b, Box::new(move || {
+            seen2.store(sim3.read_u64(ptr).unwrap(), Ordering::Release);
+        }))
+        .unwrap();
+        sim.synchronize_stream(b).unwrap();
+        assert_eq!(seen.load(Ordering::Acquire), 42);
+        assert!(sim.event_query(ev).unwrap());
+    }
+
+    #[test]
+    fn faults_fire_once_on_the_nth_call() {
+        let sim = SimDevice::new(0, 1 << 16).unwrap();
+        sim.inject_fault(FaultKind::Alloc, 2);
+        assert!(sim.alloc_sync(8).is_ok());
+        assert!(matches!(sim.alloc_sync(8), Err(DeviceError::InjectedFault(_))));
+        assert!(sim.alloc_sync(8).is_ok());
+        sim.inject_fault(FaultKind::StreamCreate, 1);
+        assert!(sim.create_stream().is_err());
+        assert!(sim.create_stream().is_ok());
+    }
+
+    #[test]
+    fn import_maps_native_handles() {
+        let sim = SimDevice::new(0, 1 << 16).unwrap();
+        let s = sim.create_stream().unwrap();
+        assert_eq!(sim.import_stream(sim.native_stream(s)).unwrap(), s);
+        let f = sim.import_stream(0xdead_beef).unwrap();
+        assert_eq!(sim.import_stream(0xdead_beef).unwrap(), f);
+        assert_ne!(f, s);
+        let d = sim.import_stream(0).unwrap();
+        assert_eq!(sim.import_stream(0).unwrap(), d);
+    }
+}

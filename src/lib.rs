@@ -1,0 +1,26 @@
+//! xlog-cuda: a stream-aware device-memory runtime for CUDA.
+//!
+//! Layers, bottom up: [`device`] (the only code that talks to a driver:
+//! CUDA through cudarc, or the host-simulated sim backend), [`resources`]
+//! (the `DeviceMemoryResource` stack: budget, logging, async pool, direct),
+//! [`stream_pool`], [`runtime`], and the C ABI in `ffi`.
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod resource;
+pub mod resources;
+pub mod runtime;
+pub mod stream_pool;
+
+pub use config::{AllocatorKind, Config};
+pub use device::Backend;
+pub use error::{DeviceError, ResourceError, ResourceResult};
+pub use resource::{
+    Access, AllocTag, BlockId, BlockState, BlockUse, DeviceBlock, DeviceMemoryResource,
+    Generation, StreamId, StreamRef,
+};
+pub use runtime::{CloseReport, Runtime, Stats};
+
+/// Crate version, also returned by `xlog_version()`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,377 @@
+//! The `DeviceMemoryResource` trait and the value types that flow through it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::device::RawStream;
+pub use crate::error::{ResourceError, ResourceResult};
+
+/// Public stream identifier. Issued process-wide from one counter, so an id
+/// is never reused and an id from one runtime is never valid in another.
+/// `0` is never issued.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A stream as resources see it: the public id plus the backend handle the
+/// runtime resolved it to. Resources order work on `raw`; two ids can share
+/// one raw stream (a pooled stream released and acquired again), and "same
+/// stream" is decided on `raw`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct StreamRef {
+    pub id: StreamId,
+    pub raw: RawStream,
+}
+
+/// Block generation: unique for the life of the process, never reused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Generation(pub u64);
+
+impl fmt::Display for Generation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl Generation {
+    /// A fresh generation. Generation 0 is never issued, so a zeroed handle
+    /// is always rejected.
+    pub fn next() -> Generation {
+        Generation(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Value handle of a block: what callers hold and hand back. It is checked
+/// against the resource's table on every use; a handle whose generation is
+/// not live (freed, or never issued) is rejected with `UseAfterFree`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockId {
+    pub ptr: u64,
+    pub size: u64,
+    pub generation: Generation,
+    pub alloc_stream: StreamId,
+    pub device: i32,
+}
+
+/// How a launch touches a block.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Access {
+    pub fn writes(self) -> bool {
+        !matches!(self, Access::Read)
+    }
+}
+
+/// One block used by a recorded launch.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BlockUse {
+    pub block: BlockId,
+    pub access: Access,
+}
+
+/// Lifecycle of a block: Live → Pending (freed, GPU not done yet) → Retired.
+/// Quarantined is for debug-guard resources that never hand an address out
+/// again.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    Live,
+    Pending,
+    Retired,
+    Quarantined,
+}
+
+/// Interned allocation tag: 4 bytes in every block record instead of a
+/// string. Names live in a process-wide table that only grows; tags are a
+/// small, repeated vocabulary ("hash_table", "join_output", ...).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AllocTag(u32);
+
+struct TagTable {
+    by_name: HashMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+fn tag_table() -> &'static Mutex<TagTable> {
+    static TABLE: OnceLock<Mutex<TagTable>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let empty: Arc<str> = Arc::from("");
+        let mut by_name = HashMap::new();
+        by_name.insert(empty.clone(), 0);
+        Mutex::new(TagTable { by_name, names: vec![empty] })
+    })
+}
+
+/// Longest tag kept; longer names are cut at a character boundary.
+pub const MAX_TAG_LEN: usize = 128;
+
+impl AllocTag {
+    pub const UNTAGGED: AllocTag = AllocTag(0);
+
+    pub fn new(name: &str) -> AllocTag {
+        if name.is_empty() {
+            return AllocTag::UNTAGGED;
+        }
+        let mut end = name.len().min(MAX_TAG_LEN);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let name = &name[..end];
+        thread_local! {
+            static CACHE: std::cell::RefCell<HashMap<Box<str>, u32>> =
+                std::cell::RefCell::new(HashMap::new());
+        }
+        if let Some(id) = CACHE.with(|c| c.borrow().get(name).copied()) {
+            return AllocTag(id);
+        }
+        let id = {
+            let mut table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
+            match table.by_name.get(name) {
+                Some(&id) => id,
+                None => {
+                    let id = table.names.len() as u32;
+                    let arc: Arc<str> = Arc::from(name);
+                    table.names.push(arc.clone());
+                    table.by_name.insert(arc, id);
+                    id
+                }
+            }
+        };
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            // Bound the per-thread cache; the global table stays authoritative.
+            if c.len() > 4096 {
+                c.clear();
+            }
+            c.insert(name.into(), id);
+        });
+        AllocTag(id)
+    }
+
+    pub fn name(self) -> Arc<str> {
+        let table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
+        table.names.get(self.0 as usize).cloned().unwrap_or_else(|| Arc::from("?"))
+    }
+}
+
+impl fmt::Display for AllocTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A block as the resource describes it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceBlock {
+    pub id: BlockId,
+    pub tag: AllocTag,
+    pub state: BlockState,
+}
+
+impl DeviceBlock {
+    pub fn bytes(&self) -> u64 {
+        self.id.size
+    }
+}
+
+/// Byte and block counts of a resource. `outstanding = live + pending`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub live_bytes: u64,
+    pub pending_bytes: u64,
+    pub live_blocks: u64,
+    pub pending_blocks: u64,
+    pub peak_outstanding_bytes: u64,
+}
+
+impl Usage {
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.live_bytes + self.pending_bytes
+    }
+}
+
+/// A live block reported when a runtime closes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeakedBlock {
+    pub id: BlockId,
+    pub tag: Arc<str>,
+}
+
+fn no_tracking(what: &str) -> ResourceError {
+    ResourceError::StreamMisuse(format!(
+        "{what}: this resource stack does not track cross-stream block use \
+         (Direct allocator); order streams yourself or open the runtime with \
+         the async allocator"
+    ))
+}
+
+/// Stream-ordered device memory resource. Resources compose as decorators:
+/// each wraps an inner `Box<dyn DeviceMemoryResource>` and forwards what it
+/// does not handle itself. Implementations are thread-safe.
+pub trait DeviceMemoryResource: Send + Sync {
+    /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
+    /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag)
+        -> ResourceResult<DeviceBlock>;
+
+    /// Return a block. Its allocation stream is authoritative for ordering:
+    /// a tracking resource first makes it wait for every recorded use on
+    /// other streams. Returns the block as it was, with its new state.
+    /// A stale or doubled handle is an error that changes nothing.
+    fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
+
+    /// CUDA ordinal (or sim ordinal) the resource serves.
+    fn device_ordinal(&self) -> u32;
+
+    /// Live plus pending (freed, not yet retired) bytes.
+    fn bytes_outstanding(&self) -> u64;
+
+    /// Byte and block counts.
+    fn usage(&self) -> Usage;
+
+    /// Check that `block` names a live block; return its description.
+    fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
+
+    /// Live blocks (for leak reports at close).
+    fn live_blocks(&self) -> Vec<LeakedBlock>;
+
+    /// Retire pending frees whose GPU work has completed, without blocking.
+    /// Returns the bytes retired. A synchronous resource has nothing to do.
+    fn reap_pending(&self) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// Block until every free queued so far has completed on the GPU. Does
+    /// not retire anything itself (the caller reaps afterwards), so a budget
+    /// can wait without holding its lock.
+    fn wait_pending(&self) -> ResourceResult<()> {
+        Ok(())
+    }
+
+    // Block-use tracking. The defaults refuse with StreamMisuse instead of
+    // succeeding quietly: a launch builder that saw `Ok` from a resource
+    // which does not really track uses would queue work on another stream,
+    // free the block on its allocation stream, and hit exactly the
+    // cross-stream use-after-free these calls exist to prevent. An explicit
+    // error is the only honest answer from a resource that cannot keep the
+    // promise; only resources that really record events override them, and
+    // decorators forward to their inner resource.
+
+    /// Whether this stack really tracks cross-stream uses. Launch paths ask
+    /// before queueing work so they can fail before anything is enqueued.
+    fn supports_block_use_tracking(&self) -> bool {
+        false
+    }
+
+    /// Attach an event from `use_stream` to `block` (a read use).
+    fn record_block_use(&self, _block: &BlockId, _use_stream: StreamRef) -> ResourceResult<()> {
+        Err(no_tracking("record_block_use"))
+    }
+
+    /// Before work on `use_stream` touches `block`: queue the waits it needs.
+    /// Read waits for the last write from another stream; Write/ReadWrite
+    /// also waits for every outstanding read from other streams.
+    fn prepare_block_use(
+        &self,
+        _block: &BlockId,
+        _use_stream: StreamRef,
+        _access: Access,
+    ) -> ResourceResult<()> {
+        Err(no_tracking("prepare_block_use"))
+    }
+
+    /// After work was enqueued on `use_stream`: record one event. Read joins
+    /// the readers; Write/ReadWrite becomes the last write and clears readers.
+    fn finish_block_use(
+        &self,
+        _block: &BlockId,
+        _use_stream: StreamRef,
+        _access: Access,
+    ) -> ResourceResult<()> {
+        Err(no_tracking("finish_block_use"))
+    }
+
+    /// `prepare_block_use` for a whole launch; every handle is validated
+    /// before anything is queued.
+    fn prepare_block_uses(&self, _stream: StreamRef, _uses: &[BlockUse]) -> ResourceResult<()> {
+        Err(no_tracking("prepare_all"))
+    }
+
+    /// `finish_block_use` for a whole launch with one event; every handle is
+    /// validated before anything is recorded.
+    fn finish_block_uses(&self, _stream: StreamRef, _uses: &[BlockUse]) -> ResourceResult<()> {
+        Err(no_tracking("finish_all"))
+    }
+}
+
+/// Forward the tracking methods of a decorator to `self.inner`.
+macro_rules! forward_tracking {
+    () => {
+        fn supports_block_use_tracking(&self) -> bool {
+            self.inner.supports_block_use_tracking()
+        }
+        fn record_block_use(
+            &self,
+            block: &$crate::resource::BlockId,
+            use_stream: $crate::resource::StreamRef,
+        ) -> $crate::resource::ResourceResult<()> {
+            self.inner.record_block_use(block, use_stream)
+        }
+        fn prepare_block_use(
+            &self,
+            block: &$crate::resource::BlockId,
+            use_stream: $crate::resource::StreamRef,
+            access: $crate::resource::Access,
+        ) -> $crate::resource::ResourceResult<()> {
+            self.inner.prepare_block_use(block, use_stream, access)
+        }
+        fn finish_block_use(
+            &self,
+            block: &$crate::resource::BlockId,
+            use_stream: $crate::resource::StreamRef,
+            access: $crate::resource::Access,
+        ) -> $crate::resource::ResourceResult<()> {
+            self.inner.finish_block_use(block, use_stream, access)
+        }
+        fn prepare_block_uses(
+            &self,
+            stream: $crate::resource::StreamRef,
+            uses: &[$crate::resource::BlockUse],
+        ) -> $crate::resource::ResourceResult<()> {
+            self.inner.prepare_block_uses(stream, uses)
+        }
+        fn finish_block_uses(
+            &self,
+            stream: $crate::resource::StreamRef,
+            uses: &[$crate::resource::BlockUse],
+        ) -> $crate::resource::ResourceResult<()> {
+            self.inner.finish_block_uses(stream, uses)
+        }
+        fn validate(
+            &self,
+            block: &$crate::resource::BlockId,
+        ) -> $crate::resource::ResourceResult<$crate::resource::DeviceBlock> {
+            self.inner.validate(block)
+        }
+        fn live_blocks(&self) -> Vec<$crate::resource::LeakedBlock> {
+            self.inner.live_blocks()
+        }
+        fn device_ordinal(&self) -> u32 {
+            self.inner.device_ordinal()
+        }
+    };
+}
+pub(crate) use forward_tracking;

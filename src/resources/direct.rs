@@ -1,0 +1,112 @@
+//! `Direct`: synchronous allocate/free (`cuMemAlloc`/`cuMemFree`) and no
+//! block-use tracking. prepare/finish keep the trait's StreamMisuse default:
+//! a free here is immediate and cannot wait for uses on other streams, so
+//! callers must order their streams themselves.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::async_pool::{check_matches, stale};
+use crate::device::Device;
+use crate::resource::{
+    AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, Generation, LeakedBlock,
+    ResourceResult, StreamRef, Usage,
+};
+
+struct Record {
+    ptr: u64,
+    size: u64,
+    stream: StreamRef,
+    tag: AllocTag,
+}
+
+#[derive(Default)]
+struct DirectState {
+    blocks: HashMap<Generation, Record>,
+    live_bytes: u64,
+    peak: u64,
+}
+
+pub struct Direct {
+    device: Arc<dyn Device>,
+    ordinal: u32,
+    state: Mutex<DirectState>,
+}
+
+impl Direct {
+    pub fn new(device: Arc<dyn Device>) -> Direct {
+        let ordinal = device.ordinal().max(0) as u32;
+        Direct { device, ordinal, state: Mutex::default() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DirectState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record<'a>(&self, st: &'a DirectState, id: &BlockId) -> ResourceResult<&'a Record> {
+        let rec = st.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
+        check_matches(id, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
+        Ok(rec)
+    }
+}
+
+impl DeviceMemoryResource for Direct {
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        let generation = Generation::next();
+        let ptr = if bytes == 0 { 0 } else { self.device.alloc_sync(bytes)? };
+        let mut st = self.lock();
+        st.blocks.insert(generation, Record { ptr, size: bytes, stream, tag });
+        st.live_bytes += bytes;
+        st.peak = st.peak.max(st.live_bytes);
+        let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
+        Ok(DeviceBlock { id, tag, state: BlockState::Live })
+    }
+
+    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let mut st = self.lock();
+        let rec = self.record(&st, id)?;
+        let (ptr, size, tag) = (rec.ptr, rec.size, rec.tag);
+        if size > 0 {
+            self.device.free_sync(ptr)?;
+        }
+        st.blocks.remove(&id.generation);
+        st.live_bytes -= size;
+        Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired })
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn bytes_outstanding(&self) -> u64 {
+        self.lock().live_bytes
+    }
+
+    fn usage(&self) -> Usage {
+        let st = self.lock();
+        Usage {
+            live_bytes: st.live_bytes,
+            pending_bytes: 0,
+            live_blocks: st.blocks.len() as u64,
+            pending_blocks: 0,
+            peak_outstanding_bytes: st.peak,
+        }
+    }
+
+    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let st = self.lock();
+        let rec = self.record(&st, id)?;
+        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live })
+    }
+
+    fn live_blocks(&self) -> Vec<LeakedBlock> {
+        self.lock()
+            .blocks
+            .iter()
+            .map(|(g, r)| LeakedBlock {
+                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
+                tag: r.tag.name(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,11 @@
+//! Resources, one per file. Decorators wrap an inner resource.
+
+pub mod async_pool;
+pub mod budget;
+pub mod direct;
+pub mod logging;
+
+pub use async_pool::AsyncPool;
+pub use budget::GlobalDeviceBudget;
+pub use direct::Direct;
+pub use logging::LoggingResource;

@@ -1,0 +1,441 @@
+//! `Runtime`: one device, its resource stack, its stream pool and its stats.
+//!
+//! On the CUDA backend the runtime of an ordinal is a process-wide singleton:
+//! every open of that ordinal shares it (so frameworks and engines share one
+//! budget), and it shuts down when the last opener closes. On the sim
+//! backend every open makes an independent runtime, so tests run in
+//! parallel.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::config::{AllocatorKind, Config};
+use crate::device::cuda::CudaDevice;
+use crate::device::sim::SimDevice;
+use crate::device::{Backend, Device, HostFn};
+use crate::error::DeviceError;
+use crate::resource::{
+    Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
+    ResourceError, ResourceResult, StreamId, Usage,
+};
+use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
+use crate::stream_pool::{StreamPool, StreamPoolUsage};
+
+/// Counters and byte totals of a runtime (mirrors `xlog_stats`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub live_bytes: u64,
+    pub pending_bytes: u64,
+    pub outstanding_bytes: u64,
+    pub peak_outstanding_bytes: u64,
+    /// 0 when the runtime has no budget layer.
+    pub budget_limit: u64,
+    /// `u64::MAX` when the runtime has no budget layer.
+    pub budget_remaining: u64,
+    pub live_blocks: u64,
+    pub pending_blocks: u64,
+    pub allocations: u64,
+    pub deallocations: u64,
+    pub failed_allocations: u64,
+}
+
+/// What `close` found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Blocks still live at close; they were freed for the caller.
+    pub leaked: Vec<LeakedBlock>,
+    /// True when other openers of a shared (CUDA) runtime remain, so this
+    /// close only dropped one reference.
+    pub still_shared: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    allocations: AtomicU64,
+    deallocations: AtomicU64,
+    failed_allocations: AtomicU64,
+}
+
+pub struct Runtime {
+    device: Arc<dyn Device>,
+    config: Config,
+    stack: Arc<dyn DeviceMemoryResource>,
+    budget: Option<Arc<GlobalDeviceBudget>>,
+    logging: Option<Arc<LoggingResource>>,
+    streams: StreamPool,
+    counters: Counters,
+    closed: AtomicBool,
+    /// Held shared by every call, exclusively by close: close waits for the
+    /// calls in flight, and calls that start after the `closed` flag is set
+    /// fail fast without waiting.
+    lifecycle: RwLock<()>,
+    openers: AtomicU32,
+}
+
+fn cuda_registry() -> &'static Mutex<HashMap<i32, Arc<Runtime>>> {
+    static REGISTRY: once_cell::sync::Lazy<Mutex<HashMap<i32, Arc<Runtime>>>> =
+        once_cell::sync::Lazy::new(|| Mutex::new(HashMap::new()));
+    &REGISTRY
+}
+
+fn registry_lock() -> std::sync::MutexGuard<'static, HashMap<i32, Arc<Runtime>>> {
+    cuda_registry().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Runtime {
+    /// Open the runtime of `ordinal` with `config`.
+    pub fn open(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
+        config.validate()?;
+        if ordinal < 0 {
+            return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
+        }
+        match config.backend {
+            Backend::Sim => Runtime::open_sim(ordinal, config),
+            Backend::Cuda => Runtime::open_cuda(ordinal, config),
+            Backend::Auto => match Runtime::open_cuda(ordinal, config) {
+                Err(ResourceError::NoDevice(_)) => Runtime::open_sim(ordinal, config),
+                other => other,
+            },
+        }
+    }
+
+    fn open_sim(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
+        let device = SimDevice::new(ordinal, config.sim_capacity_bytes)?;
+        Runtime::build(device, config).map(Arc::new)
+    }
+
+    fn open_cuda(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
+        let mut registry = registry_lock();
+        if let Some(rt) = registry.get(&ordinal) {
+            rt.check_compatible(config)?;
+            rt.openers.fetch_add(1, Ordering::AcqRel);
+            return Ok(rt.clone());
+        }
+        let device: Arc<dyn Device> = CudaDevice::open(ordinal).map_err(|e| match e {
+            DeviceError::NoDevice(m) => ResourceError::NoDevice(m),
+            other => other.into(),
+        })?;
+        let rt = Arc::new(Runtime::build(device, config)?);
+        registry.insert(ordinal, rt.clone());
+        Ok(rt)
+    }
+
+    /// A shared runtime has one budget and one stack; a second opener that
+    /// asks for a different one gets an error instead of a silent surprise.
+    fn check_compatible(&self, config: &Config) -> ResourceResult<()> {
+        let mine = &self.config;
+        if mine.allocator != config.allocator
+            || mine.budget_bytes != config.budget_bytes
+            || mine.log_path != config.log_path
+        {
+            return Err(ResourceError::InvalidArgument(format!(
+                "device {} already has an open runtime (allocator {:?}, budget {} bytes, log {:?}); \
+                 a second open must ask for the same (asked allocator {:?}, budget {} bytes, log {:?})",
+                self.device.ordinal(),
+                mine.allocator,
+                mine.budget_bytes,
+                mine.log_path,
+                config.allocator,
+                config.budget_bytes,
+                config.log_path
+            )));
+        }
+        Ok(())
+    }
+
+    /// Build the stack Budget(Logging(base)) over `device`, leaving out the
+    /// layers the config does not ask for.
+    pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
+        let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
+            AllocatorKind::Async => Arc::new(AsyncPool::new(device.clone())),
+            AllocatorKind::Direct => Arc::new(Direct::new(device.clone())),
+        };
+        let mut logging = None;
+        if let Some(path) = &config.log_path {
+            let layer = Arc::new(LoggingResource::new(stack, path)?);
+            logging = Some(layer.clone());
+            stack = layer;
+        }
+        let mut budget = None;
+        if config.budget_bytes > 0 {
+            let layer = Arc::new(GlobalDeviceBudget::new(stack, config.budget_bytes, config.wait_on_pressure));
+            budget = Some(layer.clone());
+            stack = layer;
+        }
+        Ok(Runtime {
+            streams: StreamPool::new(device.clone(), config.stream_pool_size),
+            device,
+            config: config.clone(),
+            stack,
+            budget,
+            logging,
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            lifecycle: RwLock::new(()),
+            openers: AtomicU32::new(1),
+        })
+    }
+
+    fn enter(&self) -> ResourceResult<std::sync::RwLockReadGuard<'_, ()>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed_error());
+        }
+        let guard = self.lifecycle.read().unwrap_or_else(|p| p.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed_error());
+        }
+        Ok(guard)
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.device.backend()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The sim device, when this runtime runs on the sim backend.
+    pub fn sim(&self) -> Option<&SimDevice> {
+        self.device.as_sim()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The top of the resource stack (for tests of the layers' invariants).
+    pub fn resource(&self) -> &Arc<dyn DeviceMemoryResource> {
+        &self.stack
+    }
+
+    pub fn budget(&self) -> Option<&Arc<GlobalDeviceBudget>> {
+        self.budget.as_ref()
+    }
+
+    pub fn supports_tracking(&self) -> bool {
+        self.stack.supports_block_use_tracking()
+    }
+
+    // ----- streams -----
+
+    pub fn acquire_stream(&self) -> ResourceResult<StreamId> {
+        let _g = self.enter()?;
+        self.streams.acquire()
+    }
+
+    pub fn release_stream(&self, id: StreamId) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        self.streams.release(id)
+    }
+
+    pub fn import_stream(&self, native: u64) -> ResourceResult<StreamId> {
+        let _g = self.enter()?;
+        self.streams.import(native)
+    }
+
+    pub fn native_stream(&self, id: StreamId) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        self.streams.native(id)
+    }
+
+    pub fn synchronize(&self, id: StreamId) -> ResourceResult<()> {
+        let raw = {
+            let _g = self.enter()?;
+            self.streams.resolve(id)?.raw
+        };
+        // The blocking wait runs outside the lifecycle lock.
+        Ok(self.device.synchronize_stream(raw)?)
+    }
+
+    /// Run `f` on the host in stream order (a worker on sim, a host node on
+    /// CUDA, where `f` must not call the CUDA API).
+    pub fn enqueue_host(&self, id: StreamId, f: HostFn) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(id)?;
+        Ok(self.device.enqueue_host(s.raw, f)?)
+    }
+
+    pub fn stream_usage(&self) -> StreamPoolUsage {
+        self.streams.usage()
+    }
+
+    // ----- blocks -----
+
+    pub fn allocate(&self, bytes: u64, stream: StreamId, tag: &str) -> ResourceResult<DeviceBlock> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        match self.stack.allocate(bytes, s, AllocTag::new(tag)) {
+            Ok(b) => {
+                self.counters.allocations.fetch_add(1, Ordering::Relaxed);
+                Ok(b)
+            }
+            Err(e) => {
+                self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
+        let _g = self.enter()?;
+        let b = self.stack.deallocate(block)?;
+        self.counters.deallocations.fetch_add(1, Ordering::Relaxed);
+        Ok(b)
+    }
+
+    /// Check that `block` is live here.
+    pub fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
+        let _g = self.enter()?;
+        self.stack.validate(block)
+    }
+
+    pub fn prepare(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.stack.prepare_block_use(block, s, access)
+    }
+
+    pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.stack.finish_block_use(block, s, access)
+    }
+
+    /// Prepare every block of a launch; all handles are checked first and on
+    /// any error nothing is queued.
+    pub fn prepare_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.stack.prepare_block_uses(s, uses)
+    }
+
+    /// Record a launch's uses with one event; all handles are checked first.
+    pub fn finish_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.stack.finish_block_uses(s, uses)
+    }
+
+    /// Retire completed frees; never blocks. Returns the bytes released.
+    pub fn reap(&self) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        self.stack.reap_pending()
+    }
+
+    /// Block until every queued free has completed, then reap.
+    pub fn drain(&self) -> ResourceResult<u64> {
+        {
+            let _g = self.enter()?;
+        }
+        self.stack.wait_pending()?;
+        self.reap()
+    }
+
+    pub fn usage(&self) -> Usage {
+        self.stack.usage()
+    }
+
+    pub fn stats(&self) -> ResourceResult<Stats> {
+        let _g = self.enter()?;
+        Ok(self.stats_now())
+    }
+
+    fn stats_now(&self) -> Stats {
+        let u = self.stack.usage();
+        let (limit, remaining) = match &self.budget {
+            Some(b) => (b.limit(), b.remaining()),
+            None => (0, u64::MAX),
+        };
+        Stats {
+            live_bytes: u.live_bytes,
+            pending_bytes: u.pending_bytes,
+            outstanding_bytes: u.outstanding_bytes(),
+            peak_outstanding_bytes: u.peak_outstanding_bytes,
+            budget_limit: limit,
+            budget_remaining: remaining,
+            live_blocks: u.live_blocks,
+            pending_blocks: u.pending_blocks,
+            allocations: self.counters.allocations.load(Ordering::Relaxed),
+            deallocations: self.counters.deallocations.load(Ordering::Relaxed),
+            failed_allocations: self.counters.failed_allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    // ----- lifetime -----
+
+    /// Close one opener's reference. The last close frees what is still
+    /// live (reporting each block as a leak on stderr and in the log), waits
+    /// for pending frees, and destroys the pool's streams. Calls made after
+    /// it fail with an error.
+    pub fn close(self: &Arc<Self>) -> ResourceResult<CloseReport> {
+        if self.device.backend() == Backend::Cuda {
+            let mut registry = registry_lock();
+            if self.closed.load(Ordering::Acquire) {
+                return Err(closed_error());
+            }
+            if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
+                return Ok(CloseReport { leaked: Vec::new(), still_shared: true });
+            }
+            let ordinal = self.device.ordinal();
+            if registry.get(&ordinal).is_some_and(|rt| Arc::ptr_eq(rt, self)) {
+                registry.remove(&ordinal);
+            }
+        }
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Err(closed_error());
+        }
+        let _exclusive = self.lifecycle.write().unwrap_or_else(|p| p.into_inner());
+        let leaked = self.stack.live_blocks();
+        if !leaked.is_empty() {
+            let total: u64 = leaked.iter().map(|b| b.id.size).sum();
+            eprintln!(
+                "xlog: runtime on device {} closed with {} live block(s), {} bytes; freeing them:",
+                self.device.ordinal(),
+                leaked.len(),
+                total
+            );
+        }
+        let mut first_error: Option<ResourceError> = None;
+        for block in &leaked {
+            eprintln!(
+                "xlog:   leaked block tag={:?} size={} generation={} ptr={:#x}",
+                block.tag, block.id.size, block.id.generation, block.id.ptr
+            );
+            if let Some(log) = &self.logging {
+                log.log_leak(block);
+            }
+            if let Err(e) = self.stack.deallocate(&block.id) {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Err(e) = self.stack.wait_pending() {
+            first_error.get_or_insert(e);
+        }
+        if let Err(e) = self.stack.reap_pending() {
+            first_error.get_or_insert(e);
+        }
+        for raw in self.streams.all_raw() {
+            let _ = self.device.synchronize_stream(raw);
+        }
+        if let Err(e) = self.streams.shutdown() {
+            first_error.get_or_insert(e);
+        }
+        if let Some(log) = &self.logging {
+            log.flush();
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(CloseReport { leaked, still_shared: false }),
+        }
+    }
+}
+
+fn closed_error() -> ResourceError {
+    ResourceError::InvalidArgument("the runtime has been closed".into())
+}

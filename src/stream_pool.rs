@@ -1,0 +1,188 @@
+//! Bounded pool of streams, plus foreign streams imported by native handle.
+//!
+//! Ids come from one process-wide counter: never reused, never 0, and an id
+//! issued by one runtime is unknown to every other. A released pooled
+//! stream goes back to the idle list and is handed out again under a new id.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::device::{Device, RawStream};
+use crate::resource::{ResourceError, ResourceResult, StreamId, StreamRef};
+
+static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
+
+fn next_id() -> ResourceResult<StreamId> {
+    let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+    if id == 0 || id == u32::MAX {
+        return Err(ResourceError::Internal("stream id space exhausted".into()));
+    }
+    Ok(StreamId(id))
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Origin {
+    Pooled,
+    Imported { native: u64 },
+}
+
+#[derive(Copy, Clone)]
+struct Entry {
+    raw: RawStream,
+    origin: Origin,
+}
+
+#[derive(Default)]
+struct PoolState {
+    active: HashMap<StreamId, Entry>,
+    idle: Vec<RawStream>,
+    created: Vec<RawStream>,
+    pooled_in_use: u32,
+    imported: HashMap<u64, StreamId>,
+}
+
+pub struct StreamPool {
+    device: Arc<dyn Device>,
+    capacity: u32,
+    state: RwLock<PoolState>,
+}
+
+/// What a pool holds, for stats and tests.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct StreamPoolUsage {
+    pub capacity: u32,
+    pub in_use: u32,
+    pub created: u32,
+    pub imported: u32,
+}
+
+impl StreamPool {
+    pub fn new(device: Arc<dyn Device>, capacity: u32) -> StreamPool {
+        StreamPool { device, capacity, state: RwLock::default() }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, PoolState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, PoolState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A pooled stream: an idle one if any, else a new one while fewer than
+    /// `capacity` exist, else `PoolExhausted`.
+    pub fn acquire(&self) -> ResourceResult<StreamId> {
+        let mut st = self.write();
+        if st.pooled_in_use >= self.capacity {
+            return Err(ResourceError::PoolExhausted { capacity: self.capacity });
+        }
+        let raw = match st.idle.pop() {
+            Some(raw) => raw,
+            None => {
+                let raw = self.device.create_stream()?;
+                st.created.push(raw);
+                raw
+            }
+        };
+        let id = match next_id() {
+            Ok(id) => id,
+            Err(e) => {
+                st.idle.push(raw);
+                return Err(e);
+            }
+        };
+        st.active.insert(id, Entry { raw, origin: Origin::Pooled });
+        st.pooled_in_use += 1;
+        Ok(id)
+    }
+
+    /// Give a stream back. Work already queued on it keeps running; the id
+    /// is dead from now on.
+    pub fn release(&self, id: StreamId) -> ResourceResult<()> {
+        let mut st = self.write();
+        let entry = st.active.remove(&id).ok_or_else(|| ResourceError::unknown_stream(id))?;
+        match entry.origin {
+            Origin::Pooled => {
+                st.idle.push(entry.raw);
+                st.pooled_in_use -= 1;
+            }
+            Origin::Imported { native } => {
+                st.imported.remove(&native);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adopt a foreign native stream; the same native handle maps to the
+    /// same id until that id is released.
+    pub fn import(&self, native: u64) -> ResourceResult<StreamId> {
+        if let Some(&id) = self.read().imported.get(&native) {
+            return Ok(id);
+        }
+        let mut st = self.write();
+        if let Some(&id) = st.imported.get(&native) {
+            return Ok(id);
+        }
+        let raw = self.device.import_stream(native)?;
+        let id = next_id()?;
+        st.active.insert(id, Entry { raw, origin: Origin::Imported { native } });
+        st.imported.insert(native, id);
+        Ok(id)
+    }
+
+    /// Resolve a live id to the stream resources order work on.
+    pub fn resolve(&self, id: StreamId) -> ResourceResult<StreamRef> {
+        match self.read().active.get(&id) {
+            Some(e) => Ok(StreamRef { id, raw: e.raw }),
+            None => Err(ResourceError::unknown_stream(id)),
+        }
+    }
+
+    pub fn native(&self, id: StreamId) -> ResourceResult<u64> {
+        let s = self.resolve(id)?;
+        Ok(self.device.native_stream(s.raw))
+    }
+
+    pub fn usage(&self) -> StreamPoolUsage {
+        let st = self.read();
+        StreamPoolUsage {
+            capacity: self.capacity,
+            in_use: st.pooled_in_use,
+            created: st.created.len() as u32,
+            imported: st.imported.len() as u32,
+        }
+    }
+
+    /// Every stream work may be queued on: the ones we created and the
+    /// imported ones still active.
+    pub fn all_raw(&self) -> Vec<RawStream> {
+        let st = self.read();
+        let mut raws = st.created.clone();
+        raws.extend(st.active.values().filter(|e| e.origin != Origin::Pooled).map(|e| e.raw));
+        raws
+    }
+
+    /// Forget every id and destroy the streams this pool created. The
+    /// caller has drained them first.
+    pub fn shutdown(&self) -> ResourceResult<()> {
+        let created = {
+            let mut st = self.write();
+            st.active.clear();
+            st.imported.clear();
+            st.idle.clear();
+            st.pooled_in_use = 0;
+            std::mem::take(&mut st.created)
+        };
+        let mut first_error = None;
+        for raw in created {
+            if let Err(e) = self.device.destroy_stream(raw) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
