@@ -12,6 +12,7 @@ pub mod resource;
 pub mod resources;
 pub mod runtime;
 pub mod stream_pool;
+pub mod ffi;
 
 pub use config::{AllocatorKind, Config};
 pub use device::Backend;

@@ -1,33 +1,829 @@
-//! TEMPORARY stub (being replaced by the real cudarc backend).
-use std::sync::Arc;
+//! CUDA backend: the [`Device`] trait over the raw driver API
+//! (`cudarc::driver::sys`), loaded at run time.
+//!
+//! This file is the only place in the crate (besides the C boundary) that
+//! holds `unsafe` code. Every block says why it is sound.
+//!
+//! Loading: cudarc panics when `libcuda` or one of its entry points is
+//! missing, so before the first driver call we (1) check that the library
+//! can be opened at all, (2) look up every entry point this file uses, and
+//! (3) run `cuInit`, all inside `catch_unwind`. Any failure there is reported
+//! as [`DeviceError::NoDevice`]; after it succeeds no call below can panic.
+//!
+//! Contexts: each [`CudaDevice`] retains the device's primary context (the
+//! one the CUDA runtime, PyTorch and CuPy use too) and makes it current on
+//! the calling thread before every call that depends on the current context.
+//! The check asks the driver (`cuCtxGetCurrent`, a thread-local read inside
+//! the driver) rather than a cache of our own, so a caller that switched
+//! devices in between (`cudaSetDevice` from a framework on the same thread)
+//! can never make us allocate on the wrong device.
+//!
+//! Handles: a `RawStream`/`RawEvent` is the `CUstream`/`CUevent` pointer
+//! value as a `u64`; stream 0 is the legacy default stream of the context.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::{self, CUresult};
+
+use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
-use super::*;
-pub struct CudaDevice;
-impl CudaDevice {
-    pub fn open(ordinal: i32) -> Result<Arc<CudaDevice>, DeviceError> {
-        Err(DeviceError::NoDevice(format!("stub: no CUDA for ordinal {ordinal}")))
+
+/// Every driver entry point this file calls. They are looked up once,
+/// before the first call, so that a driver too old to have one is reported
+/// as an error instead of a panic inside cudarc.
+const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuGetErrorName",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuLaunchHostFunc",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
+];
+
+/// Special stream handles that name a default stream rather than an owned
+/// one (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`): never destroyed.
+const DEFAULT_STREAM_HANDLES: [u64; 3] = [0, 1, 2];
+
+/// Longest device name the driver is asked for (its own limit is 256).
+const NAME_CAPACITY: usize = 256;
+
+// ---------------------------------------------------------------------------
+// Result mapping
+// ---------------------------------------------------------------------------
+
+/// Map a driver result to `Ok(())` or a [`DeviceError::Driver`] naming the
+/// call, the numeric code and the driver's name for it.
+fn check(call: &'static str, r: CUresult) -> DeviceResult<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(DeviceError::Driver { call, code: code_of(r), name: error_name(r) })
     }
 }
-pub fn cuda_available() -> bool { false }
+
+/// Numeric value of a driver result.
+fn code_of(r: CUresult) -> i32 {
+    r as u32 as i32
+}
+
+/// The driver's symbolic name for a result (`CUDA_ERROR_OUT_OF_MEMORY`).
+/// Only called once the driver is loaded and its symbols were checked.
+fn error_name(r: CUresult) -> String {
+    let mut text: *const c_char = ptr::null();
+    // SAFETY: `cuGetErrorName` only writes a pointer into `text`, a local
+    // out-parameter that lives for the whole call. Callers reach this only
+    // after `symbols_then_init` found every entry point, so it cannot panic.
+    let got = unsafe { sys::cuGetErrorName(r, &mut text) };
+    if got != CUresult::CUDA_SUCCESS || text.is_null() {
+        return format!("unknown CUDA error {}", code_of(r));
+    }
+    // SAFETY: on success the driver points `text` at a static, NUL-terminated
+    // string that it never frees; we copy it out immediately.
+    unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+}
+
+/// A `NoDevice` error for driver-level failures during discovery.
+fn no_device_from(call: &'static str, r: CUresult) -> DeviceError {
+    DeviceError::NoDevice(format!(
+        "{call} failed with {} ({}): no usable CUDA driver/device",
+        code_of(r),
+        error_name(r)
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Driver loading
+// ---------------------------------------------------------------------------
+
+/// Load the driver library, check its entry points and run `cuInit`, once
+/// per process. `Err` carries a human-readable reason.
+fn driver() -> Result<(), String> {
+    static STATE: OnceLock<Result<(), String>> = OnceLock::new();
+    STATE.get_or_init(load_and_init).clone()
+}
+
+fn load_and_init() -> Result<(), String> {
+    if !library_present() {
+        return Err("the CUDA driver library (libcuda.so / libcuda.so.1) could not be \
+                    loaded; is the NVIDIA driver installed and on LD_LIBRARY_PATH?"
+            .to_string());
+    }
+    match panic::catch_unwind(symbols_then_init) {
+        Ok(result) => result,
+        Err(payload) => Err(format!(
+            "the CUDA driver could not be initialised: {}",
+            panic_message(payload.as_ref())
+        )),
+    }
+}
+
+/// Whether any of cudarc's candidate names for the driver library opens.
+fn library_present() -> bool {
+    // SAFETY: `is_culib_present` only tries `dlopen` on a fixed list of
+    // library names and closes what it opened; loading the NVIDIA driver
+    // library runs nothing but its own initialisers. A panic (impossible in
+    // practice) is caught and counts as "absent".
+    panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Look up every entry point, then `cuInit(0)`. Runs under `catch_unwind`.
+fn symbols_then_init() -> Result<(), String> {
+    // SAFETY: `culib` opens the driver library (we checked above that one of
+    // its candidate names opens) and keeps it loaded for the whole process.
+    let lib = unsafe { sys::culib() };
+    for name in REQUIRED_SYMBOLS {
+        // SAFETY: the symbol is only looked up, never called through this
+        // type; `get` does not dereference it.
+        let found = unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_ok();
+        if !found {
+            return Err(format!(
+                "the CUDA driver lacks entry point {name}; a driver for CUDA 12.x or \
+                 newer is required"
+            ));
+        }
+    }
+    // SAFETY: cuInit takes a flags word (must be 0) and no pointers.
+    let r = unsafe { sys::cuInit(0) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!("cuInit failed with {} ({})", code_of(r), error_name(r)));
+    }
+    Ok(())
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+/// Number of CUDA devices the driver reports. `Err(NoDevice)` when the
+/// driver cannot be loaded or initialised (including `cuInit` reporting
+/// `CUDA_ERROR_NO_DEVICE`); `Ok(0)` is possible in principle.
+pub fn device_count() -> Result<i32, DeviceError> {
+    driver().map_err(DeviceError::NoDevice)?;
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a local out-parameter; the driver is initialised.
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(no_device_from("cuDeviceGetCount", r));
+    }
+    Ok(count)
+}
+
+/// Whether the driver loads and reports at least one device. Never panics.
+pub fn cuda_available() -> bool {
+    matches!(device_count(), Ok(n) if n > 0)
+}
+
+// ---------------------------------------------------------------------------
+// Handle conversions (u64 <-> driver pointer types)
+// ---------------------------------------------------------------------------
+
+fn as_stream(raw: RawStream) -> sys::CUstream {
+    raw as usize as sys::CUstream
+}
+
+fn as_event(raw: RawEvent) -> sys::CUevent {
+    raw as usize as sys::CUevent
+}
+
+fn to_usize(bytes: u64) -> DeviceResult<usize> {
+    usize::try_from(bytes).map_err(|_| {
+        DeviceError::Invalid(format!("{bytes} bytes does not fit this platform's size type"))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The device
+// ---------------------------------------------------------------------------
+
+/// One CUDA device with its retained primary context.
+///
+/// Only plain integers are stored (the context pointer as a `u64`), so the
+/// type is `Send + Sync`; the driver itself is thread-safe.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: i32,
+    device: sys::CUdevice,
+    /// The retained primary context (`CUcontext` pointer value).
+    context: u64,
+    name: String,
+    /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: `cuMemAllocAsync` works.
+    pools_supported: bool,
+}
+
+// Compile-time proof of the `Send + Sync` requirement of the `Device` trait.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CudaDevice>();
+};
+
+impl CudaDevice {
+    /// Open device `ordinal`: load the driver if needed, retain the device's
+    /// primary context. A missing driver, no devices or an ordinal out of
+    /// range is [`DeviceError::NoDevice`]; this never panics.
+    pub fn open(ordinal: i32) -> Result<Arc<CudaDevice>, DeviceError> {
+        let count = device_count().map_err(|e| match e {
+            DeviceError::NoDevice(m) => {
+                DeviceError::NoDevice(format!("cannot open CUDA device {ordinal}: {m}"))
+            }
+            other => other,
+        })?;
+        if ordinal < 0 || ordinal >= count {
+            return Err(DeviceError::NoDevice(format!(
+                "CUDA device ordinal {ordinal} is out of range: the driver reports \
+                 {count} device(s)"
+            )));
+        }
+        let device = get_device(ordinal)?;
+        let name = device_name(device)?;
+        let pools_supported = pools_supported(device)?;
+        let context = retain_primary(device)?;
+        Ok(Arc::new(CudaDevice { ordinal, device, context, name, pools_supported }))
+    }
+
+    /// Whether the device supports stream-ordered allocation
+    /// (`cuMemAllocAsync`). When false, `alloc_async` reports `Invalid`.
+    pub fn memory_pools_supported(&self) -> bool {
+        self.pools_supported
+    }
+
+    fn context(&self) -> sys::CUcontext {
+        self.context as usize as sys::CUcontext
+    }
+
+    /// Make our primary context current on this thread if it is not.
+    fn bind(&self) -> DeviceResult<()> {
+        let mut current: sys::CUcontext = ptr::null_mut();
+        // SAFETY: `current` is a local out-parameter; the driver is loaded
+        // (a `CudaDevice` exists only after `driver()` succeeded).
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut current) })?;
+        if current as usize as u64 == self.context {
+            return Ok(());
+        }
+        // SAFETY: `self.context` is the primary context we retained in
+        // `open` and release only in `Drop`, so it is valid while `self` is.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context()) })
+    }
+
+    /// `OutOfMemory` with the device's free/total memory when available.
+    fn out_of_memory(&self, requested: u64, call: &str) -> DeviceError {
+        let detail = match self.mem_info() {
+            Ok((free, total)) => format!(
+                "{call}: device {} ({}) has {free} of {total} bytes free",
+                self.ordinal, self.name
+            ),
+            Err(e) => format!(
+                "{call}: device {} ({}); free/total unavailable: {e}",
+                self.ordinal, self.name
+            ),
+        };
+        DeviceError::OutOfMemory { requested, detail }
+    }
+
+    /// Map an allocation result: OOM becomes `OutOfMemory`.
+    fn alloc_result(&self, call: &'static str, r: CUresult, bytes: u64) -> DeviceResult<()> {
+        if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(self.out_of_memory(bytes, call));
+        }
+        check(call, r)
+    }
+}
+
+fn get_device(ordinal: i32) -> DeviceResult<sys::CUdevice> {
+    let mut device: sys::CUdevice = 0;
+    // SAFETY: `device` is a local out-parameter; `ordinal` was range-checked
+    // against cuDeviceGetCount.
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, ordinal) })?;
+    Ok(device)
+}
+
+fn device_name(device: sys::CUdevice) -> DeviceResult<String> {
+    let mut buf = [0 as c_char; NAME_CAPACITY];
+    // SAFETY: the driver writes at most `NAME_CAPACITY` bytes (the length we
+    // pass) into `buf`, which is that long, including the terminating NUL.
+    let r = unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), NAME_CAPACITY as c_int, device) };
+    check("cuDeviceGetName", r)?;
+    // Read up to the first NUL without trusting the driver to have written
+    // one: the slice bounds the scan.
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn pools_supported(device: sys::CUdevice) -> DeviceResult<bool> {
+    let mut value: c_int = 0;
+    let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
+    // SAFETY: `value` is a local out-parameter; `device` came from cuDeviceGet.
+    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut value, attr, device) })?;
+    Ok(value != 0)
+}
+
+fn retain_primary(device: sys::CUdevice) -> DeviceResult<u64> {
+    let mut context: sys::CUcontext = ptr::null_mut();
+    // SAFETY: `context` is a local out-parameter; `device` came from
+    // cuDeviceGet. The matching release is in `CudaDevice::drop`, which runs
+    // exactly once because the context is stored in a `CudaDevice` right
+    // after this returns and nothing fallible happens in between.
+    check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, device) })?;
+    Ok(context as usize as u64)
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: balances the single retain made in `open`. The result is
+        // ignored: at process exit the driver may already be deinitialised
+        // (CUDA_ERROR_DEINITIALIZED), and there is nothing to do about it.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
+/// Driver-side entry point of `enqueue_host`: takes back the boxed closure
+/// and runs it. A panic is caught here and never unwinds into the driver
+/// (even if it did, Rust aborts rather than unwinding through `extern "C"`).
+extern "C" fn host_trampoline(user: *mut c_void) {
+    // SAFETY: `user` is the pointer `enqueue_host` got from
+    // `Box::into_raw(Box<HostFn>)`, handed to the driver by a successful
+    // cuLaunchHostFunc; the driver calls this exactly once per launch, so
+    // the box is reclaimed exactly once.
+    let f = unsafe { Box::from_raw(user.cast::<HostFn>()) };
+    let outcome = panic::catch_unwind(AssertUnwindSafe(move || (*f)()));
+    if let Err(payload) = outcome {
+        eprintln!(
+            "xlog-cuda: a host callback panicked (contained): {}",
+            panic_message(payload.as_ref())
+        );
+        // Dropping the payload could itself panic; keep that inside too.
+        let _ = panic::catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    }
+}
+
 impl Device for CudaDevice {
-    fn backend(&self) -> Backend { Backend::Cuda }
-    fn ordinal(&self) -> i32 { 0 }
-    fn name(&self) -> String { String::new() }
-    fn mem_info(&self) -> DeviceResult<(u64, u64)> { unimplemented!() }
-    fn create_stream(&self) -> DeviceResult<RawStream> { unimplemented!() }
-    fn destroy_stream(&self, _: RawStream) -> DeviceResult<()> { unimplemented!() }
-    fn import_stream(&self, _: u64) -> DeviceResult<RawStream> { unimplemented!() }
-    fn native_stream(&self, _: RawStream) -> u64 { unimplemented!() }
-    fn synchronize_stream(&self, _: RawStream) -> DeviceResult<()> { unimplemented!() }
-    fn enqueue_host(&self, _: RawStream, _: HostFn) -> DeviceResult<()> { unimplemented!() }
-    fn alloc_async(&self, _: u64, _: RawStream) -> DeviceResult<DevicePtr> { unimplemented!() }
-    fn free_async(&self, _: DevicePtr, _: RawStream) -> DeviceResult<()> { unimplemented!() }
-    fn alloc_sync(&self, _: u64) -> DeviceResult<DevicePtr> { unimplemented!() }
-    fn free_sync(&self, _: DevicePtr) -> DeviceResult<()> { unimplemented!() }
-    fn create_event(&self) -> DeviceResult<RawEvent> { unimplemented!() }
-    fn destroy_event(&self, _: RawEvent) {}
-    fn record_event(&self, _: RawEvent, _: RawStream) -> DeviceResult<()> { unimplemented!() }
-    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> DeviceResult<()> { unimplemented!() }
-    fn event_query(&self, _: RawEvent) -> DeviceResult<bool> { unimplemented!() }
-    fn event_synchronize(&self, _: RawEvent) -> DeviceResult<()> { unimplemented!() }
+    fn backend(&self) -> Backend {
+        Backend::Cuda
+    }
+
+    fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are local out-parameters; our context is current.
+        check("cuMemGetInfo_v2", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn create_stream(&self) -> DeviceResult<RawStream> {
+        self.bind()?;
+        let mut stream: sys::CUstream = ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        // SAFETY: `stream` is a local out-parameter; our context is current,
+        // so the stream belongs to this device.
+        check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags) })?;
+        Ok(stream as usize as u64)
+    }
+
+    fn destroy_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        if DEFAULT_STREAM_HANDLES.contains(&stream) {
+            return Err(DeviceError::Invalid(format!(
+                "stream handle {stream:#x} is a default stream and cannot be destroyed"
+            )));
+        }
+        self.bind()?;
+        // SAFETY: the caller passes a handle from `create_stream` that it has
+        // not destroyed yet (trait contract); the driver validates the rest.
+        check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(as_stream(stream)) })
+    }
+
+    fn import_stream(&self, native: u64) -> DeviceResult<RawStream> {
+        Ok(native)
+    }
+
+    fn native_stream(&self, stream: RawStream) -> u64 {
+        stream
+    }
+
+    fn synchronize_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: `stream` is a live stream handle or a default-stream
+        // handle, resolved in our (current) context.
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(as_stream(stream)) })
+    }
+
+    fn enqueue_host(&self, stream: RawStream, f: HostFn) -> DeviceResult<()> {
+        self.bind()?;
+        let user = Box::into_raw(Box::new(f)).cast::<c_void>();
+        // SAFETY: `host_trampoline` matches `CUhostFn` and never unwinds;
+        // `user` is a valid, uniquely owned box pointer that the trampoline
+        // reclaims when the driver runs it.
+        let r = unsafe { sys::cuLaunchHostFunc(as_stream(stream), Some(host_trampoline), user) };
+        if r != CUresult::CUDA_SUCCESS {
+            // SAFETY: the launch failed, so the driver did not take `user`
+            // and will never call the trampoline with it; we still own the
+            // box and free it here exactly once.
+            drop(unsafe { Box::from_raw(user.cast::<HostFn>()) });
+        }
+        check("cuLaunchHostFunc", r)
+    }
+
+    fn alloc_async(&self, bytes: u64, stream: RawStream) -> DeviceResult<DevicePtr> {
+        if bytes == 0 {
+            return Err(DeviceError::Invalid("alloc_async of 0 bytes".to_string()));
+        }
+        if !self.pools_supported {
+            return Err(DeviceError::Invalid(format!(
+                "device {} ({}) does not support stream-ordered allocation \
+                 (cuMemAllocAsync); use the direct allocator",
+                self.ordinal, self.name
+            )));
+        }
+        let size = to_usize(bytes)?;
+        self.bind()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `dptr` is a local out-parameter; `stream` is a stream of
+        // our context (or a default-stream handle); our context is current.
+        let r = unsafe { sys::cuMemAllocAsync(&mut dptr, size, as_stream(stream)) };
+        self.alloc_result("cuMemAllocAsync", r, bytes)?;
+        Ok(dptr)
+    }
+
+    fn free_async(&self, ptr: DevicePtr, stream: RawStream) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: `ptr` is an address from `alloc_async` not yet freed
+        // (resources guarantee this via generation checks); the driver only
+        // queues the release on `stream`, it does not touch host memory.
+        check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(ptr, as_stream(stream)) })
+    }
+
+    fn alloc_sync(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        if bytes == 0 {
+            return Err(DeviceError::Invalid("alloc_sync of 0 bytes".to_string()));
+        }
+        let size = to_usize(bytes)?;
+        self.bind()?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `dptr` is a local out-parameter; our context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut dptr, size) };
+        self.alloc_result("cuMemAlloc_v2", r, bytes)?;
+        Ok(dptr)
+    }
+
+    fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: `ptr` is an address from `alloc_sync` not yet freed; the
+        // driver validates it and touches no host memory.
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    fn create_event(&self) -> DeviceResult<RawEvent> {
+        self.bind()?;
+        let mut event: sys::CUevent = ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        // SAFETY: `event` is a local out-parameter; our context is current.
+        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, flags) })?;
+        Ok(event as usize as u64)
+    }
+
+    fn destroy_event(&self, event: RawEvent) {
+        // SAFETY: the caller passes an event from `create_event` that it
+        // does not use again (trait contract). The driver defers the real
+        // release until outstanding work on the event is done. Errors are
+        // not reportable through this signature and change nothing.
+        let _ = unsafe { sys::cuEventDestroy_v2(as_event(event)) };
+    }
+
+    fn record_event(&self, event: RawEvent, stream: RawStream) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: `event` and `stream` are live handles of our context (or a
+        // default-stream handle, resolved in our current context).
+        check("cuEventRecord", unsafe { sys::cuEventRecord(as_event(event), as_stream(stream)) })
+    }
+
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: as in `record_event`; flags must be 0.
+        let r = unsafe { sys::cuStreamWaitEvent(as_stream(stream), as_event(event), 0) };
+        check("cuStreamWaitEvent", r)
+    }
+
+    fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
+        // No bind: the event carries its context. This is the reap hot path.
+        // SAFETY: `event` is a live handle from `create_event`.
+        let r = unsafe { sys::cuEventQuery(as_event(event)) };
+        match r {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuEventQuery", other).map(|()| false),
+        }
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
+        // SAFETY: `event` is a live handle from `create_event`; the event
+        // carries its own context, so none needs to be current.
+        check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(as_event(event)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Mutex};
+    use std::time::Duration;
+
+    /// Device 0, or `None` after printing why the GPU tests are skipped.
+    fn gpu() -> Option<Arc<CudaDevice>> {
+        if !cuda_available() {
+            let reason = match device_count() {
+                Err(e) => e.to_string(),
+                Ok(n) => format!("driver reports {n} devices"),
+            };
+            println!("skipped: no CUDA driver/device ({reason})");
+            return None;
+        }
+        Some(CudaDevice::open(0).expect("open(0) with a device present"))
+    }
+
+    /// A host callback that blocks its stream until the returned sender
+    /// fires (or 10 s pass, so a failing test cannot hang forever).
+    fn gate(dev: &CudaDevice, stream: RawStream) -> mpsc::Sender<()> {
+        let (tx, rx) = mpsc::channel::<()>();
+        let wait = move || {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+        };
+        dev.enqueue_host(stream, Box::new(wait)).unwrap();
+        tx
+    }
+
+    #[test]
+    fn open_never_panics_and_reports_no_device_when_absent() {
+        let result = CudaDevice::open(0);
+        if cuda_available() {
+            assert!(result.is_ok(), "{result:?}");
+        } else {
+            match result {
+                Err(DeviceError::NoDevice(m)) => println!("open(0) without CUDA: {m}"),
+                other => panic!("expected NoDevice, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ordinal_out_of_range_is_no_device() {
+        for ordinal in [999, -1] {
+            match CudaDevice::open(ordinal) {
+                Err(DeviceError::NoDevice(m)) => println!("open({ordinal}): {m}"),
+                other => panic!("expected NoDevice for {ordinal}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn device_identity_and_memory() {
+        let Some(dev) = gpu() else { return };
+        assert_eq!(dev.backend(), Backend::Cuda);
+        assert_eq!(dev.ordinal(), 0);
+        assert!(!dev.name().is_empty());
+        let (free, total) = dev.mem_info().unwrap();
+        assert!(total > 0 && free <= total, "free {free} total {total}");
+        assert!(dev.memory_pools_supported());
+        println!("device 0: {} ({free}/{total} bytes free)", dev.name());
+    }
+
+    #[test]
+    fn stream_create_destroy() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        assert_ne!(s, 0);
+        assert_eq!(dev.native_stream(s), s);
+        assert_eq!(dev.import_stream(s).unwrap(), s);
+        dev.synchronize_stream(s).unwrap();
+        dev.destroy_stream(s).unwrap();
+        assert!(matches!(dev.destroy_stream(0), Err(DeviceError::Invalid(_))));
+        assert_eq!(dev.import_stream(0).unwrap(), 0);
+        dev.synchronize_stream(0).unwrap();
+    }
+
+    #[test]
+    fn alloc_free_roundtrip_aligned() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        for bytes in [1u64, 255, 256, 1000, 1 << 20] {
+            let p = dev.alloc_async(bytes, s).unwrap();
+            assert_ne!(p, 0);
+            assert_eq!(p % 256, 0, "{bytes} bytes at {p:#x}");
+            dev.free_async(p, s).unwrap();
+        }
+        let p = dev.alloc_async(4096, 0).unwrap();
+        dev.free_async(p, 0).unwrap();
+        let p = dev.alloc_sync(4096).unwrap();
+        assert_eq!(p % 256, 0);
+        dev.free_sync(p).unwrap();
+        assert!(matches!(dev.alloc_async(0, s), Err(DeviceError::Invalid(_))));
+        assert!(matches!(dev.alloc_sync(0), Err(DeviceError::Invalid(_))));
+        dev.synchronize_stream(s).unwrap();
+        dev.destroy_stream(s).unwrap();
+    }
+
+    #[test]
+    fn event_record_query_synchronize() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        let e = dev.create_event().unwrap();
+        assert!(dev.event_query(e).unwrap(), "a never-recorded event is complete");
+        let release = gate(&dev, s);
+        dev.record_event(e, s).unwrap();
+        assert!(!dev.event_query(e).unwrap(), "event behind a blocked callback");
+        release.send(()).unwrap();
+        dev.event_synchronize(e).unwrap();
+        assert!(dev.event_query(e).unwrap());
+        dev.destroy_event(e);
+        dev.destroy_stream(s).unwrap();
+    }
+
+    #[test]
+    fn stream_wait_event_orders_streams() {
+        let Some(dev) = gpu() else { return };
+        let (a, b) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let e = dev.create_event().unwrap();
+        let a_done = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(AtomicBool::new(false));
+        let release = gate(&dev, a);
+        let flag = a_done.clone();
+        dev.enqueue_host(a, Box::new(move || flag.store(true, Ordering::SeqCst))).unwrap();
+        dev.record_event(e, a).unwrap();
+        dev.stream_wait_event(b, e).unwrap();
+        let (flag, out) = (a_done.clone(), seen.clone());
+        let check_order = move || out.store(flag.load(Ordering::SeqCst), Ordering::SeqCst);
+        dev.enqueue_host(b, Box::new(check_order)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        release.send(()).unwrap();
+        dev.synchronize_stream(b).unwrap();
+        assert!(seen.load(Ordering::SeqCst), "b ran before a's work completed");
+        dev.destroy_event(e);
+        dev.destroy_stream(a).unwrap();
+        dev.destroy_stream(b).unwrap();
+    }
+
+    #[test]
+    fn enqueue_host_runs_in_order() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..8 {
+            let order = order.clone();
+            dev.enqueue_host(s, Box::new(move || order.lock().unwrap().push(i))).unwrap();
+        }
+        let flag = done.clone();
+        dev.enqueue_host(s, Box::new(move || flag.store(true, Ordering::SeqCst))).unwrap();
+        dev.synchronize_stream(s).unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+        dev.destroy_stream(s).unwrap();
+    }
+
+    #[test]
+    fn host_callback_panic_is_contained() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        dev.enqueue_host(s, Box::new(|| panic!("deliberate test panic"))).unwrap();
+        let after = Arc::new(AtomicBool::new(false));
+        let flag = after.clone();
+        dev.enqueue_host(s, Box::new(move || flag.store(true, Ordering::SeqCst))).unwrap();
+        dev.synchronize_stream(s).unwrap();
+        assert!(after.load(Ordering::SeqCst));
+        dev.destroy_stream(s).unwrap();
+    }
+
+    #[test]
+    fn absurd_allocation_is_out_of_memory() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        let huge = 1u64 << 50;
+        match dev.alloc_async(huge, s) {
+            Err(DeviceError::OutOfMemory { requested, detail }) => {
+                assert_eq!(requested, huge);
+                println!("async OOM: {detail}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        match dev.alloc_sync(huge) {
+            Err(DeviceError::OutOfMemory { requested, .. }) => assert_eq!(requested, huge),
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        // The device is still usable afterwards (OOM is not sticky).
+        let p = dev.alloc_async(256, s).unwrap();
+        dev.free_async(p, s).unwrap();
+        dev.synchronize_stream(s).unwrap();
+        dev.destroy_stream(s).unwrap();
+    }
+
+    #[test]
+    fn usable_from_fresh_threads() {
+        let Some(dev) = gpu() else { return };
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let dev = dev.clone();
+                std::thread::spawn(move || {
+                    let s = dev.create_stream().unwrap();
+                    for _ in 0..100 {
+                        let p = dev.alloc_async(1 << 16, s).unwrap();
+                        dev.free_async(p, s).unwrap();
+                    }
+                    dev.synchronize_stream(s).unwrap();
+                    dev.destroy_stream(s).unwrap();
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn driver_errors_are_named() {
+        let Some(dev) = gpu() else { return };
+        // An address the driver never handed out: rejected by table lookup.
+        match dev.free_sync(0x10) {
+            Err(DeviceError::Driver { call, code, name }) => {
+                assert_eq!(call, "cuMemFree_v2");
+                assert_ne!(code, 0);
+                assert!(name.starts_with("CUDA_ERROR_"), "{name}");
+                println!("bogus free: {code} {name}");
+            }
+            other => panic!("expected a driver error, got {other:?}"),
+        }
+    }
+
+    /// Rough cost of one alloc/free pair through this backend (context
+    /// check included). Run with `--ignored --nocapture` on a GPU machine.
+    #[test]
+    #[ignore]
+    fn bench_alloc_free_pair() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        let rounds = 200_000u32;
+        for _ in 0..1000 {
+            let p = dev.alloc_async(256, s).unwrap();
+            dev.free_async(p, s).unwrap();
+        }
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            let p = dev.alloc_async(256, s).unwrap();
+            dev.free_async(p, s).unwrap();
+        }
+        let pair = start.elapsed() / rounds;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            dev.bind().unwrap();
+        }
+        let bind = start.elapsed() / rounds;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: local out-parameter; our context is current (bound
+            // above on this thread); `s` is a live stream of it.
+            let r = unsafe { sys::cuMemAllocAsync(&mut p, 256, as_stream(s)) };
+            assert_eq!(r, CUresult::CUDA_SUCCESS);
+            // SAFETY: `p` was just allocated on `s` and is freed once.
+            let r = unsafe { sys::cuMemFreeAsync(p, as_stream(s)) };
+            assert_eq!(r, CUresult::CUDA_SUCCESS);
+        }
+        let raw = start.elapsed() / rounds;
+        println!("alloc_async+free_async pair: {pair:?}; raw driver pair: {raw:?}; context check: {bind:?}");
+        dev.synchronize_stream(s).unwrap();
+        dev.destroy_stream(s).unwrap();
+    }
 }

@@ -1,0 +1,649 @@
+//! The exported C functions. Each body is one call to `boundary`, so every
+//! entry point shares one panic guard and one error path. Functions are
+//! written out literally (no macros) because cbindgen does not expand them.
+
+#![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use super::types::*;
+use super::{boundary, boundary_value, out_ptr, register_runtime, runtime_of, unregister_runtime};
+use crate::config::{AllocatorKind, Config};
+use crate::device::sim::FaultKind;
+use crate::device::Backend;
+use crate::error::ResourceError;
+use crate::resource::{Access, BlockId, BlockUse, DeviceBlock, Generation, StreamId};
+use crate::runtime::{Runtime, Stats};
+
+/// Most uses one recorded launch may name.
+const MAX_USES: usize = 1 << 20;
+
+fn invalid(msg: String) -> ResourceError {
+    ResourceError::InvalidArgument(msg)
+}
+
+/// Store `value` through a caller's out-pointer.
+fn write_out<T>(out: *mut T, value: T) {
+    // SAFETY: every caller checked `out` non-NULL with `out_ptr` first; the
+    // C contract makes the caller responsible for it pointing at writable
+    // storage of type T.
+    unsafe { out.write(value) }
+}
+
+fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
+    if stream == 0 {
+        return Err(invalid("stream 0 is never a valid stream id".into()));
+    }
+    Ok(StreamId(stream))
+}
+
+fn access_of(access: xlog_access) -> Result<Access, ResourceError> {
+    match access {
+        XLOG_ACCESS_READ => Ok(Access::Read),
+        XLOG_ACCESS_WRITE => Ok(Access::Write),
+        XLOG_ACCESS_READ_WRITE => Ok(Access::ReadWrite),
+        other => Err(invalid(format!(
+            "access value {other} is not one of XLOG_ACCESS_READ (1), XLOG_ACCESS_WRITE (2), XLOG_ACCESS_READ_WRITE (3)"
+        ))),
+    }
+}
+
+fn block_id(b: &xlog_block) -> BlockId {
+    BlockId {
+        ptr: b.ptr as u64,
+        size: b.size,
+        generation: Generation(b.generation),
+        alloc_stream: StreamId(b.stream),
+        device: b.device,
+    }
+}
+
+fn block_of(d: &DeviceBlock) -> xlog_block {
+    xlog_block {
+        ptr: d.id.ptr as usize as *mut c_void,
+        size: d.id.size,
+        generation: d.id.generation.0,
+        stream: d.id.alloc_stream.0,
+        device: d.id.device,
+    }
+}
+
+fn uses_of(uses: *const xlog_use, n: usize) -> Result<Vec<BlockUse>, ResourceError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if uses.is_null() {
+        return Err(invalid(format!("uses is NULL but n is {n}")));
+    }
+    if n > MAX_USES {
+        return Err(invalid(format!("n = {n} uses exceeds the limit of {MAX_USES} per launch")));
+    }
+    // SAFETY: non-NULL, n bounded; the caller guarantees `uses` points at n
+    // initialised xlog_use values (plain data, any bit pattern is valid).
+    let slice = unsafe { std::slice::from_raw_parts(uses, n) };
+    slice
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let access = access_of(u.access).map_err(|e| invalid(format!("uses[{i}]: {e}")))?;
+            Ok(BlockUse { block: block_id(&u.block), access })
+        })
+        .collect()
+}
+
+fn backend_of(value: xlog_backend) -> Result<Backend, ResourceError> {
+    match value {
+        XLOG_BACKEND_AUTO => Ok(Backend::Auto),
+        XLOG_BACKEND_CUDA => Ok(Backend::Cuda),
+        XLOG_BACKEND_SIM => Ok(Backend::Sim),
+        other => Err(invalid(format!(
+            "backend value {other} is not one of XLOG_BACKEND_AUTO (0), XLOG_BACKEND_CUDA (1), XLOG_BACKEND_SIM (2)"
+        ))),
+    }
+}
+
+fn backend_code(b: Backend) -> xlog_backend {
+    match b {
+        Backend::Auto => XLOG_BACKEND_AUTO,
+        Backend::Cuda => XLOG_BACKEND_CUDA,
+        Backend::Sim => XLOG_BACKEND_SIM,
+    }
+}
+
+fn allocator_of(value: xlog_allocator) -> Result<AllocatorKind, ResourceError> {
+    match value {
+        XLOG_ALLOCATOR_ASYNC => Ok(AllocatorKind::Async),
+        XLOG_ALLOCATOR_DIRECT => Ok(AllocatorKind::Direct),
+        other => Err(invalid(format!(
+            "allocator value {other} is not one of XLOG_ALLOCATOR_ASYNC (0), XLOG_ALLOCATOR_DIRECT (1)"
+        ))),
+    }
+}
+
+/// Keep a C copy of a log path alive for the process, so a config filled
+/// from the environment can point at it.
+fn interned_path(path: &std::path::Path) -> *const c_char {
+    static PATHS: once_cell::sync::Lazy<Mutex<HashMap<PathBuf, CString>>> =
+        once_cell::sync::Lazy::new(|| Mutex::new(HashMap::new()));
+    use std::os::unix::ffi::OsStrExt;
+    let mut paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    let c = paths.entry(path.to_path_buf()).or_insert_with(|| {
+        CString::new(path.as_os_str().as_bytes()).unwrap_or_else(|_| CString::from(c"<invalid path>"))
+    });
+    c.as_ptr()
+}
+
+fn fill_config(out: &mut xlog_config, cfg: &Config) {
+    *out = xlog_config {
+        struct_size: std::mem::size_of::<xlog_config>() as u32,
+        backend: backend_code(cfg.backend),
+        allocator: match cfg.allocator {
+            AllocatorKind::Async => XLOG_ALLOCATOR_ASYNC,
+            AllocatorKind::Direct => XLOG_ALLOCATOR_DIRECT,
+        },
+        budget_bytes: cfg.budget_bytes,
+        stream_pool_size: cfg.stream_pool_size,
+        log_path: cfg.log_path.as_deref().map_or(std::ptr::null(), interned_path),
+        sim_capacity_bytes: cfg.sim_capacity_bytes,
+        wait_on_pressure: cfg.wait_on_pressure as u8,
+    };
+}
+
+fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError> {
+    if cfg.is_null() {
+        return Config::from_env();
+    }
+    // SAFETY: non-NULL; the caller guarantees it points at an xlog_config.
+    // Every field is plain data or a pointer we only read as a C string.
+    let c = unsafe { &*cfg };
+    if c.struct_size == 0 {
+        let why = match Config::from_env() {
+            Err(e) => e.to_string(),
+            Ok(_) => "struct_size is 0: initialise the config with xlog_config_init".into(),
+        };
+        return Err(invalid(format!("config is not usable: {why}")));
+    }
+    let expected = std::mem::size_of::<xlog_config>() as u32;
+    if c.struct_size != expected {
+        return Err(invalid(format!(
+            "config struct_size is {} but this library's xlog_config is {expected} bytes: \
+             initialise it with xlog_config_init from the header matching the library",
+            c.struct_size
+        )));
+    }
+    if c.wait_on_pressure > 1 {
+        return Err(invalid(format!("wait_on_pressure is {} (must be 0 or 1)", c.wait_on_pressure)));
+    }
+    let log_path = if c.log_path.is_null() {
+        None
+    } else {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: non-NULL; the caller guarantees a NUL-terminated string.
+        let bytes = unsafe { CStr::from_ptr(c.log_path) }.to_bytes();
+        if bytes.is_empty() {
+            None
+        } else {
+            Some(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+        }
+    };
+    let config = Config {
+        backend: backend_of(c.backend)?,
+        allocator: allocator_of(c.allocator)?,
+        budget_bytes: c.budget_bytes,
+        stream_pool_size: c.stream_pool_size,
+        log_path,
+        sim_capacity_bytes: c.sim_capacity_bytes,
+        wait_on_pressure: c.wait_on_pressure == 1,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn stats_of(s: &Stats) -> xlog_stats {
+    xlog_stats {
+        live_bytes: s.live_bytes,
+        pending_bytes: s.pending_bytes,
+        outstanding_bytes: s.outstanding_bytes,
+        peak_outstanding_bytes: s.peak_outstanding_bytes,
+        budget_limit: s.budget_limit,
+        budget_remaining: s.budget_remaining,
+        live_blocks: s.live_blocks,
+        pending_blocks: s.pending_blocks,
+        allocations: s.allocations,
+        deallocations: s.deallocations,
+        failed_allocations: s.failed_allocations,
+    }
+}
+
+fn with_runtime(
+    rt: *mut xlog_runtime,
+    f: impl FnOnce(&Runtime) -> Result<(), ResourceError>,
+) -> Result<(), ResourceError> {
+    let runtime = runtime_of(rt)?;
+    f(&runtime)
+}
+
+// ===================================================================== //
+// Library                                                                //
+// ===================================================================== //
+
+/// Library version, "MAJOR.MINOR.PATCH". Never NULL.
+#[no_mangle]
+pub extern "C" fn xlog_version() -> *const c_char {
+    static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => c"unknown",
+    };
+    VERSION.as_ptr()
+}
+
+/// Name of a status code ("XLOG_ERR_OUT_OF_BUDGET"); "XLOG_STATUS_UNKNOWN"
+/// for a value that is none. Never NULL.
+#[no_mangle]
+pub extern "C" fn xlog_status_name(status: xlog_status) -> *const c_char {
+    super::status_name(status).as_ptr()
+}
+
+/// Copy this thread's last error message (from the most recent failed call
+/// on this thread; empty after a call that succeeded) into `buf`, NUL
+/// terminated and cut to `cap - 1` bytes. Returns the full message length
+/// (without the NUL), so a call with `buf == NULL` or `cap == 0` sizes it.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_last_error_message(buf: *mut c_char, cap: usize) -> usize {
+    boundary_value("xlog_last_error_message", 0, || {
+        super::with_last_error(|msg| {
+            if !buf.is_null() && cap > 0 {
+                let n = msg.len().min(cap - 1);
+                // SAFETY: non-NULL, and the caller guarantees `cap` writable
+                // bytes at `buf`; we write n + 1 <= cap bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, n);
+                    *buf.add(n) = 0;
+                }
+            }
+            msg.len()
+        })
+    })
+}
+
+/// Fill `cfg` with defaults, then apply `XLOG_BACKEND`, `XLOG_BUDGET_BYTES`
+/// and `XLOG_LOG_PATH`. If one of them is malformed, `cfg->struct_size` is
+/// set to 0 (so `xlog_runtime_open` refuses it with the reason) and the
+/// message is available from `xlog_last_error_message`.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_config_init(cfg: *mut xlog_config) {
+    // SAFETY: same contract as ours: `cfg` is NULL or points at a config.
+    let _ = unsafe { xlog_config_from_env(cfg) };
+}
+
+/// `xlog_config_init` that also returns the status: XLOG_OK, or
+/// XLOG_ERR_INVALID_ARGUMENT for a NULL `cfg` or a malformed variable.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_status {
+    boundary("xlog_config_from_env", || {
+        out_ptr(cfg, "cfg")?;
+        let mut out = xlog_config {
+            struct_size: 0,
+            backend: 0,
+            allocator: 0,
+            budget_bytes: 0,
+            stream_pool_size: 0,
+            log_path: std::ptr::null(),
+            sim_capacity_bytes: 0,
+            wait_on_pressure: 0,
+        };
+        let mut config = Config::default();
+        let env = config.apply_env(|name| std::env::var(name).ok());
+        fill_config(&mut out, &config);
+        if env.is_err() {
+            out.struct_size = 0;
+        }
+        write_out(cfg, out);
+        env
+    })
+}
+
+// ===================================================================== //
+// Runtime                                                                //
+// ===================================================================== //
+
+/// Open the runtime of device `device` (a CUDA ordinal; any ordinal on sim).
+/// `cfg` may be NULL for defaults plus environment. On CUDA, opens of one
+/// ordinal share one runtime (and one budget); each open needs a close.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_runtime_open(
+    device: i32,
+    cfg: *const xlog_config,
+    out: *mut *mut xlog_runtime,
+) -> xlog_status {
+    boundary("xlog_runtime_open", || {
+        out_ptr(out, "out")?;
+        let config = config_of(cfg)?;
+        let rt = Runtime::open(device, &config)?;
+        write_out(out, register_runtime(rt));
+        Ok(())
+    })
+}
+
+/// Close a runtime handle. The last close of a runtime frees blocks still
+/// live (each reported on stderr and in the log as a leak), waits for
+/// pending frees and destroys its streams. The handle is invalid afterwards
+/// even if an error is returned.
+#[no_mangle]
+pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
+    xlog_runtime_close_report(rt, std::ptr::null_mut(), std::ptr::null_mut())
+}
+
+/// `xlog_runtime_close` that also reports how many blocks and bytes were
+/// still live (leaked) at close. Either out-pointer may be NULL.
+#[no_mangle]
+pub extern "C" fn xlog_runtime_close_report(
+    rt: *mut xlog_runtime,
+    leaked_blocks: *mut u64,
+    leaked_bytes: *mut u64,
+) -> xlog_status {
+    boundary("xlog_runtime_close", || {
+        let runtime = unregister_runtime(rt)?;
+        let report = runtime.close()?;
+        if !leaked_blocks.is_null() {
+            write_out(leaked_blocks, report.leaked.len() as u64);
+        }
+        if !leaked_bytes.is_null() {
+            write_out(leaked_bytes, report.leaked.iter().map(|b| b.id.size).sum());
+        }
+        Ok(())
+    })
+}
+
+/// The backend a runtime runs on (XLOG_BACKEND_CUDA or XLOG_BACKEND_SIM).
+#[no_mangle]
+pub extern "C" fn xlog_runtime_backend(rt: *mut xlog_runtime, out: *mut xlog_backend) -> xlog_status {
+    boundary("xlog_runtime_backend", || {
+        out_ptr(out, "out")?;
+        with_runtime(rt, |r| {
+            write_out(out, backend_code(r.backend()));
+            Ok(())
+        })
+    })
+}
+
+/// Current statistics.
+#[no_mangle]
+pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) -> xlog_status {
+    boundary("xlog_get_stats", || {
+        out_ptr(out, "out")?;
+        with_runtime(rt, |r| {
+            write_out(out, stats_of(&r.stats()?));
+            Ok(())
+        })
+    })
+}
+
+// ===================================================================== //
+// Streams                                                                //
+// ===================================================================== //
+
+/// Take a stream from the bounded pool (XLOG_ERR_POOL_EXHAUSTED past
+/// `stream_pool_size`).
+#[no_mangle]
+pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stream) -> xlog_status {
+    boundary("xlog_stream_acquire", || {
+        out_ptr(out, "out")?;
+        with_runtime(rt, |r| {
+            write_out(out, r.acquire_stream()?.0);
+            Ok(())
+        })
+    })
+}
+
+/// Give a stream back; its id is invalid afterwards. Queued work still runs.
+#[no_mangle]
+pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
+    boundary("xlog_stream_release", || with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))
+}
+
+/// Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
+/// same native stream maps to the same id until that id is released.
+#[no_mangle]
+pub extern "C" fn xlog_stream_import(
+    rt: *mut xlog_runtime,
+    cuda_stream: *mut c_void,
+    out: *mut xlog_stream,
+) -> xlog_status {
+    boundary("xlog_stream_import", || {
+        out_ptr(out, "out")?;
+        with_runtime(rt, |r| {
+            write_out(out, r.import_stream(cuda_stream as u64)?.0);
+            Ok(())
+        })
+    })
+}
+
+/// The native `cudaStream_t` of a stream (an opaque token on sim).
+#[no_mangle]
+pub extern "C" fn xlog_stream_native(
+    rt: *mut xlog_runtime,
+    stream: xlog_stream,
+    out_cuda_stream: *mut *mut c_void,
+) -> xlog_status {
+    boundary("xlog_stream_native", || {
+        out_ptr(out_cuda_stream, "out_cuda_stream")?;
+        with_runtime(rt, |r| {
+            let native = r.native_stream(stream_id(stream)?)?;
+            write_out(out_cuda_stream, native as usize as *mut c_void);
+            Ok(())
+        })
+    })
+}
+
+/// Block until all work queued on `stream` has completed.
+#[no_mangle]
+pub extern "C" fn xlog_stream_synchronize(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
+    boundary("xlog_stream_synchronize", || with_runtime(rt, |r| r.synchronize(stream_id(stream)?)))
+}
+
+struct UserData(*mut c_void);
+// SAFETY: the pointer is only handed back to the caller's own callback; the
+// caller is responsible for what it points at being usable from the thread
+// that runs stream callbacks, as with cuLaunchHostFunc.
+unsafe impl Send for UserData {}
+
+/// Run `fn(user)` on a host thread once all earlier work on `stream` is
+/// done; later work on the stream waits for it (`cuLaunchHostFunc` on CUDA,
+/// where `fn` must not call the CUDA API; a stream worker on sim).
+#[no_mangle]
+pub extern "C" fn xlog_stream_enqueue_host(
+    rt: *mut xlog_runtime,
+    stream: xlog_stream,
+    func: xlog_host_fn,
+    user: *mut c_void,
+) -> xlog_status {
+    boundary("xlog_stream_enqueue_host", || {
+        let f = func.ok_or_else(|| invalid("fn is NULL".into()))?;
+        with_runtime(rt, |r| {
+            let data = UserData(user);
+            r.enqueue_host(
+                stream_id(stream)?,
+                Box::new(move || {
+                    let data = data;
+                    f(data.0)
+                }),
+            )
+        })
+    })
+}
+
+// ===================================================================== //
+// Blocks                                                                 //
+// ===================================================================== //
+
+/// Allocate `bytes` ordered on `stream`, aligned to at least 256 bytes.
+/// Zero bytes succeeds with `ptr == NULL`. `tag` (may be NULL) names the
+/// caller in the log, leak reports and errors.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_allocate(
+    rt: *mut xlog_runtime,
+    bytes: u64,
+    stream: xlog_stream,
+    tag: *const c_char,
+    out: *mut xlog_block,
+) -> xlog_status {
+    boundary("xlog_allocate", || {
+        out_ptr(out, "out")?;
+        let tag_text = if tag.is_null() {
+            std::borrow::Cow::Borrowed("")
+        } else {
+            // SAFETY: non-NULL; the caller guarantees a NUL-terminated string.
+            unsafe { CStr::from_ptr(tag) }.to_string_lossy()
+        };
+        with_runtime(rt, |r| {
+            let block = r.allocate(bytes, stream_id(stream)?, &tag_text)?;
+            write_out(out, block_of(&block));
+            Ok(())
+        })
+    })
+}
+
+/// Free a block: its allocation stream waits for every recorded use on
+/// other streams, then the free is queued there. The bytes stay charged to
+/// the budget (as pending) until `xlog_reap` sees the free complete.
+#[no_mangle]
+pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
+    boundary("xlog_deallocate", || {
+        with_runtime(rt, |r| r.deallocate(&block_id(&block)).map(|_| ()))
+    })
+}
+
+/// XLOG_OK if `block` is live in this runtime, else the reason.
+#[no_mangle]
+pub extern "C" fn xlog_block_validate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
+    boundary("xlog_block_validate", || {
+        with_runtime(rt, |r| r.validate(&block_id(&block)).map(|_| ()))
+    })
+}
+
+/// Before enqueueing work on `stream` that touches `block`: queue the waits
+/// it needs.
+#[no_mangle]
+pub extern "C" fn xlog_prepare(
+    rt: *mut xlog_runtime,
+    block: xlog_block,
+    stream: xlog_stream,
+    access: xlog_access,
+) -> xlog_status {
+    boundary("xlog_prepare", || {
+        let access = access_of(access)?;
+        with_runtime(rt, |r| r.prepare(&block_id(&block), stream_id(stream)?, access))
+    })
+}
+
+/// After enqueueing work on `stream` that touched `block`: record it.
+#[no_mangle]
+pub extern "C" fn xlog_finish(
+    rt: *mut xlog_runtime,
+    block: xlog_block,
+    stream: xlog_stream,
+    access: xlog_access,
+) -> xlog_status {
+    boundary("xlog_finish", || {
+        let access = access_of(access)?;
+        with_runtime(rt, |r| r.finish(&block_id(&block), stream_id(stream)?, access))
+    })
+}
+
+/// `xlog_prepare` for every block of a launch. All handles are validated
+/// first; on any error nothing is queued.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_prepare_all(
+    rt: *mut xlog_runtime,
+    stream: xlog_stream,
+    uses: *const xlog_use,
+    n: usize,
+) -> xlog_status {
+    boundary("xlog_prepare_all", || {
+        let uses = uses_of(uses, n)?;
+        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, &uses))
+    })
+}
+
+/// `xlog_finish` for every block of a launch, with one event. All handles
+/// are validated first; on any error nothing is recorded.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_finish_all(
+    rt: *mut xlog_runtime,
+    stream: xlog_stream,
+    uses: *const xlog_use,
+    n: usize,
+) -> xlog_status {
+    boundary("xlog_finish_all", || {
+        let uses = uses_of(uses, n)?;
+        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, &uses))
+    })
+}
+
+/// Retire pending frees whose GPU work has completed. Never blocks.
+/// `reclaimed_bytes` (may be NULL) receives the bytes released.
+#[no_mangle]
+pub extern "C" fn xlog_reap(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -> xlog_status {
+    boundary("xlog_reap", || {
+        with_runtime(rt, |r| {
+            let bytes = r.reap()?;
+            if !reclaimed_bytes.is_null() {
+                write_out(reclaimed_bytes, bytes);
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Wait until every free queued so far has completed, then reap.
+/// `reclaimed_bytes` (may be NULL) receives the bytes released.
+#[no_mangle]
+pub extern "C" fn xlog_drain(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -> xlog_status {
+    boundary("xlog_drain", || {
+        with_runtime(rt, |r| {
+            let bytes = r.drain()?;
+            if !reclaimed_bytes.is_null() {
+                write_out(reclaimed_bytes, bytes);
+            }
+            Ok(())
+        })
+    })
+}
+
+// ===================================================================== //
+// Testing hooks                                                          //
+// ===================================================================== //
+
+/// Sim backend only: make the `nth` call (1 = the next) of kind `fault`
+/// fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
+#[no_mangle]
+pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault, nth: u64) -> xlog_status {
+    boundary("xlog_sim_inject_fault", || {
+        let kind = match fault {
+            XLOG_FAULT_ALLOC => FaultKind::Alloc,
+            XLOG_FAULT_FREE => FaultKind::Free,
+            XLOG_FAULT_EVENT_RECORD => FaultKind::EventRecord,
+            XLOG_FAULT_STREAM_CREATE => FaultKind::StreamCreate,
+            other => return Err(invalid(format!("fault kind {other} is not one of XLOG_FAULT_ALLOC..XLOG_FAULT_STREAM_CREATE (1..4)"))),
+        };
+        with_runtime(rt, |r| {
+            let sim = r
+                .sim()
+                .ok_or_else(|| invalid("fault injection needs a runtime on the sim backend".into()))?;
+            sim.inject_fault(kind, nth);
+            Ok(())
+        })
+    })
+}
+
+/// Panics inside the boundary, to test that a panic becomes
+/// XLOG_ERR_INTERNAL with a message instead of aborting the process.
+#[no_mangle]
+pub extern "C" fn xlog_debug_panic() -> xlog_status {
+    boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
+}

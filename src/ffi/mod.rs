@@ -1,0 +1,201 @@
+//! The C boundary: one panic boundary used by every entry point, status
+//! codes, the thread-local last-error message, and the runtime handle table.
+
+pub mod api;
+pub mod types;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::error::ResourceError;
+use crate::runtime::Runtime;
+use types::*;
+
+pub(crate) type FfiResult = Result<(), ResourceError>;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+pub(crate) fn set_last_error(message: String) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = message);
+}
+
+pub(crate) fn clear_last_error() {
+    LAST_ERROR.with(|e| e.borrow_mut().clear());
+}
+
+pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
+    LAST_ERROR.with(|e| f(&e.borrow()))
+}
+
+pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
+    match e {
+        ResourceError::InvalidArgument(_) => XLOG_ERR_INVALID_ARGUMENT,
+        ResourceError::OutOfBudget { .. } => XLOG_ERR_OUT_OF_BUDGET,
+        ResourceError::OutOfMemory { .. } => XLOG_ERR_OUT_OF_MEMORY,
+        ResourceError::Driver(_) => XLOG_ERR_DRIVER,
+        ResourceError::StreamMisuse(_) => XLOG_ERR_STREAM_MISUSE,
+        ResourceError::UseAfterFree { .. } => XLOG_ERR_USE_AFTER_FREE,
+        ResourceError::UnsatisfiableDependency(_) => XLOG_ERR_UNSATISFIABLE_DEPENDENCY,
+        ResourceError::PoolExhausted { .. } => XLOG_ERR_POOL_EXHAUSTED,
+        ResourceError::NoDevice(_) => XLOG_ERR_NO_DEVICE,
+        ResourceError::Internal(_) => XLOG_ERR_INTERNAL,
+    }
+}
+
+pub(crate) fn status_name(status: xlog_status) -> &'static std::ffi::CStr {
+    match status {
+        XLOG_OK => c"XLOG_OK",
+        XLOG_ERR_INVALID_ARGUMENT => c"XLOG_ERR_INVALID_ARGUMENT",
+        XLOG_ERR_OUT_OF_BUDGET => c"XLOG_ERR_OUT_OF_BUDGET",
+        XLOG_ERR_OUT_OF_MEMORY => c"XLOG_ERR_OUT_OF_MEMORY",
+        XLOG_ERR_DRIVER => c"XLOG_ERR_DRIVER",
+        XLOG_ERR_STREAM_MISUSE => c"XLOG_ERR_STREAM_MISUSE",
+        XLOG_ERR_USE_AFTER_FREE => c"XLOG_ERR_USE_AFTER_FREE",
+        XLOG_ERR_UNSATISFIABLE_DEPENDENCY => c"XLOG_ERR_UNSATISFIABLE_DEPENDENCY",
+        XLOG_ERR_POOL_EXHAUSTED => c"XLOG_ERR_POOL_EXHAUSTED",
+        XLOG_ERR_NO_DEVICE => c"XLOG_ERR_NO_DEVICE",
+        XLOG_ERR_INTERNAL => c"XLOG_ERR_INTERNAL",
+        _ => c"XLOG_STATUS_UNKNOWN",
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// The one panic boundary. Runs `body`, maps its error to a status and the
+/// thread's last-error message, and turns a panic into XLOG_ERR_INTERNAL:
+/// since Rust 1.81 a panic escaping `extern "C"` aborts the host process,
+/// and an engine must never die because of us.
+pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
+    clear_last_error();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => XLOG_OK,
+        Ok(Err(e)) => {
+            set_last_error(format!("{name}: {e}"));
+            status_of(&e)
+        }
+        Err(payload) => {
+            set_last_error(format!("{name}: internal error (panic): {}", panic_text(&*payload)));
+            XLOG_ERR_INTERNAL
+        }
+    }
+}
+
+/// Like `boundary` for the few entry points that return a value rather
+/// than a status: a panic yields `fallback`.
+pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(payload) => {
+            set_last_error(format!("{name}: internal error (panic): {}", panic_text(&*payload)));
+            fallback
+        }
+    }
+}
+
+// ----- runtime handles -----
+//
+// A `xlog_runtime*` is a token, never a real pointer: tokens come from a
+// counter, are never reused, and are looked up in a table on every call. A
+// closed, forged or never-opened handle is therefore reported as an error
+// instead of being dereferenced.
+
+const TOKEN_STRIDE: usize = 16;
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10_0000);
+
+fn handles() -> &'static RwLock<HashMap<usize, Arc<Runtime>>> {
+    static TABLE: once_cell::sync::Lazy<RwLock<HashMap<usize, Arc<Runtime>>>> =
+        once_cell::sync::Lazy::new(|| RwLock::new(HashMap::new()));
+    &TABLE
+}
+
+pub(crate) fn register_runtime(rt: Arc<Runtime>) -> *mut xlog_runtime {
+    let token = NEXT_TOKEN.fetch_add(TOKEN_STRIDE, Ordering::Relaxed);
+    handles().write().unwrap_or_else(|p| p.into_inner()).insert(token, rt);
+    token as *mut xlog_runtime
+}
+
+pub(crate) fn runtime_of(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
+    if handle.is_null() {
+        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+    }
+    let table = handles().read().unwrap_or_else(|p| p.into_inner());
+    table.get(&(handle as usize)).cloned().ok_or_else(|| {
+        ResourceError::InvalidArgument(format!(
+            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
+        ))
+    })
+}
+
+pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
+    if handle.is_null() {
+        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+    }
+    handles()
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(handle as usize))
+        .ok_or_else(|| {
+            ResourceError::InvalidArgument(format!(
+                "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
+            ))
+        })
+}
+
+/// Require a non-NULL out-pointer.
+pub(crate) fn out_ptr<T>(p: *mut T, what: &str) -> Result<(), ResourceError> {
+    if p.is_null() {
+        return Err(ResourceError::InvalidArgument(format!("{what} is NULL")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_header_matches_cbindgen_output() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/xlog_cuda.h"));
+        let committed = include_str!("../../include/xlog_cuda.h");
+        assert!(
+            generated == committed,
+            "include/xlog_cuda.h is out of date: regenerate with XLOG_WRITE_HEADER=1 cargo build and commit it"
+        );
+    }
+
+    #[test]
+    fn header_defines_only_prefixed_names() {
+        let header = include_str!("../../include/xlog_cuda.h");
+        for line in header.lines().filter(|l| l.starts_with("#define ")) {
+            let name = line.split_whitespace().nth(1).unwrap_or("");
+            assert!(name.starts_with("XLOG_"), "header defines an unprefixed name: {line}");
+        }
+        let version = env!("CARGO_PKG_VERSION");
+        let expected = format!(
+            "{}.{}.{}",
+            super::types::XLOG_VERSION_MAJOR,
+            super::types::XLOG_VERSION_MINOR,
+            super::types::XLOG_VERSION_PATCH
+        );
+        assert_eq!(version, expected, "XLOG_VERSION_* constants must match Cargo.toml");
+    }
+
+    #[test]
+    fn panic_becomes_internal_status_with_message() {
+        let status = super::api::xlog_debug_panic();
+        assert_eq!(status, super::types::XLOG_ERR_INTERNAL);
+        let msg = super::with_last_error(|m| m.to_string());
+        assert!(msg.contains("deliberate panic"), "{msg}");
+    }
+}

@@ -1,0 +1,133 @@
+//! C-visible types. Enumerations cross the boundary as fixed-width integers
+//! with named constants: a caller may pass any value, and an out-of-range
+//! value in a Rust enum would be undefined behaviour before we could reject
+//! it. Every value is checked on entry.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_void};
+
+/// Status of every call. Values never change meaning.
+pub type xlog_status = i32;
+pub const XLOG_OK: xlog_status = 0;
+pub const XLOG_ERR_INVALID_ARGUMENT: xlog_status = 1;
+pub const XLOG_ERR_OUT_OF_BUDGET: xlog_status = 2;
+pub const XLOG_ERR_OUT_OF_MEMORY: xlog_status = 3;
+pub const XLOG_ERR_DRIVER: xlog_status = 4;
+pub const XLOG_ERR_STREAM_MISUSE: xlog_status = 5;
+pub const XLOG_ERR_USE_AFTER_FREE: xlog_status = 6;
+pub const XLOG_ERR_UNSATISFIABLE_DEPENDENCY: xlog_status = 7;
+pub const XLOG_ERR_POOL_EXHAUSTED: xlog_status = 8;
+pub const XLOG_ERR_NO_DEVICE: xlog_status = 9;
+pub const XLOG_ERR_INTERNAL: xlog_status = 10;
+
+/// Stream id issued by a runtime. 0 is never valid; ids are never reused.
+pub type xlog_stream = u32;
+
+/// How a launch touches a block.
+pub type xlog_access = u32;
+pub const XLOG_ACCESS_READ: xlog_access = 1;
+pub const XLOG_ACCESS_WRITE: xlog_access = 2;
+pub const XLOG_ACCESS_READ_WRITE: xlog_access = 3;
+
+/// Device backend.
+pub type xlog_backend = u32;
+/// CUDA when a driver and device are present, else sim.
+pub const XLOG_BACKEND_AUTO: xlog_backend = 0;
+pub const XLOG_BACKEND_CUDA: xlog_backend = 1;
+/// Host-simulated device.
+pub const XLOG_BACKEND_SIM: xlog_backend = 2;
+
+/// Allocator at the bottom of the stack.
+pub type xlog_allocator = u32;
+/// Stream-ordered allocation with block-use tracking (default).
+pub const XLOG_ALLOCATOR_ASYNC: xlog_allocator = 0;
+/// Synchronous allocation, no tracking (prepare/finish → STREAM_MISUSE).
+pub const XLOG_ALLOCATOR_DIRECT: xlog_allocator = 1;
+
+/// Sim fault kinds for `xlog_sim_inject_fault`.
+pub type xlog_fault = u32;
+pub const XLOG_FAULT_ALLOC: xlog_fault = 1;
+pub const XLOG_FAULT_FREE: xlog_fault = 2;
+pub const XLOG_FAULT_EVENT_RECORD: xlog_fault = 3;
+pub const XLOG_FAULT_STREAM_CREATE: xlog_fault = 4;
+
+/// Opaque runtime handle. The pointer value is a token checked on every
+/// call: a closed or never-opened handle is an error, not a crash.
+pub struct xlog_runtime {
+    _private: [u8; 0],
+}
+
+/// A value handle for a block; copy it freely. Checked by generation on
+/// every use: a handle to a freed block is rejected even if its address was
+/// reused.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct xlog_block {
+    /// Device pointer (host memory on the sim backend); NULL for 0 bytes.
+    pub ptr: *mut c_void,
+    pub size: u64,
+    /// Unique for the life of the process, never reused.
+    pub generation: u64,
+    /// Allocation stream.
+    pub stream: xlog_stream,
+    pub device: i32,
+}
+
+/// One block used by a recorded launch.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct xlog_use {
+    pub block: xlog_block,
+    pub access: xlog_access,
+}
+
+/// Runtime configuration. Fill it with `xlog_config_init`, then change
+/// fields.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct xlog_config {
+    /// Set by `xlog_config_init` to `sizeof(xlog_config)`; 0 marks a config
+    /// whose environment defaults were malformed.
+    pub struct_size: u32,
+    pub backend: xlog_backend,
+    pub allocator: xlog_allocator,
+    /// 0 = no budget layer.
+    pub budget_bytes: u64,
+    /// Most streams `xlog_stream_acquire` hands out at once.
+    pub stream_pool_size: u32,
+    /// NULL = no logging layer; else a CSV file path.
+    pub log_path: *const c_char,
+    /// Memory of the simulated device.
+    pub sim_capacity_bytes: u64,
+    /// Wait for pending frees before refusing with OUT_OF_BUDGET (0 or 1).
+    pub wait_on_pressure: u8,
+}
+
+/// Runtime statistics.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct xlog_stats {
+    pub live_bytes: u64,
+    pub pending_bytes: u64,
+    /// live + pending.
+    pub outstanding_bytes: u64,
+    pub peak_outstanding_bytes: u64,
+    /// 0 without a budget layer.
+    pub budget_limit: u64,
+    /// UINT64_MAX without a budget layer.
+    pub budget_remaining: u64,
+    pub live_blocks: u64,
+    pub pending_blocks: u64,
+    pub allocations: u64,
+    pub deallocations: u64,
+    pub failed_allocations: u64,
+}
+
+/// Host callback run in stream order.
+pub type xlog_host_fn = Option<extern "C" fn(user: *mut c_void)>;
+
+/// Version of this header; `xlog_version()` gives the library's at run time.
+pub const XLOG_VERSION_MAJOR: u32 = 0;
+pub const XLOG_VERSION_MINOR: u32 = 1;
+pub const XLOG_VERSION_PATCH: u32 = 0;
