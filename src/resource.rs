@@ -195,6 +195,10 @@ pub struct Usage {
     pub live_blocks: u64,
     pub pending_blocks: u64,
     pub peak_outstanding_bytes: u64,
+    /// Cross-stream waits queued by prepare and deallocate (tracking only).
+    pub cross_stream_waits: u64,
+    /// Events recorded by finish and reap (tracking only).
+    pub events_recorded: u64,
 }
 
 impl Usage {

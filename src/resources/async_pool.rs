@@ -10,6 +10,7 @@
 //! has completed — one event per batch instead of one per free.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{Device, RawEvent, RawStream};
@@ -27,11 +28,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct EventPool {
     device: Arc<dyn Device>,
     free: Mutex<Vec<RawEvent>>,
+    recorded: AtomicU64,
 }
 
 impl EventPool {
     pub(crate) fn new(device: Arc<dyn Device>) -> Arc<EventPool> {
-        Arc::new(EventPool { device, free: Mutex::new(Vec::new()) })
+        Arc::new(EventPool { device, free: Mutex::new(Vec::new()), recorded: AtomicU64::new(0) })
     }
 
     fn take(self: &Arc<Self>) -> ResourceResult<Arc<PooledEvent>> {
@@ -47,6 +49,7 @@ impl EventPool {
     fn record(self: &Arc<Self>, stream: RawStream) -> ResourceResult<Arc<PooledEvent>> {
         let event = self.take()?;
         self.device.record_event(event.raw, stream)?;
+        self.recorded.fetch_add(1, Ordering::Relaxed);
         Ok(event)
     }
 }
@@ -190,17 +193,25 @@ pub struct AsyncPool {
     ordinal: u32,
     events: Arc<EventPool>,
     state: Mutex<PoolState>,
+    waits: AtomicU64,
 }
 
 impl AsyncPool {
     pub fn new(device: Arc<dyn Device>) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
-        AsyncPool { events: EventPool::new(device.clone()), device, ordinal, state: Mutex::default() }
+        AsyncPool {
+            events: EventPool::new(device.clone()),
+            device,
+            ordinal,
+            state: Mutex::default(),
+            waits: AtomicU64::new(0),
+        }
     }
 
     fn wait_all(&self, stream: RawStream, events: &[Arc<PooledEvent>]) -> ResourceResult<()> {
         for ev in events {
             self.device.stream_wait_event(stream, ev.raw)?;
+            self.waits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -260,6 +271,8 @@ impl DeviceMemoryResource for AsyncPool {
             live_blocks: st.blocks.len() as u64,
             pending_blocks: st.pending_blocks,
             peak_outstanding_bytes: st.peak_outstanding,
+            cross_stream_waits: self.waits.load(Ordering::Relaxed),
+            events_recorded: self.events.recorded.load(Ordering::Relaxed),
         }
     }
 

@@ -90,6 +90,7 @@ impl DeviceMemoryResource for Direct {
             live_blocks: st.blocks.len() as u64,
             pending_blocks: 0,
             peak_outstanding_bytes: st.peak,
+            ..Usage::default()
         }
     }
 
