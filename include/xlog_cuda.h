@@ -383,6 +383,56 @@ xlog_status xlog_sim_inject_fault(struct xlog_runtime *rt, xlog_fault fault, uin
  */
 xlog_status xlog_debug_panic(void);
 
+/*
+ Configure the hook runtime of `device` before its first allocation
+ (`cfg` as for `xlog_runtime_open`; NULL = environment). Fails once the
+ hooks of that device have allocated.
+ */
+xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg);
+
+/*
+ A runtime handle to the hook runtime of `device` (opened if needed), for
+ stats, reap and streams. Close it with `xlog_runtime_close`; the hooks
+ keep their own reference.
+ */
+xlog_status xlog_interop_runtime(int32_t device, struct xlog_runtime **out);
+
+/*
+ Blocks the hooks of `device` currently hold (0 if never used).
+ */
+uint64_t xlog_interop_live_blocks(int32_t device);
+
+/*
+ PyTorch `CUDAPluggableAllocator` malloc. NULL on failure (PyTorch then
+ raises `torch.OutOfMemoryError`); the reason is in
+ `xlog_last_error_message` on this thread.
+ */
+void *xlog_torch_malloc(size_t size, int32_t device, void *stream);
+
+/*
+ PyTorch `CUDAPluggableAllocator` free.
+ */
+void xlog_torch_free(void *ptr, size_t size, int32_t device, void *stream);
+
+/*
+ Record that the block at `ptr` is used on `stream` (the role of
+ `Tensor.record_stream`): when it is freed, its allocation stream first
+ waits for all work queued on `stream` up to that moment.
+ */
+xlog_status xlog_torch_record_stream(void *ptr, int32_t device, void *stream);
+
+/*
+ CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
+ CuPy does not pass a stream: blocks are ordered on the legacy default
+ stream, which CuPy's (blocking) streams synchronise with.
+ */
+void *xlog_cupy_malloc(void *param, size_t size, int32_t device);
+
+/*
+ CuPy `CFunctionAllocator` free: `void (*)(void* param, void* ptr, int)`.
+ */
+void xlog_cupy_free(void *param, void *ptr, int32_t device);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -84,6 +84,17 @@ fn registry_lock() -> std::sync::MutexGuard<'static, HashMap<i32, Arc<Runtime>>>
 }
 
 impl Runtime {
+    /// One more opener of this runtime (each needs its own `close`). Used by
+    /// the framework hooks, which hand their runtime out to callers.
+    pub fn share(self: &Arc<Self>) -> ResourceResult<Arc<Self>> {
+        let _registry = registry_lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed_error());
+        }
+        self.openers.fetch_add(1, Ordering::AcqRel);
+        Ok(self.clone())
+    }
+
     /// Open the runtime of `ordinal` with `config`.
     pub fn open(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
         config.validate()?;
@@ -374,7 +385,9 @@ impl Runtime {
     /// for pending frees, and destroys the pool's streams. Calls made after
     /// it fail with an error.
     pub fn close(self: &Arc<Self>) -> ResourceResult<CloseReport> {
-        if self.device.backend() == Backend::Cuda {
+        {
+            // The registry lock also serialises opens and closes of shared
+            // runtimes, so an open never revives a runtime being shut down.
             let mut registry = registry_lock();
             if self.closed.load(Ordering::Acquire) {
                 return Err(closed_error());

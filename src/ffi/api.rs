@@ -153,7 +153,7 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
     };
 }
 
-fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError> {
+pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError> {
     if cfg.is_null() {
         return Config::from_env();
     }

@@ -1,0 +1,327 @@
+//! Framework hooks: PyTorch's `CUDAPluggableAllocator` and CuPy's
+//! `CFunctionAllocator` call these to allocate through the per-device
+//! runtime, so frameworks and engines in one process share one budget, one
+//! set of stats and one log.
+//!
+//! The hook runtime of a device is opened on first use from the environment
+//! (`XLOG_BACKEND`, `XLOG_BUDGET_BYTES`, `XLOG_LOG_PATH`), or from the
+//! config given earlier to `xlog_interop_configure`. Frameworks free by
+//! pointer, so the hooks keep a pointer → block map. Foreign streams are
+//! imported on first sight (the stream pool caches them by native handle).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::api::config_of;
+use super::types::*;
+use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error};
+use crate::config::Config;
+use crate::error::ResourceError;
+use crate::resource::{Access, BlockId, StreamId};
+use crate::runtime::Runtime;
+
+/// Reap after this many hook frees, so pending bytes do not pile up
+/// between budget-pressure reaps.
+const REAP_EVERY: u64 = 32;
+
+struct HookBlock {
+    id: BlockId,
+    /// Streams other than the allocation stream that used the block
+    /// (`xlog_torch_record_stream`); their work is fenced at free time.
+    used_on: Vec<StreamId>,
+}
+
+struct Hooks {
+    runtime: Arc<Runtime>,
+    blocks: Mutex<HashMap<u64, HookBlock>>,
+    frees: AtomicU64,
+}
+
+#[derive(Default)]
+struct HookTable {
+    configs: HashMap<i32, Config>,
+    hooks: HashMap<i32, Arc<Hooks>>,
+}
+
+fn table() -> MutexGuard<'static, HookTable> {
+    static TABLE: once_cell::sync::Lazy<Mutex<HookTable>> = once_cell::sync::Lazy::new(Default::default);
+    TABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The hooks of `device`, opening its runtime on first use.
+fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
+    let mut t = table();
+    if let Some(h) = t.hooks.get(&device) {
+        if !h.runtime.is_closed() {
+            return Ok(h.clone());
+        }
+    }
+    let config = match t.configs.get(&device) {
+        Some(c) => c.clone(),
+        None => {
+            let mut c = Config::from_env()?;
+            // Frameworks free eagerly and allocate again at once; waiting for
+            // pending frees beats refusing an allocation that would fit.
+            c.wait_on_pressure = true;
+            c
+        }
+    };
+    let runtime = Runtime::open(device, &config)?;
+    let h = Arc::new(Hooks { runtime, blocks: Mutex::default(), frees: AtomicU64::new(0) });
+    t.hooks.insert(device, h.clone());
+    Ok(h)
+}
+
+fn hook_allocate(size: usize, device: i32, stream: u64, tag: &str) -> Result<*mut c_void, ResourceError> {
+    let h = hooks(device)?;
+    let sid = h.runtime.import_stream(stream)?;
+    // Frameworks expect a usable, distinct pointer even for 0 bytes.
+    let block = h.runtime.allocate((size as u64).max(1), sid, tag)?;
+    lock(&h.blocks).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
+    Ok(block.id.ptr as usize as *mut c_void)
+}
+
+fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let h = hooks(device)?;
+    let key = ptr as u64;
+    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| {
+        ResourceError::InvalidArgument(format!(
+            "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
+        ))
+    })?;
+    // Fence every stream that used the block: the free then waits for the
+    // work queued on them so far (the same contract as torch record_stream).
+    for &stream in &entry.used_on {
+        if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
+            lock(&h.blocks).insert(key, entry);
+            return Err(e);
+        }
+    }
+    if let Err(e) = h.runtime.deallocate(&entry.id) {
+        lock(&h.blocks).insert(key, entry);
+        return Err(e);
+    }
+    if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
+        let _ = h.runtime.reap();
+    }
+    Ok(())
+}
+
+fn report(name: &str, e: &ResourceError) {
+    set_last_error(format!("{name}: {e}"));
+}
+
+/// Configure the hook runtime of `device` before its first allocation
+/// (`cfg` as for `xlog_runtime_open`; NULL = environment). Fails once the
+/// hooks of that device have allocated.
+#[no_mangle]
+pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_config) -> xlog_status {
+    boundary("xlog_interop_configure", || {
+        let config = config_of(cfg)?;
+        let mut t = table();
+        if let Some(h) = t.hooks.get(&device) {
+            if !h.runtime.is_closed() {
+                return Err(ResourceError::InvalidArgument(format!(
+                    "the framework hooks of device {device} are already in use; configure them before the first allocation"
+                )));
+            }
+        }
+        t.hooks.remove(&device);
+        t.configs.insert(device, config);
+        Ok(())
+    })
+}
+
+/// A runtime handle to the hook runtime of `device` (opened if needed), for
+/// stats, reap and streams. Close it with `xlog_runtime_close`; the hooks
+/// keep their own reference.
+#[no_mangle]
+pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime) -> xlog_status {
+    boundary("xlog_interop_runtime", || {
+        out_ptr(out, "out")?;
+        let shared = hooks(device)?.runtime.share()?;
+        let handle = register_runtime(shared);
+        // SAFETY: `out` checked non-NULL; the caller provides storage.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Blocks the hooks of `device` currently hold (0 if never used).
+#[no_mangle]
+pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
+    boundary_value("xlog_interop_live_blocks", 0, || {
+        table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
+    })
+}
+
+/// PyTorch `CUDAPluggableAllocator` malloc. NULL on failure (PyTorch then
+/// raises `torch.OutOfMemoryError`); the reason is in
+/// `xlog_last_error_message` on this thread.
+#[no_mangle]
+pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
+    boundary_value("xlog_torch_malloc", std::ptr::null_mut(), || {
+        super::clear_last_error();
+        hook_allocate(size, device, stream as u64, "torch").unwrap_or_else(|e| {
+            report("xlog_torch_malloc", &e);
+            std::ptr::null_mut()
+        })
+    })
+}
+
+/// PyTorch `CUDAPluggableAllocator` free.
+#[no_mangle]
+pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
+    let _ = (size, stream);
+    boundary_value("xlog_torch_free", (), || {
+        if let Err(e) = hook_free(ptr, device) {
+            report("xlog_torch_free", &e);
+            eprintln!("xlog: xlog_torch_free: {e}");
+        }
+    })
+}
+
+/// Record that the block at `ptr` is used on `stream` (the role of
+/// `Tensor.record_stream`): when it is freed, its allocation stream first
+/// waits for all work queued on `stream` up to that moment.
+#[no_mangle]
+pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
+    boundary("xlog_torch_record_stream", || {
+        let h = hooks(device)?;
+        let sid = h.runtime.import_stream(stream as u64)?;
+        let mut blocks = lock(&h.blocks);
+        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(|| {
+            ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"))
+        })?;
+        if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
+            entry.used_on.push(sid);
+        }
+        Ok(())
+    })
+}
+
+/// CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
+/// CuPy does not pass a stream: blocks are ordered on the legacy default
+/// stream, which CuPy's (blocking) streams synchronise with.
+#[no_mangle]
+pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32) -> *mut c_void {
+    let _ = param;
+    boundary_value("xlog_cupy_malloc", std::ptr::null_mut(), || {
+        super::clear_last_error();
+        hook_allocate(size, device, 0, "cupy").unwrap_or_else(|e| {
+            report("xlog_cupy_malloc", &e);
+            std::ptr::null_mut()
+        })
+    })
+}
+
+/// CuPy `CFunctionAllocator` free: `void (*)(void* param, void* ptr, int)`.
+#[no_mangle]
+pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
+    let _ = param;
+    boundary_value("xlog_cupy_free", (), || {
+        if let Err(e) = hook_free(ptr, device) {
+            report("xlog_cupy_free", &e);
+            eprintln!("xlog: xlog_cupy_free: {e}");
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::api::{xlog_config_init, xlog_get_stats, xlog_runtime_close};
+
+    fn sim_config(budget: u64) -> xlog_config {
+        let mut cfg = std::mem::MaybeUninit::<xlog_config>::zeroed();
+        // SAFETY: xlog_config_init fully initialises the struct it is given.
+        let mut cfg = unsafe {
+            xlog_config_init(cfg.as_mut_ptr());
+            cfg.assume_init()
+        };
+        cfg.backend = XLOG_BACKEND_SIM;
+        cfg.budget_bytes = budget;
+        cfg.sim_capacity_bytes = 1 << 26;
+        cfg.wait_on_pressure = 1;
+        cfg
+    }
+
+    fn last_error() -> String {
+        crate::ffi::with_last_error(|m| m.to_string())
+    }
+
+    #[test]
+    fn torch_hooks_share_one_budget_and_refuse_with_null() {
+        let device = 7001;
+        let cfg = sim_config(1 << 20);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let a = xlog_torch_malloc(600 << 10, device, std::ptr::null_mut());
+        assert!(!a.is_null(), "{}", last_error());
+        let b = xlog_cupy_malloc(std::ptr::null_mut(), 300 << 10, device);
+        assert!(!b.is_null(), "{}", last_error());
+        assert_eq!(xlog_interop_live_blocks(device), 2);
+
+        // Over the shared budget: NULL, and the message carries the numbers.
+        let c = xlog_torch_malloc(200 << 10, device, std::ptr::null_mut());
+        assert!(c.is_null());
+        let msg = last_error();
+        assert!(msg.contains("requested 204800") && msg.contains("limit 1048576"), "{msg}");
+
+        let mut rt = std::ptr::null_mut();
+        assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+        let mut stats = xlog_stats::default();
+        assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+        assert_eq!(stats.live_bytes, (600 << 10) + (300 << 10));
+        assert_eq!(stats.failed_allocations, 1);
+
+        // Freeing makes room again (wait_on_pressure drains pending frees).
+        xlog_torch_free(a, 600 << 10, device, std::ptr::null_mut());
+        let d = xlog_torch_malloc(600 << 10, device, std::ptr::null_mut());
+        assert!(!d.is_null(), "{}", last_error());
+        xlog_torch_free(d, 600 << 10, device, std::ptr::null_mut());
+        xlog_cupy_free(std::ptr::null_mut(), b, device);
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+
+        // A pointer the hooks never handed out is reported, not freed.
+        xlog_torch_free(0x1234 as *mut c_void, 8, device, std::ptr::null_mut());
+        assert!(last_error().contains("not allocated through the xlog framework hooks"));
+
+        // Configuring after first use is refused.
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+        // The hooks' own reference keeps the runtime open.
+        let e = xlog_torch_malloc(64, device, std::ptr::null_mut());
+        assert!(!e.is_null(), "{}", last_error());
+        xlog_torch_free(e, 64, device, std::ptr::null_mut());
+    }
+
+    #[test]
+    fn record_stream_fences_the_free() {
+        let device = 7002;
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let p = xlog_torch_malloc(4096, device, std::ptr::null_mut());
+        assert!(!p.is_null());
+        let other = 0x5000 as *mut c_void; // a foreign native stream
+        assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_OK);
+        let h = hooks(device).unwrap();
+        let waits_before = h.runtime.usage().cross_stream_waits;
+        xlog_torch_free(p, 4096, device, std::ptr::null_mut());
+        assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
+        assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_ERR_INVALID_ARGUMENT);
+    }
+}
