@@ -1,0 +1,115 @@
+"""The framework hooks (torch/CuPy entry points) driven through ctypes on
+the sim backend. Hook runtimes are per device and live for the process, so
+each test uses a device ordinal of its own."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+import xlog_cuda as xc
+import xlog_cuda.interop as xi
+
+
+@pytest.fixture
+def lib():
+    return xc.load_library()
+
+
+def test_torch_hooks_share_one_runtime(lib, capfd):
+    dev = 21
+    xi.configure(dev, xc.Config(backend="sim", budget_bytes="1MiB"))
+    assert xi.live_blocks(dev) == 0
+    p = lib.xlog_torch_malloc(4096, dev, None)
+    assert p and p % 256 == 0
+    q = lib.xlog_torch_malloc(0, dev, None)  # frameworks expect a real pointer
+    assert q and q != p
+    assert xi.live_blocks(dev) == 2
+
+    with xi.runtime(dev) as rt:
+        assert rt.backend == "sim"
+        st = rt.stats()
+        assert (st.live_blocks, st.live_bytes, st.budget_limit) == (2, 4097, 1 << 20)
+        # The hooks' stream ids come from the same runtime.
+        with rt.acquire_stream() as s, rt.allocate(1000, s) as blk:
+            assert rt.stats().live_blocks == 3
+            blk.validate()
+
+    # Closing our handle left the hook runtime open.
+    with pytest.raises(xc.InvalidArgumentError) as info:
+        xi.configure(dev, xc.Config(backend="sim"))
+    assert "already in use" in info.value.message
+
+    assert lib.xlog_torch_malloc(2 << 20, dev, None) is None
+    assert "out of budget" in xc.last_error() and "requested 2097152" in xc.last_error()
+
+    lib.xlog_torch_free(p, 4096, dev, None)
+    lib.xlog_torch_free(q, 0, dev, None)
+    assert xi.live_blocks(dev) == 0
+    lib.xlog_torch_free(p, 4096, dev, None)  # double free: reported, not fatal
+    assert "not allocated through the xlog framework hooks" in xc.last_error()
+    assert "xlog_torch_free" in capfd.readouterr().err
+
+
+def test_torch_record_stream(lib):
+    dev = 22
+    xi.configure(dev, backend="sim")
+    p = lib.xlog_torch_malloc(256, dev, ctypes.c_void_p(0x1000))
+    assert p
+    assert lib.xlog_torch_record_stream(p, dev, ctypes.c_void_p(0x2000)) == xc.Status.OK
+    status = lib.xlog_torch_record_stream(p + 8, dev, ctypes.c_void_p(0x2000))
+    assert status == xc.Status.INVALID_ARGUMENT
+    assert "not a live hook allocation" in xc.last_error()
+    lib.xlog_torch_free(p, 256, dev, ctypes.c_void_p(0x1000))
+    assert xi.live_blocks(dev) == 0
+    with xi.runtime(dev) as rt:
+        assert rt.stats().deallocations == 1
+
+
+def test_cupy_hooks(lib):
+    dev = 23
+    xi.configure(dev, backend="sim")
+    p = lib.xlog_cupy_malloc(None, 1 << 16, dev)
+    assert p
+    assert xi.live_blocks(dev) == 1
+    lib.xlog_cupy_free(None, p, dev)
+    assert xi.live_blocks(dev) == 0
+
+
+def test_configure_from_env(monkeypatch, lib):
+    dev = 24
+    monkeypatch.setenv("XLOG_BACKEND", "sim")
+    monkeypatch.setenv("XLOG_BUDGET_BYTES", "3MiB")
+    xi.configure(dev)
+    p = lib.xlog_cupy_malloc(None, 8, dev)
+    with xi.runtime(dev) as rt:
+        assert rt.backend == "sim"
+        assert rt.stats().budget_limit == 3 << 20
+    lib.xlog_cupy_free(None, p, dev)
+
+
+def test_live_blocks_of_unused_device():
+    assert xi.live_blocks(99) == 0
+
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LIBRARY BUG (reported to the lead): xlog_torch_free / xlog_cupy_free do not clear the "
+    "thread's last error on success, unlike the malloc hooks; a void free can only report "
+    "failure through xlog_last_error_message, so a stale message reads as a failed free"))
+def test_free_hooks_clear_the_last_error_on_success(lib):
+    dev = 25
+    xi.configure(dev, backend="sim")
+    p = lib.xlog_torch_malloc(64, dev, None)
+    q = lib.xlog_cupy_malloc(None, 64, dev)
+    assert p and q
+    lib.xlog_torch_free(p + 1, 64, dev, None)  # fails: sets the message
+    assert xc.last_error()
+    lib.xlog_torch_free(p, 64, dev, None)  # succeeds
+    torch_after = xc.last_error()
+    lib.xlog_torch_free(p + 1, 64, dev, None)
+    lib.xlog_cupy_free(None, q, dev)  # succeeds
+    cupy_after = xc.last_error()
+    assert xi.live_blocks(dev) == 0
+    assert (torch_after, cupy_after) == ("", "")

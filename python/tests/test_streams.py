@@ -1,0 +1,260 @@
+"""Host callbacks and cross-stream ordering through prepare/finish.
+
+On the sim backend each stream is a worker thread, so a missing wait is a
+real race: the writer callbacks below sleep before writing, and a reader on
+another stream that was not ordered after them would see the old bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import threading
+import time
+
+import pytest
+
+import xlog_cuda as xc
+from xlog_cuda import _runtime
+
+DELAY = 0.2  # long enough that an unordered reader always runs first
+
+
+def test_callbacks_run_in_stream_order(rt, stream):
+    order = []
+    for i in range(50):
+        stream.enqueue_host(lambda i=i: order.append(i))
+    stream.synchronize()
+    assert order == list(range(50))
+
+
+def test_callback_runs_on_a_worker_thread(rt, stream):
+    seen = {}
+    stream.enqueue_host(lambda: seen.setdefault("thread", threading.current_thread().ident))
+    stream.synchronize()
+    assert seen["thread"] != threading.main_thread().ident
+
+
+def test_callback_is_kept_alive_until_it_runs(rt, stream):
+    gate = threading.Event()
+    ran = []
+    base = _runtime.pending_host_callbacks()
+    stream.enqueue_host(lambda: gate.wait(10))
+
+    def make():
+        payload = list(range(5))
+        return lambda: ran.append(sum(payload))
+
+    stream.enqueue_host(make())  # the only reference is the registry's
+    gc.collect()
+    # The second callback cannot have run: the first blocks the stream.
+    assert _runtime.pending_host_callbacks() >= base + 1
+    assert ran == []
+    gate.set()
+    stream.synchronize()
+    assert ran == [10]
+    assert _runtime.pending_host_callbacks() == base
+
+
+def test_callback_exception_is_raised_at_synchronize(rt, stream):
+    ran = []
+
+    def boom():
+        raise KeyError("from the worker")
+
+    stream.enqueue_host(boom)
+    stream.enqueue_host(lambda: ran.append("after"))  # the stream keeps going
+    with pytest.raises(KeyError, match="from the worker"):
+        stream.synchronize()
+    assert ran == ["after"]
+    stream.synchronize()  # reported once
+
+
+def test_enqueue_on_released_stream_fails_without_leaking(rt):
+    s = rt.acquire_stream()
+    s.release()
+    before = _runtime.pending_host_callbacks()
+    with pytest.raises(xc.InvalidArgumentError) as info:
+        s.enqueue_host(lambda: None)
+    assert f"stream {s.id}" in info.value.message
+    assert _runtime.pending_host_callbacks() == before
+    with pytest.raises(xc.InvalidArgumentError):
+        s.enqueue_host("not callable")
+
+
+def test_released_stream_still_runs_queued_work(rt):
+    s = rt.acquire_stream()
+    done = threading.Event()
+    s.enqueue_host(lambda: (time.sleep(0.05), done.set()))
+    s.release()
+    assert done.wait(10)
+
+
+def test_write_then_read_across_streams(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b, rt.allocate(64, a, tag="shared") as blk:
+        events = []
+
+        def writer():
+            events.append("write-start")
+            time.sleep(DELAY)
+            blk.write(b"payload!")
+            events.append("write-end")
+
+        def reader():
+            events.append("read")
+            got["data"] = blk.read(8)
+
+        got = {}
+        xc.launch(rt, a, [(blk, xc.Access.WRITE)], lambda: a.enqueue_host(writer))
+        xc.launch(rt, b, [(blk, xc.Access.READ)], lambda: b.enqueue_host(reader))
+        b.synchronize()
+        assert got["data"] == b"payload!"
+        assert events == ["write-start", "write-end", "read"]
+        a.synchronize()
+
+
+def test_same_ordering_with_single_prepare_finish(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b, rt.allocate(64, a) as blk:
+        got = {}
+
+        def writer():
+            time.sleep(DELAY)
+            blk.write(b"per-call")
+
+        blk.prepare(a, xc.Access.WRITE)
+        a.enqueue_host(writer)
+        blk.finish(a, xc.Access.WRITE)
+        blk.prepare(b, "read")
+        b.enqueue_host(lambda: got.setdefault("data", blk.read(8)))
+        blk.finish(b, "read")
+        b.synchronize()
+        assert got["data"] == b"per-call"
+
+
+def test_without_prepare_the_reader_races(make_runtime):
+    """Control for the tests above: with no recorded dependency the reader
+    runs while the writer is still blocked, and sees the old bytes."""
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b, rt.allocate(64, a) as blk:
+        release_writer = threading.Event()
+        got = {}
+        a.enqueue_host(lambda: (release_writer.wait(10), blk.write(b"too late")))
+        b.enqueue_host(lambda: got.setdefault("data", blk.read(8)))
+        b.synchronize()
+        release_writer.set()
+        a.synchronize()
+        assert got["data"] == bytes(8)
+        assert blk.read(8) == b"too late"
+
+
+def test_writer_waits_for_every_outstanding_reader(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b, rt.acquire_stream() as c, \
+            rt.allocate(64, a) as blk:
+        seen = {}
+
+        def slow_reader(name):
+            def run():
+                time.sleep(DELAY)
+                seen[name] = blk.read(2)
+            return run
+
+        xc.launch(rt, a, [(blk, xc.Access.WRITE)], lambda: a.enqueue_host(lambda: blk.write(b"v1")))
+        xc.launch(rt, b, [(blk, xc.Access.READ)], lambda: b.enqueue_host(slow_reader("b")))
+        xc.launch(rt, c, [(blk, xc.Access.READ)], lambda: c.enqueue_host(slow_reader("c")))
+        # The second write must wait for both readers (write-after-read).
+        xc.launch(rt, a, [(blk, xc.Access.READ_WRITE)], lambda: a.enqueue_host(lambda: blk.write(b"v2")))
+        a.synchronize()
+        assert seen == {"b": b"v1", "c": b"v1"}
+        assert blk.read(2) == b"v2"
+
+
+def test_free_waits_for_use_on_another_stream(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b:
+        blk = rt.allocate(4096, a, tag="read-on-b")
+        blk.write(b"old")
+        seen = {}
+
+        ptr = blk.ptr
+
+        def reader():
+            # Raw access, as a kernel would: the work was enqueued while the
+            # block was live, so it may run after the host called free.
+            time.sleep(DELAY)
+            seen["data"] = ctypes.string_at(ptr, 3)
+
+        xc.launch(rt, b, [(blk, xc.Access.READ)], lambda: b.enqueue_host(reader))
+        blk.free()
+        assert rt.drain() == 4096
+        # drain returned only after the free ran, which waited for the reader.
+        assert seen.get("data") == b"old"
+        b.synchronize()  # the reader raised nothing
+        # And only now may the address be handed out again.
+        reuse = rt.allocate(4096, a)
+        assert reuse.ptr == blk.ptr
+        reuse.free()
+
+
+def test_launch_returns_fn_result_and_propagates_errors(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as s, rt.allocate(64, s) as blk:
+        assert xc.launch(rt, s, [(blk, xc.Access.WRITE)], lambda: 42) == 42
+        assert xc.launch(rt, s, [], lambda: "no uses") == "no uses"
+
+        def fail():
+            raise RuntimeError("enqueue failed")
+
+        with pytest.raises(RuntimeError, match="enqueue failed"):
+            xc.launch(rt, s, [(blk, "read")], fail)
+        with pytest.raises(xc.InvalidArgumentError):
+            xc.launch(rt, s, [(blk,)], lambda: None)
+        with pytest.raises(xc.InvalidArgumentError):
+            xc.launch(rt, s, [("not a block", xc.Access.READ)], lambda: None)
+
+
+def test_prepare_all_checks_every_handle_first(make_runtime):
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b:
+        good = rt.allocate(64, a)
+        stale = rt.allocate(64, a)
+        stale.free()
+        with pytest.raises(xc.UseAfterFreeError):
+            rt.prepare_all(b, [(good, xc.Access.READ), (stale, xc.Access.READ)])
+        with pytest.raises(xc.UseAfterFreeError):
+            rt.finish_all(b, [(good, xc.Access.WRITE), (stale, xc.Access.READ)])
+        with pytest.raises(xc.InvalidArgumentError) as info:
+            rt.prepare_all(b, [(good, xc.Access.READ), (good, 9)])
+        assert "uses[1]" in info.value.message
+        good.free()
+
+
+def test_synchronize_from_own_callback_is_refused(rt, stream):
+    result = {}
+
+    def inner():
+        try:
+            stream.synchronize()
+        except xc.XlogError as e:
+            result["error"] = e
+
+    stream.enqueue_host(inner)
+    stream.synchronize()
+    assert isinstance(result["error"], xc.InvalidArgumentError)
+    assert "deadlock" in result["error"].message
+
+
+def test_streams_run_concurrently(make_runtime):
+    rt = make_runtime()
+    streams = [rt.acquire_stream() for _ in range(4)]
+    start = time.monotonic()
+    for s in streams:
+        s.enqueue_host(lambda: time.sleep(DELAY))
+    for s in streams:
+        s.synchronize()
+    elapsed = time.monotonic() - start
+    assert elapsed < 4 * DELAY * 0.9, f"streams ran one after another ({elapsed:.2f}s)"
+    for s in streams:
+        s.release()

@@ -1,0 +1,78 @@
+"""xlog_cuda: Python bindings (ctypes) for libxlog_cuda, the stream-aware
+CUDA device-memory runtime.
+
+    import xlog_cuda as xc
+
+    with xc.Runtime(backend="sim", budget_bytes="64MiB") as rt:
+        with rt.acquire_stream() as s, rt.allocate(4096, s, tag="buf") as b:
+            xc.launch(rt, s, [(b, xc.Access.WRITE)], lambda: s.enqueue_host(lambda: b.write(b"hi")))
+            s.synchronize()
+
+The shared library is found through $XLOG_CUDA_LIBRARY, then the build
+trees of this checkout, then the system loader; see `library_path()`.
+"""
+
+from __future__ import annotations
+
+from ._config import Allocator, Backend, Config, parse_size
+from ._errors import (
+    DriverError,
+    InternalError,
+    InvalidArgumentError,
+    NoDeviceError,
+    OutOfBudgetError,
+    OutOfMemoryError,
+    PoolExhaustedError,
+    Status,
+    StreamMisuseError,
+    UnsatisfiableDependencyError,
+    UseAfterFreeError,
+    XlogError,
+    error_for,
+    last_error,
+    status_name,
+)
+from ._library import LibraryNotFoundError, library_path
+from ._library import load as load_library
+from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, launch
+
+__all__ = [
+    "Access",
+    "Allocator",
+    "Backend",
+    "Block",
+    "Config",
+    "DriverError",
+    "Fault",
+    "InternalError",
+    "InvalidArgumentError",
+    "LeakReport",
+    "LibraryNotFoundError",
+    "NoDeviceError",
+    "OutOfBudgetError",
+    "OutOfMemoryError",
+    "PoolExhaustedError",
+    "Runtime",
+    "Stats",
+    "Status",
+    "Stream",
+    "StreamMisuseError",
+    "UnsatisfiableDependencyError",
+    "UseAfterFreeError",
+    "XlogError",
+    "error_for",
+    "last_error",
+    "launch",
+    "library_path",
+    "load_library",
+    "parse_size",
+    "status_name",
+    "version",
+]
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """The library's version, "MAJOR.MINOR.PATCH" (`xlog_version`)."""
+    return load_library().xlog_version().decode()

@@ -1,0 +1,201 @@
+"""`Config` and the byte-size parser shared with the environment variables."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import os
+from typing import Optional, Union
+
+from . import _errors, _library
+
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+
+DEFAULT_STREAM_POOL_SIZE = 16
+DEFAULT_SIM_CAPACITY = 1 << 30
+
+
+class Backend(enum.IntEnum):
+    AUTO = 0
+    CUDA = 1
+    SIM = 2
+
+
+class Allocator(enum.IntEnum):
+    ASYNC = 0
+    DIRECT = 1
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count exactly as the library parses XLOG_BUDGET_BYTES.
+
+    A plain integer, or a number with a unit: B; KB/MB/GB/TB (powers of
+    1000); K/M/G/T and KiB/MiB/GiB/TiB (powers of 1024); units are case
+    insensitive. A fraction is accepted when the result is a whole number of
+    bytes ("1.5GiB"). Raises ValueError otherwise, or if it exceeds 64 bits.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"expected a str, got {type(text).__name__}")
+    t = text.strip()
+    split = len(t)
+    for i, ch in enumerate(t):
+        if ch not in "0123456789.":
+            split = i
+            break
+    number, unit = t[:split], t[split:].strip()
+    if not number:
+        raise ValueError(f"{text!r}: expected a number of bytes such as 536870912, 512MiB or 8GiB")
+    multiplier = _SIZE_UNITS.get(unit.lower())
+    if multiplier is None:
+        raise ValueError(f"{text!r}: unknown unit {unit!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+    # Same two paths as the library: an exact integer first, then a float
+    # (with the library's double rounding) for fractions and huge values.
+    # (Checking the digit count first keeps int() clear of Python's limit on
+    # digits; leading zeros do not count, as in the library's integer parse.)
+    digits = number.lstrip("0") or "0"
+    if digits.isdigit() and len(digits) <= 20 and int(digits) <= U64_MAX:
+        whole = int(digits) * multiplier
+        if whole > U64_MAX:
+            raise ValueError(f"{text!r}: value does not fit in 64 bits")
+        return whole
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r}: {number!r} is not a number") from None
+    scaled = value * float(multiplier)
+    if scaled != scaled or scaled in (float("inf"), float("-inf")) or scaled >= float(1 << 64):
+        raise ValueError(f"{text!r}: value does not fit in 64 bits")
+    if scaled != int(scaled):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(scaled)
+
+
+SizeLike = Union[int, str]
+
+
+def _size_value(name: str, value: SizeLike) -> int:
+    if isinstance(value, bool):
+        raise _errors.InvalidArgumentError(f"{name} must be a byte count, not a bool")
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError as e:
+            raise _errors.InvalidArgumentError(f"{name}: {e}") from None
+    if not isinstance(value, int):
+        raise _errors.InvalidArgumentError(f"{name} must be an int or a size string, got {type(value).__name__}")
+    if not 0 <= value <= U64_MAX:
+        raise _errors.InvalidArgumentError(f"{name} = {value} is outside 0..2**64-1")
+    return value
+
+
+def _enum_value(name: str, kind: type, value) -> int:
+    """A Backend/Allocator member from its name ('sim'), member or number.
+
+    Numbers outside the enum are passed through so that the library's own
+    check (and message) applies; only values that cannot be a uint32 stop here.
+    """
+    if isinstance(value, str):
+        try:
+            return int(kind[value.strip().upper()])
+        except KeyError:
+            names = ", ".join(repr(m.name.lower()) for m in kind)
+            raise _errors.InvalidArgumentError(f"{name} {value!r} is not one of {names}") from None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U32_MAX:
+        return int(value)
+    raise _errors.InvalidArgumentError(f"{name} {value!r} is not a valid {kind.__name__}")
+
+
+@dataclasses.dataclass
+class Config:
+    """Runtime configuration (the fields of `xlog_config`).
+
+    `Config()` holds the library defaults and ignores the environment;
+    `Config.from_env()` applies XLOG_BACKEND, XLOG_BUDGET_BYTES and
+    XLOG_LOG_PATH on top of them, exactly as the C library does.
+    """
+
+    backend: Union[str, Backend] = "auto"
+    allocator: Union[str, Allocator] = "async"
+    budget_bytes: SizeLike = 0
+    stream_pool_size: int = DEFAULT_STREAM_POOL_SIZE
+    log_path: Optional[Union[str, os.PathLike]] = None
+    sim_capacity_bytes: SizeLike = DEFAULT_SIM_CAPACITY
+    wait_on_pressure: bool = False
+
+    @classmethod
+    def from_env(cls) -> "Config":
+        """Library defaults plus the environment (`xlog_config_from_env`).
+
+        A malformed variable raises InvalidArgumentError naming it.
+        """
+        raw = _library.XlogConfig()
+        lib = _library.load()
+        _errors.check(lib.xlog_config_from_env(ctypes.byref(raw)))
+        return cls._from_c(raw)
+
+    @classmethod
+    def _from_c(cls, raw: _library.XlogConfig) -> "Config":
+        def name_of(kind, code):
+            try:
+                return kind(code).name.lower()
+            except ValueError:
+                return code
+
+        return cls(
+            backend=name_of(Backend, raw.backend),
+            allocator=name_of(Allocator, raw.allocator),
+            budget_bytes=raw.budget_bytes,
+            stream_pool_size=raw.stream_pool_size,
+            log_path=os.fsdecode(raw.log_path) if raw.log_path else None,
+            sim_capacity_bytes=raw.sim_capacity_bytes,
+            wait_on_pressure=bool(raw.wait_on_pressure),
+        )
+
+    def to_c(self) -> _library.XlogConfig:
+        """The `xlog_config` for this config.
+
+        The returned structure points into a bytes object kept on it
+        (`_log_path_bytes`); keep the structure alive while it is used.
+        """
+        pool = self.stream_pool_size
+        if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= U32_MAX:
+            raise _errors.InvalidArgumentError(f"stream_pool_size {pool!r} is not a uint32")
+        if not isinstance(self.wait_on_pressure, (bool, int)) or self.wait_on_pressure not in (0, 1):
+            raise _errors.InvalidArgumentError(f"wait_on_pressure {self.wait_on_pressure!r} must be a bool")
+        log_bytes = None
+        if self.log_path is not None:
+            log_bytes = os.fsencode(self.log_path)
+            if b"\0" in log_bytes:
+                raise _errors.InvalidArgumentError("log_path contains a NUL byte")
+        raw = _library.XlogConfig(
+            struct_size=ctypes.sizeof(_library.XlogConfig),
+            backend=_enum_value("backend", Backend, self.backend),
+            allocator=_enum_value("allocator", Allocator, self.allocator),
+            budget_bytes=_size_value("budget_bytes", self.budget_bytes),
+            stream_pool_size=pool,
+            log_path=log_bytes,
+            sim_capacity_bytes=_size_value("sim_capacity_bytes", self.sim_capacity_bytes),
+            wait_on_pressure=int(self.wait_on_pressure),
+        )
+        raw._log_path_bytes = log_bytes  # keeps the C string alive
+        return raw

@@ -1,0 +1,146 @@
+"""Status codes and the exception raised for each of them."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Dict, Optional, Type
+
+from . import _library
+
+
+class Status(enum.IntEnum):
+    """`xlog_status` values. They never change meaning."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    OUT_OF_BUDGET = 2
+    OUT_OF_MEMORY = 3
+    DRIVER = 4
+    STREAM_MISUSE = 5
+    USE_AFTER_FREE = 6
+    UNSATISFIABLE_DEPENDENCY = 7
+    POOL_EXHAUSTED = 8
+    NO_DEVICE = 9
+    INTERNAL = 10
+
+    @property
+    def c_name(self) -> str:
+        """The C constant's name as the library reports it (xlog_status_name)."""
+        return status_name(int(self))
+
+
+def status_name(status: int) -> str:
+    """`xlog_status_name`: "XLOG_ERR_OUT_OF_BUDGET", or "XLOG_STATUS_UNKNOWN"."""
+    return _library.load().xlog_status_name(status).decode()
+
+
+def last_error() -> str:
+    """This thread's last error message from the library ("" after a success)."""
+    lib = _library.load()
+    needed = lib.xlog_last_error_message(None, 0)
+    if needed == 0:
+        return ""
+    buf = ctypes.create_string_buffer(needed + 1)
+    lib.xlog_last_error_message(buf, len(buf))
+    return buf.value.decode("utf-8", errors="replace")
+
+
+class XlogError(Exception):
+    """An error status from libxlog_cuda.
+
+    `status` is the `Status`; `message` is the library's message (the
+    thread's last error at the time of the failing call).
+    """
+
+    status: Status = Status.INTERNAL
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        if status is not None:
+            try:
+                self.status = Status(status)
+            except ValueError:
+                # An unknown code from a newer library: keep the number.
+                self.status = status  # type: ignore[assignment]
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        name = self.status.name if isinstance(self.status, Status) else f"status {self.status}"
+        return f"[{name}] {self.message}"
+
+
+class InvalidArgumentError(XlogError, ValueError):
+    status = Status.INVALID_ARGUMENT
+
+
+class OutOfBudgetError(XlogError):
+    status = Status.OUT_OF_BUDGET
+
+
+class OutOfMemoryError(XlogError, MemoryError):
+    status = Status.OUT_OF_MEMORY
+
+
+class DriverError(XlogError):
+    status = Status.DRIVER
+
+
+class StreamMisuseError(XlogError):
+    status = Status.STREAM_MISUSE
+
+
+class UseAfterFreeError(XlogError):
+    status = Status.USE_AFTER_FREE
+
+
+class UnsatisfiableDependencyError(XlogError):
+    status = Status.UNSATISFIABLE_DEPENDENCY
+
+
+class PoolExhaustedError(XlogError):
+    status = Status.POOL_EXHAUSTED
+
+
+class NoDeviceError(XlogError):
+    status = Status.NO_DEVICE
+
+
+class InternalError(XlogError):
+    status = Status.INTERNAL
+
+
+ERROR_CLASSES: Dict[Status, Type[XlogError]] = {
+    cls.status: cls
+    for cls in (
+        InvalidArgumentError,
+        OutOfBudgetError,
+        OutOfMemoryError,
+        DriverError,
+        StreamMisuseError,
+        UseAfterFreeError,
+        UnsatisfiableDependencyError,
+        PoolExhaustedError,
+        NoDeviceError,
+        InternalError,
+    )
+}
+
+
+def error_for(status: int, message: str) -> XlogError:
+    """The exception for a non-OK status (XlogError for an unknown code)."""
+    try:
+        cls = ERROR_CLASSES[Status(status)]
+    except (ValueError, KeyError):
+        return XlogError(message, status)
+    return cls(message)
+
+
+def check(status: int) -> None:
+    """Raise the matching exception for a status returned by the library.
+
+    Must run right after the call, on the same thread, before any other
+    library call that could replace the thread's last error.
+    """
+    if status != Status.OK:
+        raise error_for(status, last_error())
