@@ -94,10 +94,6 @@ def test_live_blocks_of_unused_device():
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LIBRARY BUG (reported to the lead): xlog_torch_free / xlog_cupy_free do not clear the "
-    "thread's last error on success, unlike the malloc hooks; a void free can only report "
-    "failure through xlog_last_error_message, so a stale message reads as a failed free"))
 def test_free_hooks_clear_the_last_error_on_success(lib):
     dev = 25
     xi.configure(dev, backend="sim")

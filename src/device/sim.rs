@@ -24,9 +24,13 @@ use crate::error::DeviceError;
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
 pub const SIM_ALIGNMENT: u64 = 256;
 
-/// Tag bits that mark a sim stream's native handle, so that a native value
-/// handed out by `native_stream` is recognised by `import_stream`.
+/// A sim stream's native handle is `NATIVE_TAG | instance << 24 | raw`:
+/// the tag marks it as a sim handle, and the process-unique device instance
+/// tells this device's streams from another sim device's.
 const NATIVE_TAG: u64 = 0x51A0_0000_0000_0000;
+const NATIVE_TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
+const NATIVE_RAW_BITS: u32 = 24;
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a host callback panicked while the sim held it;
@@ -253,6 +257,8 @@ pub struct SimDevice {
     events: Mutex<Vec<Arc<SimEvent>>>,
     faults: Faults,
     next_worker: AtomicU64,
+    /// Process-unique id of this sim device (for native stream handles).
+    instance: u64,
 }
 
 impl SimDevice {
@@ -281,6 +287,7 @@ impl SimDevice {
             events: Mutex::new(Vec::new()),
             faults: Faults::default(),
             next_worker: AtomicU64::new(0),
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF,
         }))
     }
 
@@ -448,8 +455,15 @@ impl Device for SimDevice {
     }
 
     fn import_stream(&self, native: u64) -> DeviceResult<RawStream> {
-        if native & !0xFFFF_FFFF == NATIVE_TAG {
-            let raw = native & 0xFFFF_FFFF;
+        if native & NATIVE_TAG_MASK == NATIVE_TAG {
+            let instance = (native & !NATIVE_TAG_MASK) >> NATIVE_RAW_BITS;
+            if instance != self.instance {
+                return Err(DeviceError::Invalid(format!(
+                    "native stream {native:#x} belongs to another sim device (instance {instance}, this is {})",
+                    self.instance
+                )));
+            }
+            let raw = native & ((1 << NATIVE_RAW_BITS) - 1);
             self.stream(raw)?;
             return Ok(raw);
         }
@@ -469,7 +483,7 @@ impl Device for SimDevice {
     }
 
     fn native_stream(&self, raw: RawStream) -> u64 {
-        NATIVE_TAG | raw
+        NATIVE_TAG | self.instance << NATIVE_RAW_BITS | raw
     }
 
     fn synchronize_stream(&self, raw: RawStream) -> DeviceResult<()> {
@@ -701,5 +715,9 @@ mod tests {
         assert_ne!(f, s);
         let d = sim.import_stream(0).unwrap();
         assert_eq!(sim.import_stream(0).unwrap(), d);
+        let other = SimDevice::new(0, 1 << 16).unwrap();
+        let t = other.create_stream().unwrap();
+        assert_ne!(other.native_stream(t), sim.native_stream(s));
+        assert!(matches!(sim.import_stream(other.native_stream(t)), Err(DeviceError::Invalid(_))));
     }
 }

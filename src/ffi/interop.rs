@@ -162,6 +162,7 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
     boundary_value("xlog_interop_live_blocks", 0, || {
+        super::clear_last_error();
         table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
     })
 }
@@ -185,6 +186,7 @@ pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_voi
 pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
     let _ = (size, stream);
     boundary_value("xlog_torch_free", (), || {
+        super::clear_last_error();
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_torch_free", &e);
             eprintln!("xlog: xlog_torch_free: {e}");
@@ -231,6 +233,7 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
 pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
     let _ = param;
     boundary_value("xlog_cupy_free", (), || {
+        super::clear_last_error();
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_cupy_free", &e);
             eprintln!("xlog: xlog_cupy_free: {e}");
