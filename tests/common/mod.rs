@@ -1,0 +1,479 @@
+//! Helpers shared by the integration tests: every resource stack on a fresh
+//! sim runtime, stream-ordered host probes (gates, readers, writers), state
+//! snapshots for "changes nothing" checks, and a tiny deterministic RNG.
+
+#![allow(dead_code)]
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use xlog_cuda::device::sim::SimDevice;
+use xlog_cuda::device::Device;
+use xlog_cuda::resource::Usage;
+use xlog_cuda::{
+    AllocatorKind, Backend, BlockId, Config, ResourceError, ResourceResult, Runtime, Stats,
+    StreamId,
+};
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+
+/// How long a stream that must be blocked is watched before we conclude it
+/// really is blocked. A correct runtime keeps it blocked forever, so this
+/// only bounds how quickly a broken one is caught.
+pub const SHORT: Duration = Duration::from_millis(100);
+/// Upper bound for work that must complete (only reached when it is broken).
+pub const LONG: Duration = Duration::from_secs(10);
+
+/// The resource stacks every shared test runs against.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StackKind {
+    /// Synchronous allocate/free, no tracking, no budget.
+    Direct,
+    /// Stream-ordered pool with tracking, no budget.
+    Async,
+    /// Budget over the async pool.
+    BudgetAsync,
+    /// Budget over logging over the async pool (the recommended stack).
+    BudgetLoggingAsync,
+}
+
+pub const ALL_STACKS: [StackKind; 4] =
+    [StackKind::Direct, StackKind::Async, StackKind::BudgetAsync, StackKind::BudgetLoggingAsync];
+
+impl StackKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StackKind::Direct => "Direct",
+            StackKind::Async => "Async",
+            StackKind::BudgetAsync => "Budget(Async)",
+            StackKind::BudgetLoggingAsync => "Budget(Logging(Async))",
+        }
+    }
+
+    pub fn has_budget(self) -> bool {
+        matches!(self, StackKind::BudgetAsync | StackKind::BudgetLoggingAsync)
+    }
+
+    pub fn has_logging(self) -> bool {
+        self == StackKind::BudgetLoggingAsync
+    }
+
+    /// Stream-ordered (frees go pending) and tracking cross-stream uses.
+    pub fn is_async(self) -> bool {
+        self != StackKind::Direct
+    }
+}
+
+impl fmt::Display for StackKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Knobs a test may change; everything else is the library default.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// Used only by the stacks that have a budget layer.
+    pub budget_bytes: u64,
+    pub capacity_bytes: u64,
+    pub wait_on_pressure: bool,
+    pub stream_pool_size: u32,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts { budget_bytes: MIB, capacity_bytes: 4 * MIB, wait_on_pressure: false, stream_pool_size: 16 }
+    }
+}
+
+/// A unique file name in the system temp dir.
+pub fn temp_path(what: &str, ext: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "xlog-cuda-test-{}-{}-{what}.{ext}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// One stack on its own fresh sim runtime. The log file (if any) is removed
+/// when the stack is dropped.
+pub struct Stack {
+    pub kind: StackKind,
+    pub rt: Arc<Runtime>,
+    pub log_path: Option<PathBuf>,
+    pub limit: Option<u64>,
+}
+
+impl Stack {
+    pub fn config(kind: StackKind, opts: &Opts, log_path: Option<PathBuf>) -> Config {
+        Config {
+            backend: Backend::Sim,
+            allocator: if kind.is_async() { AllocatorKind::Async } else { AllocatorKind::Direct },
+            budget_bytes: if kind.has_budget() { opts.budget_bytes } else { 0 },
+            stream_pool_size: opts.stream_pool_size,
+            log_path,
+            sim_capacity_bytes: opts.capacity_bytes,
+            wait_on_pressure: opts.wait_on_pressure,
+        }
+    }
+
+    pub fn open(kind: StackKind, opts: Opts) -> Stack {
+        let log_path = kind.has_logging().then(|| temp_path("log", "csv"));
+        let cfg = Stack::config(kind, &opts, log_path.clone());
+        let rt = Runtime::open(0, &cfg).unwrap_or_else(|e| panic!("[{kind}] open failed: {e}"));
+        assert_eq!(rt.backend(), Backend::Sim, "[{kind}]");
+        assert_eq!(rt.supports_tracking(), kind.is_async(), "[{kind}] supports_tracking");
+        assert_eq!(rt.budget().is_some(), kind.has_budget(), "[{kind}] budget layer present");
+        Stack { kind, rt, log_path, limit: kind.has_budget().then_some(opts.budget_bytes) }
+    }
+
+    pub fn open_default(kind: StackKind) -> Stack {
+        Stack::open(kind, Opts::default())
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    pub fn sim(&self) -> &SimDevice {
+        self.rt.sim().expect("sim backend")
+    }
+
+    pub fn stream(&self) -> StreamId {
+        self.rt.acquire_stream().unwrap_or_else(|e| panic!("[{}] acquire_stream: {e}", self.name()))
+    }
+
+    pub fn reserved(&self) -> Option<u64> {
+        self.rt.budget().map(|b| b.reserved())
+    }
+
+    /// The budget invariant (`reserved == inner outstanding`) and the stats
+    /// that follow from it, or the no-budget defaults.
+    pub fn check_invariant(&self, what: &str) {
+        let n = self.name();
+        let usage = self.rt.usage();
+        let stats = self.rt.stats().unwrap_or_else(|e| panic!("[{n}] {what}: stats: {e}"));
+        assert_eq!(stats.outstanding_bytes, stats.live_bytes + stats.pending_bytes, "[{n}] {what}");
+        assert_eq!(stats.outstanding_bytes, usage.outstanding_bytes(), "[{n}] {what}");
+        if !self.kind.is_async() {
+            assert_eq!(usage.pending_bytes, 0, "[{n}] {what}: Direct never has pending bytes");
+        }
+        match (self.rt.budget(), self.limit) {
+            (Some(b), Some(limit)) => {
+                let reserved = b.reserved();
+                assert_eq!(
+                    reserved,
+                    usage.outstanding_bytes(),
+                    "[{n}] {what}: budget reserved != inner outstanding ({usage:?})"
+                );
+                assert!(reserved <= limit, "[{n}] {what}: reserved {reserved} > limit {limit}");
+                assert_eq!(stats.budget_limit, limit, "[{n}] {what}");
+                assert_eq!(stats.budget_remaining, limit - reserved, "[{n}] {what}");
+            }
+            (None, None) => {
+                assert_eq!(stats.budget_limit, 0, "[{n}] {what}");
+                assert_eq!(stats.budget_remaining, u64::MAX, "[{n}] {what}");
+            }
+            other => panic!("[{n}] {what}: budget layer and limit disagree: {:?}", other.1),
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            usage: self.rt.usage(),
+            stats: self.rt.stats().expect("stats"),
+            reserved: self.reserved(),
+            sim_in_use: self.sim().bytes_in_use(),
+        }
+    }
+
+    /// Nothing changed since `before` (no bytes, blocks, waits or events),
+    /// except `failed` more failed allocations were counted.
+    pub fn assert_unchanged(&self, before: &Snapshot, failed: u64, what: &str) {
+        self.assert_unchanged_inner(before, failed, false, what);
+    }
+
+    /// As `assert_unchanged`, but events recorded by a reap (a refusal reaps
+    /// under pressure, which seals pending frees) are allowed.
+    pub fn assert_unchanged_but_reaped(&self, before: &Snapshot, failed: u64, what: &str) {
+        self.assert_unchanged_inner(before, failed, true, what);
+    }
+
+    fn assert_unchanged_inner(&self, before: &Snapshot, failed: u64, reaped: bool, what: &str) {
+        let n = self.name();
+        let now = self.snapshot();
+        let mut usage = now.usage;
+        if reaped {
+            assert!(usage.events_recorded >= before.usage.events_recorded, "[{n}] {what}");
+            usage.events_recorded = before.usage.events_recorded;
+        }
+        assert_eq!(usage, before.usage, "[{n}] {what}: usage changed");
+        assert_eq!(now.reserved, before.reserved, "[{n}] {what}: budget reservation changed");
+        assert_eq!(now.sim_in_use, before.sim_in_use, "[{n}] {what}: device memory changed");
+        let expected = Stats { failed_allocations: before.stats.failed_allocations + failed, ..before.stats };
+        assert_eq!(now.stats, expected, "[{n}] {what}: stats changed");
+        self.check_invariant(what);
+    }
+
+    /// The CSV log so far (reap flushes the logging layer).
+    pub fn log_text(&self) -> String {
+        let path = self.log_path.as_ref().expect("stack has a log");
+        if !self.rt.is_closed() {
+            let _ = self.rt.reap();
+        }
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(p) = &self.log_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub usage: Usage,
+    pub stats: Stats,
+    pub reserved: Option<u64>,
+    pub sim_in_use: u64,
+}
+
+// ----- expected errors -----
+
+/// `r` must be `UseAfterFree` naming exactly `id`'s generation and pointer.
+pub fn expect_use_after_free<T: fmt::Debug>(r: ResourceResult<T>, id: &BlockId, what: &str) {
+    match r {
+        Err(e @ ResourceError::UseAfterFree { .. }) => {
+            let ResourceError::UseAfterFree { generation, ptr, .. } = &e else { unreachable!() };
+            assert_eq!(*generation, id.generation, "{what}: {e}");
+            assert_eq!(*ptr, id.ptr, "{what}: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("generation {}", id.generation)), "{what}: {msg}");
+            assert!(msg.contains(&format!("{:#x}", id.ptr)), "{what}: {msg}");
+        }
+        other => panic!("{what}: expected UseAfterFree, got {other:?}"),
+    }
+}
+
+/// `r` must be `StreamMisuse` (tracking asked of a stack without it).
+pub fn expect_stream_misuse<T: fmt::Debug>(r: ResourceResult<T>, what: &str) {
+    match r {
+        Err(ResourceError::StreamMisuse(msg)) => {
+            assert!(msg.contains("does not track"), "{what}: {msg}");
+        }
+        other => panic!("{what}: expected StreamMisuse, got {other:?}"),
+    }
+}
+
+/// `r` must be `InvalidArgument` whose message contains every needle.
+pub fn expect_invalid<T: fmt::Debug>(r: ResourceResult<T>, needles: &[&str], what: &str) {
+    match r {
+        Err(ResourceError::InvalidArgument(msg)) => {
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
+            }
+        }
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    }
+}
+
+/// `r` must be `Driver` caused by an injected sim fault.
+pub fn expect_injected<T: fmt::Debug>(r: ResourceResult<T>, needles: &[&str], what: &str) {
+    match r {
+        Err(ResourceError::Driver(msg)) => {
+            assert!(msg.contains("injected fault"), "{what}: {msg}");
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message {msg:?} lacks {n:?}");
+            }
+        }
+        other => panic!("{what}: expected an injected Driver error, got {other:?}"),
+    }
+}
+
+// ----- stream-ordered host probes -----
+
+/// Device handle for 'static host callbacks.
+pub fn dev(rt: &Runtime) -> Arc<dyn Device> {
+    rt.device().clone()
+}
+
+fn sim_of(d: &Arc<dyn Device>) -> &SimDevice {
+    d.as_sim().expect("sim backend")
+}
+
+/// Blocks its stream until opened or dropped.
+pub struct Gate(Option<Sender<()>>);
+
+impl Gate {
+    pub fn open(&mut self) {
+        self.0.take();
+    }
+}
+
+/// Queue a callback on `stream` that blocks until the returned gate opens.
+/// Dropping the gate (a failing test unwinding) opens it too, so no worker
+/// is left stuck.
+pub fn gate(rt: &Runtime, stream: StreamId) -> Gate {
+    let (tx, rx) = mpsc::channel::<()>();
+    rt.enqueue_host(stream, Box::new(move || {
+        let _ = rx.recv();
+    }))
+    .unwrap();
+    Gate(Some(tx))
+}
+
+/// In stream order: sleep `delay`, then write `value` at `ptr`.
+pub fn host_write_u64(rt: &Runtime, stream: StreamId, ptr: u64, value: u64, delay: Duration) {
+    let d = dev(rt);
+    rt.enqueue_host(stream, Box::new(move || {
+        std::thread::sleep(delay);
+        sim_of(&d).write_u64(ptr, value).unwrap();
+    }))
+    .unwrap();
+}
+
+/// In stream order: sleep `delay`, then read the u64 at `ptr` and send it.
+pub fn host_read_u64(rt: &Runtime, stream: StreamId, ptr: u64, delay: Duration) -> Receiver<u64> {
+    let (tx, rx) = mpsc::channel();
+    let d = dev(rt);
+    rt.enqueue_host(stream, Box::new(move || {
+        std::thread::sleep(delay);
+        let _ = tx.send(sim_of(&d).read_u64(ptr).unwrap());
+    }))
+    .unwrap();
+    rx
+}
+
+/// In stream order: sleep `delay`, then fill `len` bytes at `ptr`.
+pub fn host_fill(rt: &Runtime, stream: StreamId, ptr: u64, len: u64, byte: u8, delay: Duration) {
+    let d = dev(rt);
+    rt.enqueue_host(stream, Box::new(move || {
+        std::thread::sleep(delay);
+        sim_of(&d).fill(ptr, len, byte).unwrap();
+    }))
+    .unwrap();
+}
+
+/// In stream order: sleep `delay`, then copy `len` bytes at `ptr` out.
+pub fn host_read_bytes(rt: &Runtime, stream: StreamId, ptr: u64, len: u64, delay: Duration) -> Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    let d = dev(rt);
+    rt.enqueue_host(stream, Box::new(move || {
+        std::thread::sleep(delay);
+        let _ = tx.send(sim_of(&d).read(ptr, len).unwrap());
+    }))
+    .unwrap();
+    rx
+}
+
+/// Fires once everything queued on `stream` so far has run.
+pub fn marker(rt: &Runtime, stream: StreamId) -> Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    rt.enqueue_host(stream, Box::new(move || {
+        let _ = tx.send(());
+    }))
+    .unwrap();
+    rx
+}
+
+/// The receiver must stay silent for `SHORT` (its stream is blocked).
+pub fn assert_blocked<T: fmt::Debug>(rx: &Receiver<T>, what: &str) {
+    match rx.recv_timeout(SHORT) {
+        Err(mpsc::RecvTimeoutError::Timeout) => {}
+        other => panic!("{what}: expected the stream to be blocked, but got {other:?}"),
+    }
+}
+
+/// The receiver's value, waiting at most `LONG`.
+pub fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
+    rx.recv_timeout(LONG).unwrap_or_else(|e| panic!("{what}: no result from the stream ({e})"))
+}
+
+// ----- misc -----
+
+/// xorshift64*: deterministic per seed, no dependency.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One parsed CSV log line (fields after the header; the tag unquoted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub thread: String,
+    pub time: String,
+    pub action: String,
+    pub pointer: String,
+    pub size: u64,
+    pub stream: u32,
+    pub tag: String,
+}
+
+/// Split one CSV record; a quoted field may hold commas and doubled quotes.
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                cur.push('"');
+            }
+            ('"', true) => quoted = false,
+            ('"', false) if cur.is_empty() => quoted = true,
+            (',', false) => fields.push(std::mem::take(&mut cur)),
+            (c, _) => cur.push(c),
+        }
+    }
+    fields.push(cur);
+    fields
+}
+
+pub fn parse_log(text: &str) -> (String, Vec<LogLine>) {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default().to_string();
+    let records = lines
+        .map(|l| {
+            let f = csv_fields(l);
+            assert_eq!(f.len(), 7, "log line {l:?} has {} fields", f.len());
+            LogLine {
+                thread: f[0].clone(),
+                time: f[1].clone(),
+                action: f[2].clone(),
+                pointer: f[3].clone(),
+                size: f[4].parse().unwrap_or_else(|_| panic!("size in {l:?}")),
+                stream: f[5].parse().unwrap_or_else(|_| panic!("stream in {l:?}")),
+                tag: f[6].clone(),
+            }
+        })
+        .collect();
+    (header, records)
+}

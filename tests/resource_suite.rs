@@ -1,0 +1,1064 @@
+//! The shared resource suite: every test below runs against every stack
+//! (Direct, Async, Budget(Async), Budget(Logging(Async))) on a fresh sim
+//! runtime. Test names are `<stack>::<test>`, and every assertion message
+//! starts with the stack's name.
+//!
+//! Ordering tests observe real data: host callbacks read and write the sim
+//! device's memory in stream order. Each one that checks a wait has a
+//! negative twin showing that, without the wait, the same scenario sees the
+//! wrong data, so the positive tests can fail.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+use xlog_cuda::device::sim::FaultKind;
+use xlog_cuda::{Access, BlockId, BlockState, BlockUse, Generation, ResourceError, Runtime, StreamId};
+
+/// One `#[test]` per (stack, shared test).
+macro_rules! shared_suite {
+    ($($test:ident),* $(,)?) => {
+        mod direct {
+            $( #[test] fn $test() { super::$test(super::StackKind::Direct) } )*
+        }
+        mod async_pool {
+            $( #[test] fn $test() { super::$test(super::StackKind::Async) } )*
+        }
+        mod budget_async {
+            $( #[test] fn $test() { super::$test(super::StackKind::BudgetAsync) } )*
+        }
+        mod budget_logging_async {
+            $( #[test] fn $test() { super::$test(super::StackKind::BudgetLoggingAsync) } )*
+        }
+    };
+}
+
+shared_suite!(
+    zero_size_allocation,
+    alignment_is_at_least_256,
+    capacity_exhaustion,
+    double_free_is_an_error_that_changes_nothing,
+    stale_generation_after_address_reuse,
+    write_read_write_ordering_across_streams,
+    without_prepare_the_reader_sees_stale_data,
+    fan_out_reads_then_write_are_ordered,
+    without_prepare_fan_out_is_misordered,
+    free_waits_for_every_reader,
+    without_recorded_reads_a_free_lets_reuse_clobber_readers,
+    budget_invariant_after_every_op,
+    budget_refusal_carries_the_numbers,
+    pending_bytes_stay_charged_until_reap,
+    alloc_fault_rolls_back,
+    free_fault_keeps_the_block_live,
+    event_record_fault_changes_nothing,
+    eight_threads_never_exceed_the_budget,
+    bad_input_is_a_typed_error_that_changes_nothing,
+);
+
+fn r(access: Access, block: &BlockId) -> BlockUse {
+    BlockUse { block: *block, access }
+}
+
+/// On a stack without tracking, every prepare/finish form is refused with
+/// StreamMisuse and changes nothing.
+fn assert_tracking_refused(st: &Stack, block: &BlockId, stream: StreamId) {
+    let (rt, n) = (&st.rt, st.name());
+    let before = st.snapshot();
+    for access in [Access::Read, Access::Write, Access::ReadWrite] {
+        expect_stream_misuse(rt.prepare(block, stream, access), &format!("[{n}] prepare {access:?}"));
+        expect_stream_misuse(rt.finish(block, stream, access), &format!("[{n}] finish {access:?}"));
+    }
+    let uses = [r(Access::Read, block)];
+    expect_stream_misuse(rt.prepare_all(stream, &uses), &format!("[{n}] prepare_all"));
+    expect_stream_misuse(rt.finish_all(stream, &uses), &format!("[{n}] finish_all"));
+    st.assert_unchanged(&before, 0, "refused tracking calls");
+}
+
+// ---------------------------------------------------------------------------
+
+fn zero_size_allocation(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, other) = (st.stream(), st.stream());
+    let probe = rt.allocate(0, s, "probe").unwrap();
+    let a = rt.allocate(0, s, "empty").unwrap();
+    let b = rt.allocate(0, other, "empty").unwrap();
+    for blk in [&probe, &a, &b] {
+        assert_eq!(blk.id.ptr, 0, "[{n}] zero bytes gives a null pointer");
+        assert_eq!(blk.id.size, 0, "[{n}]");
+        assert_eq!(blk.state, BlockState::Live, "[{n}]");
+        assert_ne!(blk.id.generation, Generation(0), "[{n}] generation 0 is never issued");
+    }
+    assert!(a.id.generation > probe.id.generation, "[{n}] fresh generation");
+    assert!(b.id.generation > a.id.generation, "[{n}] fresh generation");
+    assert_eq!(&*a.tag.name(), "empty", "[{n}]");
+    assert_eq!(b.id.alloc_stream, other, "[{n}]");
+
+    let stats = rt.stats().unwrap();
+    assert_eq!(stats.live_bytes, 0, "[{n}] zero-size blocks charge nothing");
+    assert_eq!(stats.outstanding_bytes, 0, "[{n}]");
+    assert_eq!(stats.live_blocks, 3, "[{n}]");
+    assert_eq!(stats.allocations, 3, "[{n}]");
+    assert_eq!(st.reserved().unwrap_or(0), 0, "[{n}] nothing reserved");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}] no device memory used");
+    st.check_invariant("after zero-size allocations");
+    assert_eq!(&*rt.validate(&a.id).unwrap().tag.name(), "empty", "[{n}]");
+
+    if kind.is_async() {
+        rt.prepare(&a.id, other, Access::Write).unwrap();
+        rt.finish(&a.id, other, Access::Write).unwrap();
+        rt.prepare(&a.id, s, Access::Read).unwrap();
+        rt.finish(&a.id, s, Access::Read).unwrap();
+    } else {
+        assert_tracking_refused(&st, &a.id, other);
+    }
+
+    let freed = rt.deallocate(&a.id).unwrap();
+    assert_eq!(freed.state, BlockState::Retired, "[{n}] nothing to wait for on a zero-size free");
+    assert_eq!(freed.id, a.id, "[{n}]");
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.pending_bytes, stats.pending_blocks, stats.live_blocks), (0, 0, 2), "[{n}]");
+    let before = st.snapshot();
+    expect_use_after_free(rt.deallocate(&a.id), &a.id, &format!("[{n}] double free of a zero-size block"));
+    st.assert_unchanged(&before, 0, "double free of a zero-size block");
+    rt.deallocate(&b.id).unwrap();
+    rt.deallocate(&probe.id).unwrap();
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.live_blocks, stats.deallocations, stats.outstanding_bytes), (0, 3, 0), "[{n}]");
+    st.check_invariant("end");
+}
+
+fn alignment_is_at_least_256(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+    let sizes = [1u64, 7, 255, 256, 257, 1000, 4097, 65536, 3];
+    let blocks: Vec<_> = sizes.iter().map(|&sz| rt.allocate(sz, s, "aligned").unwrap()).collect();
+    for (b, &sz) in blocks.iter().zip(&sizes) {
+        assert_ne!(b.id.ptr, 0, "[{n}] {sz} bytes");
+        assert_eq!(b.id.ptr % 256, 0, "[{n}] {sz}-byte block at {:#x} is not 256-aligned", b.id.ptr);
+        assert_eq!(b.id.size, sz, "[{n}] the handle keeps the requested size");
+    }
+    let mut spans: Vec<(u64, u64)> = blocks.iter().map(|b| (b.id.ptr, b.id.size)).collect();
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[0].0 + w[0].1 <= w[1].0, "[{n}] blocks overlap: {w:?}");
+    }
+    // Each block is real memory of its own: distinct patterns survive.
+    let sim = st.sim();
+    for (i, b) in blocks.iter().enumerate() {
+        sim.fill(b.id.ptr, b.id.size, i as u8 + 1).unwrap();
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        assert!(sim.read(b.id.ptr, b.id.size).unwrap().iter().all(|&x| x == i as u8 + 1), "[{n}] block {i}");
+    }
+    let total: u64 = sizes.iter().sum();
+    let stats = rt.stats().unwrap();
+    assert_eq!(stats.live_bytes, total, "[{n}] charged the requested bytes, not rounded ones");
+    assert_eq!(stats.live_blocks, sizes.len() as u64, "[{n}]");
+    st.check_invariant("after aligned allocations");
+    for b in &blocks {
+        rt.deallocate(&b.id).unwrap();
+    }
+    rt.drain().unwrap();
+    assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+}
+
+fn capacity_exhaustion(kind: StackKind) {
+    // A budget larger than the device, so the device runs out first.
+    let st = Stack::open(kind, Opts { capacity_bytes: MIB, budget_bytes: 4 * MIB, ..Opts::default() });
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+
+    let before = st.snapshot();
+    match rt.allocate(MIB + 1, s, "too_big") {
+        Err(e @ ResourceError::OutOfMemory { .. }) => {
+            let ResourceError::OutOfMemory { requested, detail } = &e else { unreachable!() };
+            assert_eq!(*requested, MIB + 1, "[{n}]");
+            assert!(detail.contains("1048576"), "[{n}] detail names the capacity: {detail}");
+            assert!(e.to_string().contains("1048577"), "[{n}] message names the request: {e}");
+        }
+        other => panic!("[{n}] expected OutOfMemory, got {other:?}"),
+    }
+    st.assert_unchanged(&before, 1, "oversize allocation");
+
+    let quarter = 256 * KIB;
+    let blocks: Vec<_> = (0..4).map(|i| {
+        rt.allocate(quarter, s, "quarter").unwrap_or_else(|e| panic!("[{n}] quarter {i}: {e}"))
+    }).collect();
+    assert_eq!(st.sim().bytes_in_use(), MIB, "[{n}] device full");
+    let before = st.snapshot();
+    match rt.allocate(256, s, "one_more") {
+        Err(ResourceError::OutOfMemory { requested, .. }) => assert_eq!(requested, 256, "[{n}]"),
+        other => panic!("[{n}] expected OutOfMemory on a full device, got {other:?}"),
+    }
+    st.assert_unchanged(&before, 1, "allocation on a full device");
+
+    rt.deallocate(&blocks[1].id).unwrap();
+    let drained = rt.drain().unwrap();
+    assert_eq!(drained, if kind.is_async() { quarter } else { 0 }, "[{n}] bytes retired by drain");
+    let again = rt.allocate(quarter, s, "refill").unwrap();
+    assert_eq!(again.id.ptr, blocks[1].id.ptr, "[{n}] the freed range is reused");
+    assert_eq!(rt.stats().unwrap().live_bytes, MIB, "[{n}]");
+    st.check_invariant("after refill");
+}
+
+fn double_free_is_an_error_that_changes_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+    let x = rt.allocate(4096, s, "x").unwrap();
+    let y = rt.allocate(8192, s, "y").unwrap();
+    let freed = rt.deallocate(&x.id).unwrap();
+    assert_eq!(freed.state, if kind.is_async() { BlockState::Pending } else { BlockState::Retired }, "[{n}]");
+    assert_eq!(&*freed.tag.name(), "x", "[{n}]");
+    rt.synchronize(s).unwrap(); // the device-side free has run; the bytes stay pending until reap
+
+    let before = st.snapshot();
+    expect_use_after_free(rt.deallocate(&x.id), &x.id, &format!("[{n}] second free"));
+    st.assert_unchanged(&before, 0, "second free while pending");
+    rt.drain().unwrap();
+    let before = st.snapshot();
+    expect_use_after_free(rt.deallocate(&x.id), &x.id, &format!("[{n}] free after retire"));
+    st.assert_unchanged(&before, 0, "free after retire");
+    assert_eq!(&*rt.validate(&y.id).unwrap().tag.name(), "y", "[{n}] other block untouched");
+    assert_eq!(rt.stats().unwrap().live_bytes, 8192, "[{n}]");
+    rt.deallocate(&y.id).unwrap();
+    expect_use_after_free(rt.deallocate(&y.id), &y.id, &format!("[{n}] second free of y"));
+    assert_eq!(rt.stats().unwrap().deallocations, 2, "[{n}] failed frees are not counted");
+}
+
+fn stale_generation_after_address_reuse(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, other) = (st.stream(), st.stream());
+    let old = rt.allocate(8192, s, "old").unwrap();
+    rt.deallocate(&old.id).unwrap();
+    rt.drain().unwrap();
+    let new = rt.allocate(8192, s, "new").unwrap();
+    assert_eq!(new.id.ptr, old.id.ptr, "[{n}] the sim must hand the address out again");
+    assert!(new.id.generation > old.id.generation, "[{n}]");
+    assert_eq!(BlockId { generation: new.id.generation, ..old.id }, new.id, "[{n}] only the generation differs");
+    st.sim().fill(new.id.ptr, 8192, 0x3C).unwrap();
+
+    let before = st.snapshot();
+    let what = |op: &str| format!("[{n}] stale {op}");
+    expect_use_after_free(rt.deallocate(&old.id), &old.id, &what("deallocate"));
+    expect_use_after_free(rt.validate(&old.id), &old.id, &what("validate"));
+    if kind.is_async() {
+        for access in [Access::Read, Access::Write, Access::ReadWrite] {
+            expect_use_after_free(rt.prepare(&old.id, other, access), &old.id, &what("prepare"));
+            expect_use_after_free(rt.finish(&old.id, other, access), &old.id, &what("finish"));
+        }
+        let uses = [r(Access::Read, &old.id)];
+        expect_use_after_free(rt.prepare_all(other, &uses), &old.id, &what("prepare_all"));
+        expect_use_after_free(rt.finish_all(other, &uses), &old.id, &what("finish_all"));
+    } else {
+        assert_tracking_refused(&st, &old.id, other);
+    }
+    st.assert_unchanged(&before, 0, "stale handle calls");
+    assert!(st.sim().read(new.id.ptr, 8192).unwrap().iter().all(|&b| b == 0x3C), "[{n}] new block's data untouched");
+    let v = rt.validate(&new.id).unwrap();
+    assert_eq!((&*v.tag.name(), v.state), ("new", BlockState::Live), "[{n}]");
+    rt.deallocate(&new.id).unwrap();
+    rt.drain().unwrap();
+    assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
+}
+
+// ----- cross-stream ordering -----
+
+/// write(A) → read(B) → write(A) → read(B) → read-write(C), each stage
+/// checked to be blocked until the stage it depends on is released.
+fn write_read_write_ordering_across_streams(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (a, b, c) = (st.stream(), st.stream(), st.stream());
+    let x = rt.allocate(64, a, "x").unwrap();
+    st.sim().fill(x.id.ptr, 64, 0).unwrap();
+    if !kind.is_async() {
+        assert_tracking_refused(&st, &x.id, b);
+        return;
+    }
+    let p = x.id.ptr;
+
+    // Write on A (held back by a gate), read on B.
+    let mut gate_a = gate(rt, a);
+    rt.prepare(&x.id, a, Access::Write).unwrap();
+    host_write_u64(rt, a, p, 0xC0FFEE, Duration::ZERO);
+    rt.finish(&x.id, a, Access::Write).unwrap();
+    rt.prepare(&x.id, b, Access::Read).unwrap();
+    let seen = host_read_u64(rt, b, p, Duration::ZERO);
+    rt.finish(&x.id, b, Access::Read).unwrap();
+    assert_blocked(&seen, &format!("[{n}] the read on B must wait for the write on A"));
+    gate_a.open();
+    assert_eq!(recv(&seen, n), 0xC0FFEE, "[{n}] B read before A's write landed");
+
+    // Read on B (held back), then a write on A must wait for it.
+    let mut gate_b = gate(rt, b);
+    rt.prepare(&x.id, b, Access::Read).unwrap();
+    let seen2 = host_read_u64(rt, b, p, Duration::ZERO);
+    rt.finish(&x.id, b, Access::Read).unwrap();
+    rt.prepare(&x.id, a, Access::Write).unwrap();
+    host_write_u64(rt, a, p, 2, Duration::ZERO);
+    rt.finish(&x.id, a, Access::Write).unwrap();
+    let a_done = marker(rt, a);
+    assert_blocked(&a_done, &format!("[{n}] the write on A must wait for the read on B"));
+    gate_b.open();
+    assert_eq!(recv(&seen2, n), 0xC0FFEE, "[{n}] the write on A clobbered the value before B read it");
+    recv(&a_done, n);
+
+    // ReadWrite on C waits for the last write (A) and an outstanding read (B).
+    let mut gate_b = gate(rt, b);
+    rt.prepare(&x.id, b, Access::Read).unwrap();
+    let seen3 = host_read_u64(rt, b, p, Duration::ZERO);
+    rt.finish(&x.id, b, Access::Read).unwrap();
+    rt.prepare(&x.id, c, Access::ReadWrite).unwrap();
+    let d = dev(rt);
+    rt.enqueue_host(c, Box::new(move || {
+        let sim = d.as_sim().unwrap();
+        let v = sim.read_u64(p).unwrap();
+        sim.write_u64(p, v + 1).unwrap();
+    }))
+    .unwrap();
+    rt.finish(&x.id, c, Access::ReadWrite).unwrap();
+    let c_done = marker(rt, c);
+    assert_blocked(&c_done, &format!("[{n}] ReadWrite on C must wait for the read on B"));
+    gate_b.open();
+    assert_eq!(recv(&seen3, n), 2, "[{n}]");
+    recv(&c_done, n);
+    assert_eq!(st.sim().read_u64(p).unwrap(), 3, "[{n}] C incremented A's second write");
+
+    // Reads on B then C (both held back); a write on A waits for both, not
+    // just the latest.
+    let (mut gate_b, mut gate_c) = (gate(rt, b), gate(rt, c));
+    let mut reads = Vec::new();
+    for rs in [b, c] {
+        rt.prepare(&x.id, rs, Access::Read).unwrap();
+        reads.push(host_read_u64(rt, rs, p, Duration::ZERO));
+        rt.finish(&x.id, rs, Access::Read).unwrap();
+    }
+    rt.prepare(&x.id, a, Access::Write).unwrap();
+    host_write_u64(rt, a, p, 4, Duration::ZERO);
+    rt.finish(&x.id, a, Access::Write).unwrap();
+    let a_done = marker(rt, a);
+    assert_blocked(&a_done, &format!("[{n}] the write on A must wait for both reads"));
+    gate_c.open();
+    assert_eq!(recv(&reads[1], n), 3, "[{n}]");
+    assert_blocked(&a_done, &format!("[{n}] the write on A must still wait for the read on B"));
+    gate_b.open();
+    assert_eq!(recv(&reads[0], n), 3, "[{n}] the write on A overtook the read on B");
+    recv(&a_done, n);
+    assert_eq!(st.sim().read_u64(p).unwrap(), 4, "[{n}]");
+
+    rt.deallocate(&x.id).unwrap();
+    rt.drain().unwrap();
+    st.check_invariant("end");
+}
+
+/// The scenario above without prepare: the reader sees the old value and a
+/// write overtakes a read. Proves the positive test can fail.
+fn without_prepare_the_reader_sees_stale_data(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (a, b) = (st.stream(), st.stream());
+    let x = rt.allocate(64, a, "x").unwrap();
+    let p = x.id.ptr;
+    st.sim().fill(p, 64, 0).unwrap();
+
+    let mut gate_a = gate(rt, a);
+    host_write_u64(rt, a, p, 0xC0FFEE, Duration::ZERO);
+    let seen = host_read_u64(rt, b, p, Duration::ZERO);
+    assert_eq!(recv(&seen, n), 0, "[{n}] with no wait the reader runs before the writer");
+    gate_a.open();
+    rt.synchronize(a).unwrap();
+
+    let mut gate_b = gate(rt, b);
+    let seen2 = host_read_u64(rt, b, p, Duration::ZERO);
+    host_write_u64(rt, a, p, 2, Duration::ZERO);
+    rt.synchronize(a).unwrap(); // A does not wait for B's read
+    gate_b.open();
+    assert_eq!(recv(&seen2, n), 2, "[{n}] with no wait the write overtakes the read");
+    rt.deallocate(&x.id).unwrap();
+}
+
+#[derive(Debug, Default)]
+struct FanOut {
+    /// (who, value seen) in the order the callbacks ran.
+    log: Vec<(&'static str, u64)>,
+}
+
+/// write(A, sleeps 60 ms) → read(B, sleeps 50 ms) and read(C, sleeps 10 ms)
+/// → write(D) → read(E). B is recorded before C and takes longer, so a
+/// write that waited only for the latest reader would overtake B. With `tracked` every use goes through
+/// prepare/finish; without, nothing orders the streams.
+fn fan_out_scenario(st: &Stack, tracked: bool) -> Vec<(&'static str, u64)> {
+    let rt = &st.rt;
+    let [a, b, c, d, e] = [(); 5].map(|_| st.stream());
+    let x = rt.allocate(64, a, "fan").unwrap();
+    let p = x.id.ptr;
+    st.sim().fill(p, 64, 0).unwrap();
+    let out = Arc::new(Mutex::new(FanOut::default()));
+    let stage = |stream: StreamId, access: Access, who: &'static str, write: Option<u64>, delay: u64| {
+        if tracked {
+            rt.prepare(&x.id, stream, access).unwrap();
+        }
+        let (dv, out) = (dev(rt), out.clone());
+        rt.enqueue_host(stream, Box::new(move || {
+            thread::sleep(Duration::from_millis(delay));
+            let sim = dv.as_sim().unwrap();
+            let v = match write {
+                Some(v) => {
+                    sim.write_u64(p, v).unwrap();
+                    v
+                }
+                None => sim.read_u64(p).unwrap(),
+            };
+            out.lock().unwrap().log.push((who, v));
+        }))
+        .unwrap();
+        if tracked {
+            rt.finish(&x.id, stream, access).unwrap();
+        }
+    };
+    stage(a, Access::Write, "A:write", Some(1), 60);
+    stage(b, Access::Read, "B:read", None, 50);
+    stage(c, Access::Read, "C:read", None, 10);
+    stage(d, Access::Write, "D:write", Some(2), 0);
+    stage(e, Access::Read, "E:read", None, 0);
+    for s in [a, b, c, d, e] {
+        rt.synchronize(s).unwrap();
+    }
+    rt.deallocate(&x.id).unwrap();
+    let log = std::mem::take(&mut out.lock().unwrap().log);
+    log
+}
+
+fn fan_out_reads_then_write_are_ordered(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let n = st.name();
+    if !kind.is_async() {
+        let s = st.stream();
+        let x = st.rt.allocate(64, s, "fan").unwrap();
+        assert_tracking_refused(&st, &x.id, st.stream());
+        return;
+    }
+    let log = fan_out_scenario(&st, true);
+    let pos = |who: &str| log.iter().position(|(w, _)| *w == who).unwrap_or_else(|| panic!("[{n}] {who} missing: {log:?}"));
+    let seen = |who: &str| log[pos(who)].1;
+    assert_eq!(pos("A:write"), 0, "[{n}] {log:?}");
+    assert_eq!(seen("B:read"), 1, "[{n}] B must see A's write: {log:?}");
+    assert_eq!(seen("C:read"), 1, "[{n}] C must see A's write: {log:?}");
+    assert!(pos("D:write") > pos("B:read") && pos("D:write") > pos("C:read"), "[{n}] D wrote before both reads: {log:?}");
+    assert_eq!(seen("E:read"), 2, "[{n}] E must see D's write: {log:?}");
+    assert_eq!(pos("E:read"), 4, "[{n}] {log:?}");
+    st.check_invariant("end");
+}
+
+fn without_prepare_fan_out_is_misordered(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let n = st.name();
+    let log = fan_out_scenario(&st, false);
+    let find = |who: &str| log.iter().position(|(w, _)| *w == who).unwrap();
+    let ordered = log[find("B:read")].1 == 1
+        && log[find("C:read")].1 == 1
+        && find("D:write") > find("B:read")
+        && find("D:write") > find("C:read");
+    assert!(!ordered, "[{n}] without waits the scenario should have been misordered: {log:?}");
+}
+
+/// Readers on two streams sleep (80 and 20 ms), then read; the block is freed on its
+/// allocation stream, the address is handed out again there and
+/// overwritten. The readers must still see the original data.
+fn free_reuse_scenario(st: &Stack, tracked: bool) -> (Vec<Vec<u8>>, bool) {
+    let (rt, n) = (&st.rt, st.name());
+    let (s, b, c) = (st.stream(), st.stream(), st.stream());
+    let len = 4096;
+    let x = rt.allocate(len, s, "shared").unwrap();
+    if tracked {
+        rt.prepare(&x.id, s, Access::Write).unwrap();
+    }
+    host_fill(rt, s, x.id.ptr, len, 0xAA, Duration::ZERO);
+    if tracked {
+        rt.finish(&x.id, s, Access::Write).unwrap();
+    } else {
+        rt.synchronize(s).unwrap();
+    }
+    // The slow reader is recorded first, so a free that waited only for the
+    // latest reader would let the reuse overtake it.
+    let readers: Vec<_> = [(b, 80), (c, 20)]
+        .into_iter()
+        .map(|(rs, delay)| {
+            if tracked {
+                rt.prepare(&x.id, rs, Access::Read).unwrap();
+            }
+            let rx = host_read_bytes(rt, rs, x.id.ptr, len, Duration::from_millis(delay));
+            if tracked {
+                rt.finish(&x.id, rs, Access::Read).unwrap();
+            }
+            rx
+        })
+        .collect();
+    rt.deallocate(&x.id).unwrap();
+    let mut s_blocked = false;
+    if tracked {
+        // The allocation stream now waits for both readers.
+        let m = marker(rt, s);
+        s_blocked = matches!(m.recv_timeout(Duration::from_millis(15)), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
+    }
+    rt.synchronize(s).unwrap(); // the free has run on S: the range is free again
+    let y = rt.allocate(len, s, "reuse").unwrap();
+    assert_eq!(y.id.ptr, x.id.ptr, "[{n}] the sim hands the freed address out again");
+    if tracked {
+        rt.prepare(&y.id, s, Access::Write).unwrap();
+    }
+    host_fill(rt, s, y.id.ptr, len, 0x55, Duration::ZERO);
+    if tracked {
+        rt.finish(&y.id, s, Access::Write).unwrap();
+    }
+    let seen = readers.iter().map(|rx| recv(rx, n)).collect();
+    rt.synchronize(s).unwrap();
+    assert!(st.sim().read(y.id.ptr, len).unwrap().iter().all(|&v| v == 0x55), "[{n}]");
+    rt.deallocate(&y.id).unwrap();
+    (seen, s_blocked)
+}
+
+fn free_waits_for_every_reader(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let n = st.name();
+    if !kind.is_async() {
+        let s = st.stream();
+        let x = st.rt.allocate(4096, s, "shared").unwrap();
+        assert_tracking_refused(&st, &x.id, st.stream());
+        return;
+    }
+    let (seen, s_blocked) = free_reuse_scenario(&st, true);
+    assert!(s_blocked, "[{n}] the allocation stream must wait for the readers after the free");
+    for (i, data) in seen.iter().enumerate() {
+        assert!(data.iter().all(|&v| v == 0xAA), "[{n}] reader {i} saw the next owner's data: {:?}", &data[..8]);
+    }
+    st.rt.drain().unwrap();
+    st.check_invariant("end");
+    assert_eq!(st.rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
+}
+
+fn without_recorded_reads_a_free_lets_reuse_clobber_readers(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let n = st.name();
+    let (seen, _) = free_reuse_scenario(&st, false);
+    assert!(
+        seen.iter().all(|d| d.iter().all(|&v| v == 0x55)),
+        "[{n}] without recorded reads the readers should have seen the new owner's data"
+    );
+}
+
+// ----- budget -----
+
+fn budget_invariant_after_every_op(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, t) = (st.stream(), st.stream());
+    let check = |what: &str, live: u64| {
+        st.check_invariant(what);
+        assert_eq!(rt.usage().live_bytes, live, "[{n}] {what}: live bytes");
+    };
+    check("open", 0);
+    let a = rt.allocate(1000, s, "a").unwrap();
+    check("allocate 1000", 1000);
+    let z = rt.allocate(0, s, "z").unwrap();
+    check("allocate 0", 1000);
+    let b = rt.allocate(300 * KIB, t, "b").unwrap();
+    check("allocate 300 KiB", 1000 + 300 * KIB);
+    if kind.is_async() {
+        rt.prepare(&a.id, t, Access::Write).unwrap();
+        check("prepare", 1000 + 300 * KIB);
+        rt.finish(&a.id, t, Access::Write).unwrap();
+        check("finish", 1000 + 300 * KIB);
+        let uses = [r(Access::Read, &a.id), r(Access::ReadWrite, &b.id)];
+        rt.prepare_all(s, &uses).unwrap();
+        rt.finish_all(s, &uses).unwrap();
+        check("launch", 1000 + 300 * KIB);
+    }
+    rt.deallocate(&a.id).unwrap();
+    check("free a", 300 * KIB);
+    assert!(matches!(rt.deallocate(&a.id), Err(ResourceError::UseAfterFree { .. })), "[{n}]");
+    check("double free", 300 * KIB);
+    match (rt.allocate(8 * MIB, s, "huge"), kind.has_budget()) {
+        (Err(ResourceError::OutOfBudget { requested, .. }), true) => assert_eq!(requested, 8 * MIB, "[{n}]"),
+        (Err(ResourceError::OutOfMemory { requested, .. }), false) => assert_eq!(requested, 8 * MIB, "[{n}]"),
+        (other, _) => panic!("[{n}] 8 MiB: unexpected {other:?}"),
+    }
+    check("refused allocation", 300 * KIB);
+    st.sim().inject_fault(FaultKind::Alloc, 1);
+    expect_injected(rt.allocate(2000, s, "faulty"), &[], &format!("[{n}] alloc fault"));
+    check("failed allocation", 300 * KIB);
+    st.sim().inject_fault(FaultKind::Free, 1);
+    expect_injected(rt.deallocate(&b.id), &[], &format!("[{n}] free fault"));
+    check("failed free", 300 * KIB);
+    rt.reap().unwrap();
+    check("reap", 300 * KIB);
+    let c = rt.allocate(700 * KIB, t, "c").unwrap();
+    check("allocate 700 KiB", 1000 * KIB);
+    rt.deallocate(&b.id).unwrap();
+    check("free b", 700 * KIB);
+    rt.deallocate(&z.id).unwrap();
+    check("free z", 700 * KIB);
+    rt.deallocate(&c.id).unwrap();
+    check("free c", 0);
+    rt.drain().unwrap();
+    check("drain", 0);
+    assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
+    assert_eq!(st.reserved().unwrap_or(0), 0, "[{n}]");
+}
+
+fn budget_refusal_carries_the_numbers(kind: StackKind) {
+    let st = Stack::open_default(kind); // 1 MiB budget on the budget stacks
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+    let mut g = gate(rt, s);
+    let keep = rt.allocate(512 * KIB, s, "keep").unwrap();
+    let gone = rt.allocate(256 * KIB, s, "gone").unwrap();
+    rt.deallocate(&gone.id).unwrap(); // pending on async stacks: S is gated
+    let before = st.snapshot();
+    let result = rt.allocate(512 * KIB, s, "more");
+    if !kind.has_budget() {
+        let b = result.unwrap_or_else(|e| panic!("[{n}] no budget, so 512 KiB must fit: {e}"));
+        assert_eq!(rt.stats().unwrap().budget_limit, 0, "[{n}]");
+        rt.deallocate(&b.id).unwrap();
+        g.open();
+        return;
+    }
+    let err = result.unwrap_err();
+    assert_eq!(
+        err,
+        ResourceError::OutOfBudget {
+            requested: 512 * KIB,
+            live: 512 * KIB,
+            pending: 256 * KIB,
+            limit: MIB,
+            remaining: 256 * KIB,
+        },
+        "[{n}]"
+    );
+    let msg = err.to_string();
+    for needle in ["requested 524288", "live 524288", "pending 262144", "limit 1048576", "remaining 262144"] {
+        assert!(msg.contains(needle), "[{n}] {msg:?} lacks {needle:?}");
+    }
+    // The refusal reaped first (sealing the pending free), nothing else.
+    st.assert_unchanged_but_reaped(&before, 1, "refused allocation");
+    g.open();
+    assert_eq!(rt.drain().unwrap(), 256 * KIB, "[{n}]");
+    let more = rt.allocate(512 * KIB, s, "more").unwrap();
+    st.check_invariant("after the pending free retired");
+    assert_eq!(st.reserved(), Some(MIB), "[{n}]");
+    rt.deallocate(&more.id).unwrap();
+    rt.deallocate(&keep.id).unwrap();
+}
+
+fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+    let size = 64 * KIB;
+    let mut g = gate(rt, s);
+    let x = rt.allocate(size, s, "x").unwrap();
+    let freed = rt.deallocate(&x.id).unwrap();
+    let stats = rt.stats().unwrap();
+    if !kind.is_async() {
+        assert_eq!(freed.state, BlockState::Retired, "[{n}]");
+        assert_eq!((stats.live_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
+        assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending on Direct");
+        g.open();
+        return;
+    }
+    assert_eq!(freed.state, BlockState::Pending, "[{n}]");
+    assert_eq!((stats.live_bytes, stats.pending_bytes, stats.pending_blocks), (0, size, 1), "[{n}]");
+    assert_eq!(stats.outstanding_bytes, size, "[{n}] pending bytes are still outstanding");
+    st.check_invariant("pending");
+    if kind.has_budget() {
+        assert_eq!(st.reserved(), Some(size), "[{n}] pending bytes stay charged");
+    }
+    // The stream has not reached the free: reap retires nothing and does not block.
+    assert_eq!(rt.reap().unwrap(), 0, "[{n}] reap before the free ran");
+    assert_eq!(rt.stats().unwrap().pending_bytes, size, "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), size, "[{n}] device memory still held");
+    g.open();
+    rt.synchronize(s).unwrap();
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}] the device released it");
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.pending_bytes, stats.pending_blocks), (size, 1), "[{n}] still pending until reap");
+    st.check_invariant("freed on the device, not yet reaped");
+    if kind.has_budget() {
+        assert_eq!(st.reserved(), Some(size), "[{n}] still charged until reap");
+    }
+    assert_eq!(rt.drain().unwrap(), size, "[{n}]");
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.pending_bytes, stats.pending_blocks, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
+    st.check_invariant("reaped");
+
+    // A non-blocking reap retires the free once the stream has passed it.
+    let y = rt.allocate(size, s, "y").unwrap();
+    rt.deallocate(&y.id).unwrap();
+    let mut total = 0;
+    for _ in 0..2000 {
+        total += rt.reap().unwrap();
+        if total > 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(total, size, "[{n}] reap retired the completed free");
+    st.check_invariant("reaped by polling");
+}
+
+// ----- fault injection -----
+
+fn alloc_fault_rolls_back(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let s = st.stream();
+    let keep = rt.allocate(4096, s, "keep").unwrap();
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::Alloc, 1);
+    expect_injected(rt.allocate(64 * KIB, s, "faulty"), &["65536"], &format!("[{n}] first allocation"));
+    st.assert_unchanged(&before, 1, "injected allocation fault");
+
+    // Fail the third of the next allocations; the others go through.
+    st.sim().inject_fault(FaultKind::Alloc, 3);
+    let a1 = rt.allocate(1000, s, "a1").unwrap();
+    let a2 = rt.allocate(2000, s, "a2").unwrap();
+    let before = st.snapshot();
+    expect_injected(rt.allocate(3000, s, "a3"), &["3000"], &format!("[{n}] third allocation"));
+    st.assert_unchanged(&before, 1, "third allocation");
+    let a4 = rt.allocate(4000, s, "a4").unwrap();
+    assert_eq!(rt.usage().live_bytes, 4096 + 1000 + 2000 + 4000, "[{n}]");
+    st.check_invariant("after faults");
+    assert_eq!(rt.stats().unwrap().failed_allocations, 2, "[{n}]");
+    for b in [&keep, &a1, &a2, &a4] {
+        rt.deallocate(&b.id).unwrap();
+    }
+    rt.drain().unwrap();
+    st.check_invariant("drained");
+    assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+    if kind.has_logging() {
+        let (_, lines) = parse_log(&st.log_text());
+        let failures: Vec<_> = lines.iter().filter(|l| l.action == "allocate failure").collect();
+        assert_eq!(failures.len(), 2, "[{n}] {failures:?}");
+        assert_eq!((failures[0].size, failures[0].tag.as_str()), (65536, "faulty"), "[{n}]");
+        assert_eq!((failures[1].size, failures[1].tag.as_str()), (3000, "a3"), "[{n}]");
+    }
+}
+
+fn free_fault_keeps_the_block_live(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, t) = (st.stream(), st.stream());
+    let x = rt.allocate(64 * KIB, s, "victim").unwrap();
+    st.sim().fill(x.id.ptr, 64 * KIB, 0x77).unwrap();
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::Free, 1);
+    expect_injected(rt.deallocate(&x.id), &[&format!("{:#x}", x.id.ptr)], &format!("[{n}] free"));
+    st.assert_unchanged(&before, 0, "injected free fault");
+    let v = rt.validate(&x.id).unwrap();
+    assert_eq!((v.state, &*v.tag.name()), (BlockState::Live, "victim"), "[{n}] block stays live");
+    assert!(st.sim().read(x.id.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] data intact");
+    if kind.is_async() {
+        rt.prepare(&x.id, t, Access::Read).unwrap();
+        rt.finish(&x.id, t, Access::Read).unwrap();
+    }
+    let freed = rt.deallocate(&x.id).unwrap();
+    assert_eq!(freed.state, if kind.is_async() { BlockState::Pending } else { BlockState::Retired }, "[{n}]");
+    rt.drain().unwrap();
+    st.check_invariant("freed later");
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.outstanding_bytes, stats.deallocations), (0, 1), "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+    if kind.has_logging() {
+        let (_, lines) = parse_log(&st.log_text());
+        let frees = lines.iter().filter(|l| l.action == "free").count();
+        assert_eq!(frees, 1, "[{n}] only the successful free is logged");
+    }
+}
+
+fn event_record_fault_changes_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (a, b, c) = (st.stream(), st.stream(), st.stream());
+    let x = rt.allocate(64, a, "x").unwrap();
+    let p = x.id.ptr;
+    st.sim().fill(p, 64, 0).unwrap();
+    if !kind.is_async() {
+        st.sim().inject_fault(FaultKind::EventRecord, 1);
+        assert_tracking_refused(&st, &x.id, b);
+        rt.deallocate(&x.id).unwrap();
+        assert_eq!(rt.reap().unwrap(), 0, "[{n}]");
+        st.sim().inject_fault(FaultKind::EventRecord, 0);
+        return;
+    }
+    let mut gate_a = gate(rt, a);
+    rt.prepare(&x.id, a, Access::Write).unwrap();
+    host_write_u64(rt, a, p, 7, Duration::ZERO);
+    rt.finish(&x.id, a, Access::Write).unwrap();
+
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::EventRecord, 1);
+    expect_injected(rt.finish(&x.id, b, Access::Write), &[], &format!("[{n}] finish"));
+    st.assert_unchanged(&before, 0, "failed finish");
+    st.sim().inject_fault(FaultKind::EventRecord, 1);
+    expect_injected(rt.finish_all(b, &[r(Access::Write, &x.id)]), &[], &format!("[{n}] finish_all"));
+    st.assert_unchanged(&before, 0, "failed finish_all");
+
+    // A's write is still the last write: a reader on C must wait for it.
+    rt.prepare(&x.id, c, Access::Read).unwrap();
+    let seen = host_read_u64(rt, c, p, Duration::ZERO);
+    rt.finish(&x.id, c, Access::Read).unwrap();
+    assert_blocked(&seen, &format!("[{n}] the failed finish replaced the last write"));
+    gate_a.open();
+    assert_eq!(recv(&seen, n), 7, "[{n}]");
+
+    // A fault while reap seals the pending frees: nothing retired, still charged.
+    rt.deallocate(&x.id).unwrap();
+    rt.synchronize(a).unwrap();
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::EventRecord, 1);
+    expect_injected(rt.reap(), &[], &format!("[{n}] reap"));
+    st.assert_unchanged(&before, 0, "failed reap");
+    assert_eq!(rt.stats().unwrap().pending_bytes, 64, "[{n}]");
+    assert_eq!(rt.drain().unwrap(), 64, "[{n}] the runtime recovers");
+    st.check_invariant("end");
+    assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
+}
+
+// ----- concurrency -----
+
+#[derive(Default, Debug)]
+struct WorkerCounts {
+    allocs: u64,
+    frees: u64,
+    refusals: u64,
+    device_full: u64,
+}
+
+fn worker(rt: Arc<Runtime>, kind: StackKind, seed: u64) -> WorkerCounts {
+    let n = kind.name();
+    let s = rt.acquire_stream().unwrap();
+    let mut rng = XorShift::new(seed);
+    let mut held: Vec<BlockId> = Vec::new();
+    let mut counts = WorkerCounts::default();
+    for i in 0..300 {
+        let roll = rng.below(10);
+        if held.len() < 4 && roll < 6 {
+            let size = 1 + rng.below(192 * KIB);
+            match rt.allocate(size, s, "mt") {
+                Ok(b) => {
+                    assert_eq!(b.id.ptr % 256, 0, "[{n}]");
+                    counts.allocs += 1;
+                    if kind.is_async() && roll == 0 {
+                        rt.prepare(&b.id, s, Access::Write).unwrap();
+                        rt.finish(&b.id, s, Access::Write).unwrap();
+                    }
+                    held.push(b.id);
+                }
+                Err(e) => {
+                    match e {
+                        ResourceError::OutOfBudget { requested, limit, .. } if kind.has_budget() => {
+                            assert_eq!((requested, limit), (size, MIB), "[{n}]");
+                            counts.refusals += 1;
+                        }
+                        // Without a budget the sim device itself can fill up:
+                        // its frees land only when each stream's worker gets
+                        // there, and 8 allocating threads can outrun them.
+                        ResourceError::OutOfMemory { requested, .. } if !kind.has_budget() => {
+                            assert_eq!(requested, size, "[{n}]");
+                            counts.device_full += 1;
+                        }
+                        e => panic!("[{n}] thread {seed}: allocate {size}: {e}"),
+                    }
+                    // Back off: give a block back and let this stream catch up.
+                    if let Some(id) = held.pop() {
+                        rt.deallocate(&id).unwrap();
+                        counts.frees += 1;
+                    }
+                    rt.synchronize(s).unwrap();
+                }
+            }
+        } else if !held.is_empty() {
+            let id = held.swap_remove(rng.below(held.len() as u64) as usize);
+            rt.deallocate(&id).unwrap();
+            counts.frees += 1;
+        }
+        if i % 16 == 0 {
+            rt.reap().unwrap();
+        }
+    }
+    for id in held {
+        rt.deallocate(&id).unwrap();
+        counts.frees += 1;
+    }
+    rt.release_stream(s).unwrap();
+    counts
+}
+
+fn eight_threads_never_exceed_the_budget(kind: StackKind) {
+    let opts = Opts { budget_bytes: MIB, capacity_bytes: 16 * MIB, ..Opts::default() };
+    let st = Stack::open(kind, opts);
+    let n = st.name();
+    let rt = st.rt.clone();
+    // With a budget, live + pending never exceeds it. Without one, pending
+    // bytes are bookkeeping only (the device may already have them back), so
+    // what is bounded is the live bytes and the device's own usage.
+    let (limit, capacity) = (MIB, 16 * MIB);
+    let has_budget = kind.has_budget();
+    let done = Arc::new(AtomicBool::new(false));
+    let observer = {
+        let (rt, done) = (rt.clone(), done.clone());
+        thread::spawn(move || {
+            let (mut max, mut samples) = (0u64, 0u64);
+            while !done.load(Ordering::Acquire) {
+                let s = rt.stats().unwrap();
+                let in_use = rt.sim().unwrap().bytes_in_use();
+                assert!(in_use <= capacity, "[{n}] device use {in_use} > capacity {capacity}");
+                let bounded = if has_budget { s.outstanding_bytes } else { s.live_bytes };
+                let bound = if has_budget { limit } else { capacity };
+                assert!(bounded <= bound, "[{n}] {bounded} > {bound}: {s:?}");
+                if let Some(b) = rt.budget() {
+                    assert!(b.reserved() <= limit, "[{n}] reserved {} > limit {limit}", b.reserved());
+                }
+                max = max.max(bounded);
+                samples += 1;
+                thread::sleep(Duration::from_micros(50));
+            }
+            (max, samples)
+        })
+    };
+    let workers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let rt = rt.clone();
+            thread::spawn(move || worker(rt, kind, 0xB0D6E7 + t))
+        })
+        .collect();
+    let mut total = WorkerCounts::default();
+    let mut panicked = None;
+    for w in workers {
+        match w.join() {
+            Ok(c) => {
+                total.allocs += c.allocs;
+                total.frees += c.frees;
+                total.refusals += c.refusals;
+                total.device_full += c.device_full;
+            }
+            Err(p) => panicked = Some(p),
+        }
+    }
+    done.store(true, Ordering::Release);
+    let observed = observer.join();
+    if let Some(p) = panicked {
+        std::panic::resume_unwind(p);
+    }
+    let (max, samples) = observed.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    assert!(samples > 0, "[{n}]");
+    assert!(max <= if has_budget { limit } else { capacity }, "[{n}]");
+    assert!(total.allocs >= 400, "[{n}] too few allocations went through: {total:?}");
+    if kind.has_budget() {
+        assert!(total.refusals > 0, "[{n}] demand exceeds the budget, some allocations must be refused: {total:?}");
+        assert_eq!(total.device_full, 0, "[{n}] the budget keeps the device from filling up");
+    } else {
+        assert_eq!(total.refusals, 0, "[{n}]");
+    }
+    if has_budget {
+        let peak = rt.stats().unwrap().peak_outstanding_bytes;
+        assert!(peak <= limit, "[{n}] peak outstanding {peak} > limit {limit}");
+    }
+    rt.drain().unwrap();
+    let stats = rt.stats().unwrap();
+    assert_eq!(stats.outstanding_bytes, 0, "[{n}] {stats:?}");
+    assert_eq!((stats.live_blocks, stats.pending_blocks), (0, 0), "[{n}]");
+    assert_eq!(stats.allocations, total.allocs, "[{n}]");
+    assert_eq!(stats.deallocations, total.frees, "[{n}]");
+    assert_eq!(total.allocs, total.frees, "[{n}]");
+    assert_eq!(stats.failed_allocations, total.refusals + total.device_full, "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+    st.check_invariant("after drain");
+}
+
+// ----- bad input -----
+
+fn bad_input_is_a_typed_error_that_changes_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, t) = (st.stream(), st.stream());
+    let x = rt.allocate(4096, s, "x").unwrap();
+    st.sim().fill(x.id.ptr, 4096, 0x5A).unwrap();
+    let before = st.snapshot();
+    let gen = x.id.generation.to_string();
+
+    // Forged handles: a live generation with other fields that do not match.
+    let bad_ptr = x.id.ptr + 256;
+    let forged = [
+        (BlockId { ptr: bad_ptr, ..x.id }, format!("{bad_ptr:#x}")),
+        (BlockId { size: 4097, ..x.id }, "size 4097".to_string()),
+        (BlockId { alloc_stream: StreamId(u32::MAX - 7), ..x.id }, format!("stream {}", u32::MAX - 7)),
+        (BlockId { device: 5, ..x.id }, "device 5".to_string()),
+    ];
+    for (f, needle) in &forged {
+        let what = format!("[{n}] forged {f:?}");
+        let needles = [needle.as_str(), gen.as_str()];
+        expect_invalid(rt.deallocate(f), &needles, &what);
+        expect_invalid(rt.validate(f), &needles, &what);
+        if kind.is_async() {
+            expect_invalid(rt.prepare(f, t, Access::Read), &needles, &what);
+            expect_invalid(rt.finish(f, t, Access::Write), &needles, &what);
+            expect_invalid(rt.prepare_all(t, &[r(Access::Read, &x.id), r(Access::Read, f)]), &needles, &what);
+            expect_invalid(rt.finish_all(t, &[r(Access::Read, &x.id), r(Access::Write, f)]), &needles, &what);
+        }
+    }
+
+    // Generations never issued.
+    let zeroed = BlockId { ptr: 0, size: 0, generation: Generation(0), alloc_stream: s, device: 0 };
+    let future = BlockId { generation: Generation(u64::MAX), ..x.id };
+    for id in [zeroed, future] {
+        expect_use_after_free(rt.deallocate(&id), &id, &format!("[{n}] never issued"));
+        expect_use_after_free(rt.validate(&id), &id, &format!("[{n}] never issued"));
+    }
+
+    // Stream ids never issued.
+    for bad in [StreamId(0), StreamId(u32::MAX - 1)] {
+        let id = bad.0.to_string();
+        let needles = [id.as_str()];
+        let what = format!("[{n}] stream {bad}");
+        expect_invalid(rt.allocate(16, bad, "x"), &needles, &what);
+        expect_invalid(rt.enqueue_host(bad, Box::new(|| {})), &needles, &what);
+        expect_invalid(rt.synchronize(bad), &needles, &what);
+        expect_invalid(rt.native_stream(bad), &needles, &what);
+        expect_invalid(rt.release_stream(bad), &needles, &what);
+        expect_invalid(rt.prepare(&x.id, bad, Access::Read), &needles, &what);
+        expect_invalid(rt.finish(&x.id, bad, Access::Read), &needles, &what);
+        expect_invalid(rt.prepare_all(bad, &[r(Access::Read, &x.id)]), &needles, &what);
+        expect_invalid(rt.finish_all(bad, &[r(Access::Read, &x.id)]), &needles, &what);
+    }
+    st.assert_unchanged(&before, 0, "bad handles and streams");
+
+    // A size no stack can satisfy.
+    match (rt.allocate(u64::MAX, s, "absurd"), kind.has_budget()) {
+        (Err(ResourceError::OutOfBudget { requested, limit, .. }), true) => {
+            assert_eq!((requested, limit), (u64::MAX, MIB), "[{n}]");
+        }
+        (Err(e @ ResourceError::OutOfMemory { .. }), false) => {
+            assert!(e.to_string().contains(&u64::MAX.to_string()), "[{n}] {e}");
+        }
+        (other, _) => panic!("[{n}] u64::MAX bytes: unexpected {other:?}"),
+    }
+    st.assert_unchanged(&before, 1, "absurd allocation");
+
+    let v = rt.validate(&x.id).unwrap();
+    assert_eq!((v.state, &*v.tag.name()), (BlockState::Live, "x"), "[{n}]");
+    assert!(st.sim().read(x.id.ptr, 4096).unwrap().iter().all(|&b| b == 0x5A), "[{n}] data untouched");
+    rt.deallocate(&x.id).unwrap();
+    rt.drain().unwrap();
+    st.check_invariant("end");
+}
