@@ -150,7 +150,17 @@ impl Heap {
 #[derive(Default)]
 struct EventState {
     recorded: u64,
-    completed: u64,
+    /// Every epoch up to here has completed.
+    completed_through: u64,
+    /// Epochs above `completed_through` that completed early: records of one
+    /// event on different streams complete out of order.
+    completed_early: BTreeSet<u64>,
+}
+
+impl EventState {
+    fn is_complete(&self, epoch: u64) -> bool {
+        epoch <= self.completed_through || self.completed_early.contains(&epoch)
+    }
 }
 
 #[derive(Default)]
@@ -162,8 +172,13 @@ struct SimEvent {
 impl SimEvent {
     fn complete(&self, epoch: u64) {
         let mut st = lock(&self.state);
-        if epoch > st.completed {
-            st.completed = epoch;
+        st.completed_early.insert(epoch);
+        loop {
+            let next = st.completed_through + 1;
+            if !st.completed_early.remove(&next) {
+                break;
+            }
+            st.completed_through = next;
         }
         drop(st);
         self.changed.notify_all();
@@ -171,7 +186,7 @@ impl SimEvent {
 
     fn wait_for(&self, epoch: u64) {
         let mut st = lock(&self.state);
-        while st.completed < epoch {
+        while !st.is_complete(epoch) {
             st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -587,7 +602,7 @@ impl Device for SimDevice {
     fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
         let ev = self.event(event)?;
         let st = lock(&ev.state);
-        Ok(st.completed >= st.recorded)
+        Ok(st.is_complete(st.recorded))
     }
 
     fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
@@ -691,6 +706,35 @@ mod tests {
         sim.synchronize_stream(b).unwrap();
         assert_eq!(seen.load(Ordering::Acquire), 42);
         assert!(sim.event_query(ev).unwrap());
+    }
+
+    #[test]
+    fn rerecording_an_event_does_not_release_earlier_waits() {
+        let sim = SimDevice::new(0, 1 << 16).unwrap();
+        let (a, b, c) = (sim.create_stream().unwrap(), sim.create_stream().unwrap(), sim.create_stream().unwrap());
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        sim.enqueue_host(a, Box::new(move || {
+            while !g.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }))
+        .unwrap();
+        let ev = sim.create_event().unwrap();
+        sim.record_event(ev, a).unwrap();
+        sim.stream_wait_event(b, ev).unwrap();
+        let passed = Arc::new(AtomicBool::new(false));
+        let p = passed.clone();
+        sim.enqueue_host(b, Box::new(move || p.store(true, Ordering::Release))).unwrap();
+        // The same event recorded again on an idle stream completes at once;
+        // the wait queued on b still refers to the record on a.
+        sim.record_event(ev, c).unwrap();
+        sim.synchronize_stream(c).unwrap();
+        thread::sleep(Duration::from_millis(30));
+        assert!(!passed.load(Ordering::Acquire), "b passed a wait whose record on a has not run");
+        gate.store(true, Ordering::Release);
+        sim.synchronize_stream(b).unwrap();
+        assert!(passed.load(Ordering::Acquire));
     }
 
     #[test]

@@ -335,7 +335,7 @@ pub unsafe extern "C" fn xlog_runtime_open(
 /// even if an error is returned.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
-    xlog_runtime_close_report(rt, std::ptr::null_mut(), std::ptr::null_mut())
+    close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
 }
 
 /// `xlog_runtime_close` that also reports how many blocks and bytes were
@@ -346,7 +346,18 @@ pub extern "C" fn xlog_runtime_close_report(
     leaked_blocks: *mut u64,
     leaked_bytes: *mut u64,
 ) -> xlog_status {
-    boundary("xlog_runtime_close", || {
+    close_runtime("xlog_runtime_close_report", rt, leaked_blocks, leaked_bytes)
+}
+
+/// Both close entry points; `name` is the one the caller called, so the
+/// error message names it.
+fn close_runtime(
+    name: &'static str,
+    rt: *mut xlog_runtime,
+    leaked_blocks: *mut u64,
+    leaked_bytes: *mut u64,
+) -> xlog_status {
+    boundary(name, || {
         let runtime = unregister_runtime(rt)?;
         let report = runtime.close()?;
         if !leaked_blocks.is_null() {

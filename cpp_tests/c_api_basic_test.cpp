@@ -1,0 +1,722 @@
+// Success paths of every C entry point, on the sim backend.
+#include "c_api_test_util.h"
+
+#ifdef __linux__
+#include <dirent.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace xlog_test;
+
+// ----- library-level calls -----
+
+TEST(CApiLibrary, VersionMatchesHeaderMacros) {
+  const char* v = xlog_version();
+  ASSERT_NE(v, nullptr);
+  const std::string expected = std::to_string(XLOG_VERSION_MAJOR) + "." +
+                               std::to_string(XLOG_VERSION_MINOR) + "." +
+                               std::to_string(XLOG_VERSION_PATCH);
+  EXPECT_EQ(std::string(v), expected);
+  EXPECT_EQ(xlog_version(), v) << "the version string is static";
+}
+
+TEST(CApiLibrary, StatusNamesAreExactAndNeverNull) {
+  const struct {
+    xlog_status status;
+    const char* name;
+  } names[] = {
+      {XLOG_OK, "XLOG_OK"},
+      {XLOG_ERR_INVALID_ARGUMENT, "XLOG_ERR_INVALID_ARGUMENT"},
+      {XLOG_ERR_OUT_OF_BUDGET, "XLOG_ERR_OUT_OF_BUDGET"},
+      {XLOG_ERR_OUT_OF_MEMORY, "XLOG_ERR_OUT_OF_MEMORY"},
+      {XLOG_ERR_DRIVER, "XLOG_ERR_DRIVER"},
+      {XLOG_ERR_STREAM_MISUSE, "XLOG_ERR_STREAM_MISUSE"},
+      {XLOG_ERR_USE_AFTER_FREE, "XLOG_ERR_USE_AFTER_FREE"},
+      {XLOG_ERR_UNSATISFIABLE_DEPENDENCY, "XLOG_ERR_UNSATISFIABLE_DEPENDENCY"},
+      {XLOG_ERR_POOL_EXHAUSTED, "XLOG_ERR_POOL_EXHAUSTED"},
+      {XLOG_ERR_NO_DEVICE, "XLOG_ERR_NO_DEVICE"},
+      {XLOG_ERR_INTERNAL, "XLOG_ERR_INTERNAL"},
+  };
+  for (const auto& n : names) {
+    ASSERT_NE(xlog_status_name(n.status), nullptr);
+    EXPECT_STREQ(xlog_status_name(n.status), n.name);
+  }
+  // The values are fixed by the ABI.
+  EXPECT_EQ(XLOG_OK, 0);
+  EXPECT_EQ(XLOG_ERR_INVALID_ARGUMENT, 1);
+  EXPECT_EQ(XLOG_ERR_INTERNAL, 10);
+  for (xlog_status unknown : {-1, 11, 12345, INT32_MIN, INT32_MAX}) {
+    ASSERT_NE(xlog_status_name(unknown), nullptr);
+    EXPECT_STREQ(xlog_status_name(unknown), "XLOG_STATUS_UNKNOWN") << unknown;
+  }
+}
+
+TEST(CApiLibrary, LastErrorMessageSizingAndTruncation) {
+  // A failed call leaves a message; build a known one.
+  ASSERT_EQ(xlog_get_stats(nullptr, nullptr), XLOG_ERR_INVALID_ARGUMENT);
+  const std::size_t len = xlog_last_error_message(nullptr, 0);
+  ASSERT_GT(len, 10u);
+
+  // cap == 0 with a buffer sizes without writing.
+  char untouched[4] = {'x', 'x', 'x', 'x'};
+  EXPECT_EQ(xlog_last_error_message(untouched, 0), len);
+  EXPECT_EQ(untouched[0], 'x');
+
+  std::string full(len + 1, '#');
+  EXPECT_EQ(xlog_last_error_message(&full[0], full.size()), len);
+  EXPECT_EQ(full[len], '\0');
+  EXPECT_EQ(std::strlen(full.c_str()), len);
+  const std::string text = full.substr(0, len);
+
+  // cap = 6 → 5 bytes and a NUL; the byte after the buffer is left alone.
+  char small[8];
+  std::memset(small, '#', sizeof small);
+  EXPECT_EQ(xlog_last_error_message(small, 6), len);
+  EXPECT_EQ(std::string(small), text.substr(0, 5));
+  EXPECT_EQ(small[6], '#');
+
+  // cap = 1 → just the NUL.
+  char one = '#';
+  EXPECT_EQ(xlog_last_error_message(&one, 1), len);
+  EXPECT_EQ(one, '\0');
+
+  // Reading the message does not clear it.
+  EXPECT_EQ(xlog_last_error_message(nullptr, 0), len);
+
+  // A later failure replaces it; a later success clears it.
+  ASSERT_EQ(xlog_debug_panic(), XLOG_ERR_INTERNAL);
+  ASSERT_NE(LastError(), text);
+  xlog_config cfg;
+  ASSERT_EQ(xlog_config_from_env(&cfg), XLOG_OK);
+  EXPECT_EQ(xlog_last_error_message(nullptr, 0), 0u);
+  char cleared[4] = {'#', '#', '#', '#'};
+  EXPECT_EQ(xlog_last_error_message(cleared, sizeof cleared), 0u);
+  EXPECT_EQ(cleared[0], '\0');
+}
+
+TEST(CApiLibrary, LastErrorMessageIsPerThread) {
+  ASSERT_EQ(xlog_get_stats(nullptr, nullptr), XLOG_ERR_INVALID_ARGUMENT);
+  const std::string mine = LastError();
+  ASSERT_FALSE(mine.empty());
+  std::size_t other_len = 12345;
+  std::string other_after_error;
+  std::thread t([&] {
+    other_len = xlog_last_error_message(nullptr, 0);
+    xlog_stream s = 0;
+    (void)xlog_stream_acquire(nullptr, &s);
+    other_after_error = LastError();
+  });
+  t.join();
+  EXPECT_EQ(other_len, 0u) << "a fresh thread has no message";
+  EXPECT_NE(other_after_error.find("xlog_stream_acquire"), std::string::npos) << other_after_error;
+  EXPECT_EQ(LastError(), mine) << "another thread's failure must not replace this thread's message";
+}
+
+TEST(CApiLibrary, DebugPanicBecomesInternalErrorWithMessage) {
+  EXPECT_EQ(xlog_debug_panic(), XLOG_ERR_INTERNAL);
+  const std::string msg = LastError();
+  EXPECT_NE(msg.find("xlog_debug_panic"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("panic"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("deliberate panic from xlog_debug_panic"), std::string::npos) << msg;
+  // The process survived and the library still works.
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  Close(rt);
+}
+
+// ----- configuration -----
+
+TEST(CApiConfig, InitGivesDocumentedDefaults) {
+  xlog_config cfg;
+  std::memset(&cfg, 0x5A, sizeof cfg);
+  xlog_config_init(&cfg);
+  EXPECT_EQ(cfg.struct_size, sizeof(xlog_config));
+  EXPECT_EQ(cfg.backend, XLOG_BACKEND_AUTO);
+  EXPECT_EQ(cfg.allocator, XLOG_ALLOCATOR_ASYNC);
+  EXPECT_EQ(cfg.budget_bytes, 0u);
+  EXPECT_EQ(cfg.stream_pool_size, 16u);
+  EXPECT_EQ(cfg.log_path, nullptr);
+  EXPECT_EQ(cfg.sim_capacity_bytes, 1ull << 30);
+  EXPECT_EQ(cfg.wait_on_pressure, 0);
+  EXPECT_EQ(xlog_last_error_message(nullptr, 0), 0u);
+}
+
+TEST(CApiConfig, FromEnvAppliesVariables) {
+  ASSERT_EQ(setenv("XLOG_BACKEND", "sim", 1), 0);
+  ASSERT_EQ(setenv("XLOG_BUDGET_BYTES", "512MiB", 1), 0);
+  ASSERT_EQ(setenv("XLOG_LOG_PATH", "/tmp/xlog_c_api_env_test.csv", 1), 0);
+  xlog_config cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  const xlog_status st = xlog_config_from_env(&cfg);
+  const std::string msg = LastError();
+  unsetenv("XLOG_LOG_PATH");
+
+  EXPECT_EQ(st, XLOG_OK) << msg;
+  EXPECT_EQ(cfg.struct_size, sizeof(xlog_config));
+  EXPECT_EQ(cfg.backend, XLOG_BACKEND_SIM);
+  EXPECT_EQ(cfg.budget_bytes, 512ull << 20);
+  ASSERT_NE(cfg.log_path, nullptr);
+  EXPECT_STREQ(cfg.log_path, "/tmp/xlog_c_api_env_test.csv");
+
+  // A NULL config means "defaults plus environment": sim and the budget.
+  ASSERT_EQ(setenv("XLOG_BUDGET_BYTES", "3KiB", 1), 0);
+  xlog_runtime* rt = nullptr;
+  const xlog_status open = xlog_runtime_open(0, nullptr, &rt);
+  unsetenv("XLOG_BACKEND");
+  unsetenv("XLOG_BUDGET_BYTES");
+  ASSERT_EQ(open, XLOG_OK) << LastError();
+  xlog_backend backend = 77;
+  XLOG_ASSERT_OK(xlog_runtime_backend(rt, &backend));
+  EXPECT_EQ(backend, XLOG_BACKEND_SIM);
+  const xlog_stats s = StatsOf(rt);
+  EXPECT_EQ(s.budget_limit, 3072u);
+  EXPECT_EQ(s.budget_remaining, 3072u);
+  Close(rt);
+}
+
+// ----- runtime lifecycle -----
+
+TEST(CApiRuntime, OpenBackendStatsClose) {
+  xlog_runtime* rt = nullptr;
+  xlog_config cfg = SimConfig();
+  XLOG_ASSERT_OK(xlog_runtime_open(0, &cfg, &rt));
+  ASSERT_NE(rt, nullptr);
+  xlog_backend backend = 0;
+  XLOG_ASSERT_OK(xlog_runtime_backend(rt, &backend));
+  EXPECT_EQ(backend, XLOG_BACKEND_SIM);
+
+  const xlog_stats s = StatsOf(rt);
+  EXPECT_EQ(s.live_bytes, 0u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.peak_outstanding_bytes, 0u);
+  EXPECT_EQ(s.budget_limit, 0u) << "no budget layer";
+  EXPECT_EQ(s.budget_remaining, UINT64_MAX) << "no budget layer";
+  EXPECT_EQ(s.live_blocks, 0u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.allocations, 0u);
+  EXPECT_EQ(s.deallocations, 0u);
+  EXPECT_EQ(s.failed_allocations, 0u);
+
+  XLOG_ASSERT_OK(xlog_runtime_close(rt));
+}
+
+TEST(CApiRuntime, SimOpensAreIndependent) {
+  xlog_config cfg = SimConfig();
+  cfg.budget_bytes = 4096;
+  xlog_runtime* a = OpenSim(cfg);
+  cfg.budget_bytes = 8192;
+  xlog_runtime* b = OpenSim(cfg);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  xlog_stream sa = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(a, &sa));
+  xlog_block blk;
+  XLOG_ASSERT_OK(xlog_allocate(a, 1000, sa, "a", &blk));
+  EXPECT_EQ(StatsOf(a).live_bytes, 1000u);
+  EXPECT_EQ(StatsOf(a).budget_limit, 4096u);
+  EXPECT_EQ(StatsOf(b).live_bytes, 0u) << "b has its own books";
+  EXPECT_EQ(StatsOf(b).budget_limit, 8192u);
+  XLOG_ASSERT_OK(xlog_deallocate(a, blk));
+  Close(a);
+  EXPECT_EQ(StatsOf(b).live_bytes, 0u);
+  Close(b);
+}
+
+TEST(CApiRuntime, CloseReportCountsLeakedBlocks) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  xlog_block a, b, c;
+  XLOG_ASSERT_OK(xlog_allocate(rt, 100, s, "leaked_a", &a));
+  XLOG_ASSERT_OK(xlog_allocate(rt, 300, s, "leaked_b", &b));
+  XLOG_ASSERT_OK(xlog_allocate(rt, 5000, s, "freed", &c));
+  XLOG_ASSERT_OK(xlog_deallocate(rt, c));
+  std::uint64_t blocks = 0, bytes = 0;
+  XLOG_ASSERT_OK(xlog_runtime_close_report(rt, &blocks, &bytes));
+  EXPECT_EQ(blocks, 2u);
+  EXPECT_EQ(bytes, 400u);
+
+  // Either out-pointer may be NULL.
+  rt = OpenSim(SimConfig());
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  XLOG_ASSERT_OK(xlog_allocate(rt, 64, s, nullptr, &a));
+  bytes = 0;
+  XLOG_ASSERT_OK(xlog_runtime_close_report(rt, nullptr, &bytes));
+  EXPECT_EQ(bytes, 64u);
+}
+
+#ifdef __linux__
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Sim streams are worker threads: closing a runtime must join every one,
+// the pooled, the imported and the legacy-default ones alike.
+TEST(CApiRuntime, CloseJoinsEveryStreamWorker) {
+  const int before = ThreadCount();
+  ASSERT_GT(before, 0);
+  for (int round = 0; round < 3; ++round) {
+    xlog_runtime* rt = OpenSim(SimConfig());
+    ASSERT_NE(rt, nullptr);
+    xlog_stream a = 0, b = 0, foreign = 0, legacy = 0;
+    XLOG_ASSERT_OK(xlog_stream_acquire(rt, &a));
+    XLOG_ASSERT_OK(xlog_stream_acquire(rt, &b));
+    XLOG_ASSERT_OK(xlog_stream_import(rt, reinterpret_cast<void*>(std::uintptr_t{0x999}), &foreign));
+    XLOG_ASSERT_OK(xlog_stream_import(rt, nullptr, &legacy));
+    xlog_block x;
+    XLOG_ASSERT_OK(xlog_allocate(rt, 1000, a, "x", &x));
+    const xlog_use uses[1] = {{x, XLOG_ACCESS_WRITE}};
+    XLOG_ASSERT_OK(xlog_prepare_all(rt, foreign, uses, 1));
+    XLOG_ASSERT_OK(xlog_finish_all(rt, foreign, uses, 1));
+    EXPECT_GE(ThreadCount(), before + 4) << "one worker per stream";
+    XLOG_ASSERT_OK(xlog_deallocate(rt, x));
+    XLOG_ASSERT_OK(xlog_runtime_close(rt));
+    EXPECT_EQ(ThreadCount(), before) << "stream workers outlived the runtime (round " << round << ")";
+  }
+}
+#endif
+
+// ----- streams -----
+
+TEST(CApiStreams, AcquireReleaseNeverReusesIds) {
+  xlog_config cfg = SimConfig();
+  cfg.stream_pool_size = 3;
+  xlog_runtime* rt = OpenSim(cfg);
+  ASSERT_NE(rt, nullptr);
+  std::set<xlog_stream> seen;
+  for (int round = 0; round < 4; ++round) {
+    xlog_stream ids[3];
+    for (xlog_stream& id : ids) {
+      id = 0;
+      XLOG_ASSERT_OK(xlog_stream_acquire(rt, &id));
+      EXPECT_NE(id, 0u);
+      EXPECT_TRUE(seen.insert(id).second) << "stream id " << id << " was issued twice";
+    }
+    for (xlog_stream id : ids) XLOG_ASSERT_OK(xlog_stream_release(rt, id));
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  Close(rt);
+}
+
+TEST(CApiStreams, NativeAndImport) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream a = 0, b = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &a));
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &b));
+  void* na = nullptr;
+  void* nb = nullptr;
+  XLOG_ASSERT_OK(xlog_stream_native(rt, a, &na));
+  XLOG_ASSERT_OK(xlog_stream_native(rt, b, &nb));
+  EXPECT_NE(na, nullptr);
+  EXPECT_NE(na, nb) << "two streams, two native handles";
+
+  // A foreign handle maps to one id until that id is released.
+  void* foreign = reinterpret_cast<void*>(std::uintptr_t{0x7000});
+  xlog_stream f1 = 0, f2 = 0;
+  XLOG_ASSERT_OK(xlog_stream_import(rt, foreign, &f1));
+  XLOG_ASSERT_OK(xlog_stream_import(rt, foreign, &f2));
+  EXPECT_NE(f1, 0u);
+  EXPECT_EQ(f1, f2);
+  EXPECT_NE(f1, a);
+  EXPECT_NE(f1, b);
+  void* nf = nullptr;
+  XLOG_ASSERT_OK(xlog_stream_native(rt, f1, &nf));
+  EXPECT_NE(nf, nullptr);
+
+  // The legacy default stream (NULL) is importable too.
+  xlog_stream legacy = 0;
+  XLOG_ASSERT_OK(xlog_stream_import(rt, nullptr, &legacy));
+  EXPECT_NE(legacy, 0u);
+  EXPECT_NE(legacy, f1);
+
+  XLOG_ASSERT_OK(xlog_stream_release(rt, f1));
+  xlog_stream f3 = 0;
+  XLOG_ASSERT_OK(xlog_stream_import(rt, foreign, &f3));
+  EXPECT_NE(f3, f1) << "ids are never reused";
+
+  // Blocks can live on imported streams.
+  xlog_block blk;
+  XLOG_ASSERT_OK(xlog_allocate(rt, 512, f3, "imported", &blk));
+  EXPECT_EQ(blk.stream, f3);
+  XLOG_ASSERT_OK(xlog_deallocate(rt, blk));
+  XLOG_ASSERT_OK(xlog_drain(rt, nullptr));
+  Close(rt);
+}
+
+struct Flag {
+  std::atomic<int> value{0};
+};
+
+void SleepThenSet(void* user) {
+  SleepMs(60);
+  static_cast<Flag*>(user)->value.store(1);
+}
+
+void CopyFlag(void* user) {
+  auto* pair = static_cast<std::pair<Flag*, Flag*>*>(user);
+  pair->second->value.store(pair->first->value.load() + 10);
+}
+
+TEST(CApiStreams, ImportingOwnNativeHandleSharesTheStream) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream a = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &a));
+  void* native = nullptr;
+  XLOG_ASSERT_OK(xlog_stream_native(rt, a, &native));
+  xlog_stream alias = 0;
+  XLOG_ASSERT_OK(xlog_stream_import(rt, native, &alias));
+  EXPECT_NE(alias, a) << "an import gets its own id";
+  void* alias_native = nullptr;
+  XLOG_ASSERT_OK(xlog_stream_native(rt, alias, &alias_native));
+  EXPECT_EQ(alias_native, native);
+
+  // Same underlying stream: work on the alias runs after work on `a`.
+  Flag first, second;
+  std::pair<Flag*, Flag*> link(&first, &second);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt, a, SleepThenSet, &first));
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt, alias, CopyFlag, &link));
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt, alias));
+  EXPECT_EQ(second.value.load(), 11) << "alias work ran before the earlier work on the same stream";
+  Close(rt);
+}
+
+TEST(CApiStreams, SynchronizeWaitsForQueuedWork) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  Flag flag;
+  const auto start = std::chrono::steady_clock::now();
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt, s, SleepThenSet, &flag));
+  EXPECT_EQ(flag.value.load(), 0) << "enqueue_host must not run the callback inline";
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt, s));
+  EXPECT_EQ(flag.value.load(), 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(55));
+  // Synchronizing an idle stream returns at once.
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt, s));
+  Close(rt);
+}
+
+struct OrderLog {
+  std::mutex mu;
+  std::vector<int> order;
+  std::thread::id first_thread;
+  bool one_thread = true;
+};
+
+struct OrderItem {
+  OrderLog* log;
+  int index;
+};
+
+void AppendIndex(void* user) {
+  auto* item = static_cast<OrderItem*>(user);
+  std::lock_guard<std::mutex> lock(item->log->mu);
+  if (item->log->order.empty()) {
+    item->log->first_thread = std::this_thread::get_id();
+  } else if (item->log->first_thread != std::this_thread::get_id()) {
+    item->log->one_thread = false;
+  }
+  item->log->order.push_back(item->index);
+}
+
+TEST(CApiStreams, EnqueueHostRunsInStreamOrderOffTheCallingThread) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  OrderLog log;
+  std::vector<OrderItem> items(200);
+  for (int i = 0; i < 200; ++i) {
+    items[i] = OrderItem{&log, i};
+    XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt, s, AppendIndex, &items[i]));
+  }
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt, s));
+  ASSERT_EQ(log.order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(log.order[i], i);
+  EXPECT_NE(log.first_thread, std::this_thread::get_id());
+  EXPECT_TRUE(log.one_thread);
+  Close(rt);
+}
+
+TEST(CApiStreams, ReleasedStreamStillRunsQueuedWork) {
+  xlog_runtime* rt = OpenSim(SimConfig());
+  ASSERT_NE(rt, nullptr);
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  Flag flag;
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt, s, SleepThenSet, &flag));
+  XLOG_ASSERT_OK(xlog_stream_release(rt, s));
+  for (int i = 0; i < 200 && flag.value.load() == 0; ++i) SleepMs(5);
+  EXPECT_EQ(flag.value.load(), 1) << "work queued before release was dropped";
+  Close(rt);
+}
+
+// ----- blocks -----
+
+class CApiBlocks : public SimRuntimeTest {};
+
+TEST_F(CApiBlocks, AllocateGivesAlignedWritableBlockAndCountsIt) {
+  xlog_block b = Allocate(1000, "alloc_test");
+  ASSERT_NE(b.ptr, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.ptr) % 256, 0u);
+  EXPECT_EQ(b.size, 1000u);
+  EXPECT_NE(b.generation, 0u);
+  EXPECT_EQ(b.stream, stream_);
+  EXPECT_EQ(b.device, 0);
+  // Sim memory is host memory: every byte is writable and keeps its value.
+  std::memset(b.ptr, 0xC3, 1000);
+  EXPECT_EQ(static_cast<unsigned char*>(b.ptr)[999], 0xC3);
+
+  xlog_block c = Allocate(1);
+  EXPECT_NE(c.generation, b.generation);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b.ptr);
+  const auto pc = reinterpret_cast<std::uintptr_t>(c.ptr);
+  EXPECT_TRUE(pc >= pb + 1000 || pc + 1 <= pb) << "blocks overlap";
+
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1001u);
+  EXPECT_EQ(s.outstanding_bytes, 1001u);
+  EXPECT_EQ(s.peak_outstanding_bytes, 1001u);
+  EXPECT_EQ(s.live_blocks, 2u);
+  EXPECT_EQ(s.allocations, 2u);
+  EXPECT_EQ(s.failed_allocations, 0u);
+
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, b));
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, c));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, c));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+TEST_F(CApiBlocks, BlockOutlivesItsReleasedAllocationStream) {
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &s));
+  xlog_block b;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 2048, s, "orphan", &b));
+  XLOG_ASSERT_OK(xlog_stream_release(rt_, s));
+  // The handle stays valid and usable from other streams; its free is still
+  // queued on the (released) allocation stream.
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, b));
+  XLOG_ASSERT_OK(xlog_prepare(rt_, b, stream_, XLOG_ACCESS_WRITE));
+  XLOG_ASSERT_OK(xlog_finish(rt_, b, stream_, XLOG_ACCESS_WRITE));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  std::uint64_t drained = 0;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 2048u);
+  EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 0u);
+}
+
+TEST_F(CApiBlocks, DeviceOrdinalIsRecordedInHandles) {
+  xlog_runtime* rt3 = OpenSim(SimConfig(), 3);
+  ASSERT_NE(rt3, nullptr);
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt3, &s));
+  xlog_block b;
+  XLOG_ASSERT_OK(xlog_allocate(rt3, 256, s, "dev3", &b));
+  EXPECT_EQ(b.device, 3);
+  XLOG_ASSERT_OK(xlog_block_validate(rt3, b));
+  XLOG_ASSERT_OK(xlog_deallocate(rt3, b));
+  Close(rt3);
+}
+
+TEST_F(CApiBlocks, FreeMovesBytesToPendingUntilReaped) {
+  xlog_block b = Allocate(4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 0u);
+  EXPECT_EQ(s.pending_bytes, 4096u);
+  EXPECT_EQ(s.outstanding_bytes, 4096u);
+  EXPECT_EQ(s.live_blocks, 0u);
+  EXPECT_EQ(s.pending_blocks, 1u);
+  EXPECT_EQ(s.deallocations, 1u);
+
+  // reap never blocks; once the stream has passed the free, a reap retires it.
+  std::uint64_t total = 0, got = 12345;
+  XLOG_ASSERT_OK(xlog_reap(rt_, &got));
+  EXPECT_TRUE(got == 0 || got == 4096) << got;
+  total += got;
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, stream_));
+  got = 12345;
+  XLOG_ASSERT_OK(xlog_reap(rt_, &got));
+  total += got;
+  EXPECT_EQ(total, 4096u);
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.peak_outstanding_bytes, 4096u);
+  // Nothing left: reap (with a NULL out-pointer) and drain report nothing.
+  XLOG_ASSERT_OK(xlog_reap(rt_, nullptr));
+  got = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &got));
+  EXPECT_EQ(got, 0u);
+}
+
+void SleepOnly(void* user) { SleepMs(*static_cast<int*>(user)); }
+
+TEST_F(CApiBlocks, DrainWaitsForQueuedFrees) {
+  int delay = 150;
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
+  xlog_block a = Allocate(1000);
+  xlog_block b = Allocate(3000);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  std::uint64_t reaped = 12345;
+  XLOG_ASSERT_OK(xlog_reap(rt_, &reaped));
+  EXPECT_EQ(reaped, 0u) << "the stream is still sleeping, so nothing can have completed";
+  EXPECT_EQ(StatsOf(rt_).pending_bytes, 4000u);
+  std::uint64_t drained = 0;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 4000u);
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.deallocations, 2u);
+}
+
+TEST_F(CApiBlocks, ZeroByteBlockIsNullFreshAndFreesOnce) {
+  xlog_block a = Allocate(64);
+  xlog_block z = Allocate(0, "empty");
+  EXPECT_EQ(z.ptr, nullptr);
+  EXPECT_EQ(z.size, 0u);
+  EXPECT_NE(z.generation, 0u);
+  EXPECT_GT(z.generation, a.generation) << "generations come from one increasing counter";
+  xlog_block z2 = Allocate(0);
+  EXPECT_NE(z2.generation, z.generation);
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 64u) << "0-byte blocks charge nothing";
+  EXPECT_EQ(s.allocations, 3u);
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, z));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z2));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 64u);
+  EXPECT_EQ(s.pending_blocks, 1u) << "a 0-byte free leaves nothing pending";
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+TEST_F(CApiBlocks, PrepareFinishSingleAndAllSucceed) {
+  xlog_stream other = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &other));
+  xlog_block a = Allocate(256);
+  xlog_block b = Allocate(512);
+  for (xlog_access acc : {XLOG_ACCESS_READ, XLOG_ACCESS_WRITE, XLOG_ACCESS_READ_WRITE}) {
+    XLOG_ASSERT_OK(xlog_prepare(rt_, a, other, acc));
+    XLOG_ASSERT_OK(xlog_finish(rt_, a, other, acc));
+    XLOG_ASSERT_OK(xlog_prepare(rt_, a, stream_, acc));
+    XLOG_ASSERT_OK(xlog_finish(rt_, a, stream_, acc));
+  }
+  const xlog_use uses[2] = {{a, XLOG_ACCESS_READ}, {b, XLOG_ACCESS_WRITE}};
+  XLOG_ASSERT_OK(xlog_prepare_all(rt_, other, uses, 2));
+  XLOG_ASSERT_OK(xlog_finish_all(rt_, other, uses, 2));
+  // An empty launch is fine, even with a NULL array.
+  XLOG_ASSERT_OK(xlog_prepare_all(rt_, other, nullptr, 0));
+  XLOG_ASSERT_OK(xlog_finish_all(rt_, other, nullptr, 0));
+  // The same block twice in one launch is fine.
+  const xlog_use twice[2] = {{a, XLOG_ACCESS_READ}, {a, XLOG_ACCESS_READ_WRITE}};
+  XLOG_ASSERT_OK(xlog_prepare_all(rt_, stream_, twice, 2));
+  XLOG_ASSERT_OK(xlog_finish_all(rt_, stream_, twice, 2));
+  // Tracking does not change byte accounting.
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 768u);
+  EXPECT_EQ(s.live_blocks, 2u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 0u);
+}
+
+TEST_F(CApiBlocks, FaultInjectionArmsAndDisarms) {
+  // Arm the 2nd allocation, then disarm before it happens.
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_ALLOC, 2));
+  xlog_block a = Allocate(100);
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_ALLOC, 0));
+  xlog_block b = Allocate(100);
+  EXPECT_EQ(StatsOf(rt_).failed_allocations, 0u);
+  // Armed for the 2nd: the first succeeds, the second fails, the third succeeds.
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_ALLOC, 2));
+  xlog_block c = Allocate(100);
+  xlog_block d;
+  EXPECT_EQ(xlog_allocate(rt_, 100, stream_, "faulted", &d), XLOG_ERR_DRIVER);
+  xlog_block e = Allocate(100);
+  EXPECT_EQ(StatsOf(rt_).failed_allocations, 1u);
+  for (const xlog_block& blk : {a, b, c, e}) XLOG_ASSERT_OK(xlog_deallocate(rt_, blk));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+// Budget pressure: pending frees count against the budget until reaped;
+// with wait_on_pressure the allocation waits for them instead of failing.
+class CApiBudgetPressure : public SimRuntimeTest {
+ protected:
+  void Configure(xlog_config& cfg) override {
+    cfg.budget_bytes = 1 << 20;
+    cfg.wait_on_pressure = wait_;
+  }
+  std::uint8_t wait_ = 0;
+};
+
+TEST_F(CApiBudgetPressure, PendingBytesStayChargedUntilTheFreeCompletes) {
+  int delay = 150;
+  xlog_block big = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 1u << 20);
+  EXPECT_EQ(s.budget_remaining, 0u);
+  xlog_block again;
+  XLOG_EXPECT_STATUS(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, 1 << 19, stream_, "t", &again));
+  const std::string msg = LastError();
+  EXPECT_NE(msg.find("pending 1048576"), std::string::npos) << msg;
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  again = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+class CApiBudgetWaits : public CApiBudgetPressure {
+ protected:
+  void Configure(xlog_config& cfg) override {
+    wait_ = 1;
+    CApiBudgetPressure::Configure(cfg);
+  }
+};
+
+TEST_F(CApiBudgetWaits, WaitOnPressureWaitsForPendingFrees) {
+  int delay = 80;
+  xlog_block big = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  const auto start = std::chrono::steady_clock::now();
+  xlog_block again = Allocate(1 << 20);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(40))
+      << "the allocation could only fit after the pending free completed";
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1u << 20);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.budget_remaining, 0u);
+  EXPECT_EQ(s.failed_allocations, 0u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+}  // namespace

@@ -1,0 +1,35 @@
+/*
+ * include/xlog_cuda.h compiles alone as strict C99
+ * (-std=c99 -pedantic -Wall -Wextra -Werror) and links: nothing but the
+ * header is included. Also pins the LP64 layout of the ABI structs, which
+ * the Rust side defines with #[repr(C)].
+ */
+#include <xlog_cuda.h>
+
+/* C99 has no static_assert: a negative array size fails the build. */
+#define XLOG_CHECK_LAYOUT(name, cond) typedef char name[(cond) ? 1 : -1]
+
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+XLOG_CHECK_LAYOUT(block_is_32_bytes, sizeof(xlog_block) == 32);
+XLOG_CHECK_LAYOUT(use_is_40_bytes, sizeof(xlog_use) == 40);
+XLOG_CHECK_LAYOUT(config_is_56_bytes, sizeof(xlog_config) == 56);
+XLOG_CHECK_LAYOUT(stats_is_88_bytes, sizeof(xlog_stats) == 88);
+#endif
+XLOG_CHECK_LAYOUT(status_is_32_bits, sizeof(xlog_status) == 4);
+XLOG_CHECK_LAYOUT(stream_is_32_bits, sizeof(xlog_stream) == 4);
+XLOG_CHECK_LAYOUT(ok_is_zero, XLOG_OK == 0);
+XLOG_CHECK_LAYOUT(internal_is_ten, XLOG_ERR_INTERNAL == 10);
+
+#define XLOG_STR_(x) #x
+#define XLOG_STR(x) XLOG_STR_(x)
+
+int main(void) {
+  static const char expected[] =
+      XLOG_STR(XLOG_VERSION_MAJOR) "." XLOG_STR(XLOG_VERSION_MINOR) "." XLOG_STR(XLOG_VERSION_PATCH);
+  const char *v = xlog_version();
+  size_t i;
+  for (i = 0; i < sizeof expected; ++i) {
+    if (v[i] != expected[i]) return 1;
+  }
+  return xlog_status_name(XLOG_OK)[0] == 'X' ? 0 : 1;
+}
