@@ -653,3 +653,28 @@ fn host_callbacks_run_in_stream_order() {
     let order: Vec<u32> = rx.try_iter().collect();
     assert_eq!(order, (0..20).collect::<Vec<_>>());
 }
+
+/// The first use of a block on a stream other than its allocation stream
+/// waits for the allocation stream: on a stream-ordered pool the memory may
+/// still be in use by work queued there before the allocation.
+#[test]
+fn first_foreign_use_waits_for_the_allocation_stream() {
+    let st = Stack::open_default(StackKind::Async);
+    let rt = &st.rt;
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let mut g = gate(rt, a);
+    let block = rt.allocate(4096, a, "fresh").unwrap().id;
+    let waits_before = rt.usage().cross_stream_waits;
+    rt.prepare(&block, b, Access::Write).unwrap();
+    assert_eq!(rt.usage().cross_stream_waits, waits_before + 1, "one fence on the allocation stream");
+    let done = marker(rt, b);
+    assert_blocked(&done, "b's first use of a fresh block waits for a");
+    g.open();
+    recv(&done, "b runs once a has passed the allocation");
+    rt.finish(&block, b, Access::Write).unwrap();
+    // Same-stream use of a fresh block needs no wait at all.
+    let other = rt.allocate(4096, b, "same").unwrap().id;
+    let waits = rt.usage().cross_stream_waits;
+    rt.prepare(&other, b, Access::Write).unwrap();
+    assert_eq!(rt.usage().cross_stream_waits, waits);
+}

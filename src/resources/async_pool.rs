@@ -369,10 +369,7 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        let st = lock(&self.state);
-        let mut waits = Vec::new();
-        st.record(block, self.ordinal)?.waits_for(use_stream.raw, access, &mut waits);
-        self.wait_all(use_stream.raw, &waits)
+        self.prepare_block_uses(use_stream, &[BlockUse { block: *block, access }])
     }
 
     fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
@@ -384,14 +381,36 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
         let mut waits: Vec<Arc<PooledEvent>> = Vec::new();
-        let records = uses
+        // Blocks never used since allocation, now used on another stream:
+        // the allocation is ordered on its own stream only (the pool may
+        // hand out memory whose previous owner's work is still queued
+        // there), so the first foreign use must wait for that stream.
+        let mut first_use_streams: Vec<RawStream> = Vec::new();
+        for u in uses {
+            let rec = st.record(&u.block, self.ordinal)?;
+            if rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != stream.raw {
+                first_use_streams.push(rec.stream.raw);
+            }
+        }
+        first_use_streams.sort_unstable();
+        first_use_streams.dedup();
+        // Record every fence before changing any block, so a failed record
+        // leaves all state as it was.
+        let fences = first_use_streams
             .iter()
-            .map(|u| st.record(&u.block, self.ordinal).map(|r| (r, u.access)))
+            .map(|&s| self.events.record(s).map(|e| (s, e)))
             .collect::<ResourceResult<Vec<_>>>()?;
-        for (rec, access) in records {
-            rec.waits_for(stream.raw, access, &mut waits);
+        for u in uses {
+            let rec = st.record_mut(&u.block, self.ordinal)?;
+            if rec.tracking.is_none() {
+                if let Some((_, fence)) = fences.iter().find(|(s, _)| *s == rec.stream.raw) {
+                    // The allocation counts as the block's first write.
+                    rec.record_use(rec.stream.raw, Access::Write, fence);
+                }
+            }
+            rec.waits_for(stream.raw, u.access, &mut waits);
         }
         // One wait per distinct event: blocks finished by one launch share it.
         waits.sort_by_key(|e| e.raw);
