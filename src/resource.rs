@@ -321,9 +321,19 @@ pub trait DeviceMemoryResource: Send + Sync {
     }
 }
 
-/// Forward the tracking methods of a decorator to `self.inner`.
-macro_rules! forward_tracking {
+/// Forward to `self.inner` every method a decorator does not change: the
+/// byte counts, waiting, validation and the tracking methods.
+macro_rules! forward_to_inner {
     () => {
+        fn bytes_outstanding(&self) -> u64 {
+            self.inner.bytes_outstanding()
+        }
+        fn usage(&self) -> $crate::resource::Usage {
+            self.inner.usage()
+        }
+        fn wait_pending(&self) -> $crate::resource::ResourceResult<()> {
+            self.inner.wait_pending()
+        }
         fn supports_block_use_tracking(&self) -> bool {
             self.inner.supports_block_use_tracking()
         }
@@ -378,4 +388,4 @@ macro_rules! forward_tracking {
         }
     };
 }
-pub(crate) use forward_tracking;
+pub(crate) use forward_to_inner;

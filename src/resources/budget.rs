@@ -20,8 +20,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::resource::{
-    forward_tracking, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
-    ResourceResult, StreamRef, Usage,
+    forward_to_inner, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
+    ResourceResult, StreamRef,
 };
 
 pub struct GlobalDeviceBudget {
@@ -115,22 +115,10 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
         result
     }
 
-    fn bytes_outstanding(&self) -> u64 {
-        self.inner.bytes_outstanding()
-    }
-
-    fn usage(&self) -> Usage {
-        self.inner.usage()
-    }
-
     fn reap_pending(&self) -> ResourceResult<u64> {
         let mut reserved = self.lock();
         self.reap_locked(&mut reserved)
     }
 
-    fn wait_pending(&self) -> ResourceResult<()> {
-        self.inner.wait_pending()
-    }
-
-    forward_tracking!();
+    forward_to_inner!();
 }

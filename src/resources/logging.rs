@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::resource::{
-    forward_tracking, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
-    ResourceResult, StreamRef, Usage,
+    forward_to_inner, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
+    ResourceResult, StreamRef,
 };
 
 pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag";
@@ -108,23 +108,11 @@ impl DeviceMemoryResource for LoggingResource {
         result
     }
 
-    fn bytes_outstanding(&self) -> u64 {
-        self.inner.bytes_outstanding()
-    }
-
-    fn usage(&self) -> Usage {
-        self.inner.usage()
-    }
-
     fn reap_pending(&self) -> ResourceResult<u64> {
         let r = self.inner.reap_pending();
         self.flush();
         r
     }
 
-    fn wait_pending(&self) -> ResourceResult<()> {
-        self.inner.wait_pending()
-    }
-
-    forward_tracking!();
+    forward_to_inner!();
 }
