@@ -385,7 +385,8 @@ xlog_status xlog_debug_panic(void);
 
 /*
  Configure the hook runtime of `device` before its first allocation
- (`cfg` as for `xlog_runtime_open`; NULL = environment). Fails once the
+ (`cfg` as for `xlog_runtime_open`; NULL = environment, with
+ wait_on_pressure on, as for hooks never configured). Fails once the
  hooks of that device have allocated.
  */
 xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg);

@@ -123,12 +123,18 @@ fn report(name: &str, e: &ResourceError) {
 }
 
 /// Configure the hook runtime of `device` before its first allocation
-/// (`cfg` as for `xlog_runtime_open`; NULL = environment). Fails once the
+/// (`cfg` as for `xlog_runtime_open`; NULL = environment, with
+/// wait_on_pressure on, as for hooks never configured). Fails once the
 /// hooks of that device have allocated.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_config) -> xlog_status {
     boundary("xlog_interop_configure", || {
-        let config = config_of(cfg)?;
+        let mut config = config_of(cfg)?;
+        if cfg.is_null() {
+            // NULL means "the environment", exactly as for hooks that were
+            // never configured: those wait on pressure too (see `hooks`).
+            config.wait_on_pressure = true;
+        }
         let mut t = table();
         if let Some(h) = t.hooks.get(&device) {
             if !h.runtime.is_closed() {
@@ -326,5 +332,23 @@ mod tests {
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
         assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn configure_null_waits_on_pressure_like_the_unconfigured_hooks() {
+        let device = 7003;
+        // SAFETY: NULL is allowed and means "from the environment".
+        let status = unsafe { xlog_interop_configure(device, std::ptr::null()) };
+        if status != XLOG_OK {
+            // Only a malformed XLOG_* variable in the test environment can fail here.
+            assert!(last_error().contains("environment variable"), "{}", last_error());
+            return;
+        }
+        assert!(table().configs[&device].wait_on_pressure);
+        let mut explicit = sim_config(0);
+        explicit.wait_on_pressure = 0;
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &explicit) }, XLOG_OK);
+        assert!(!table().configs[&device].wait_on_pressure, "an explicit config is kept as given");
     }
 }

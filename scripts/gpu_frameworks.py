@@ -1,0 +1,642 @@
+#!/usr/bin/env python3
+"""PyTorch and CuPy on libxlog_cuda, checked on a real GPU.
+
+Run through scripts/gpu-frameworks (which sets the library and Python
+paths). Without arguments this is the driver: it runs every scenario in a
+subprocess of its own (PyTorch's allocator can be set only once per
+process), collects their results, prints a summary table, writes
+results.json / results.csv (and each scenario's output) to the output
+directory, and exits non-zero if any check failed (77 when PyTorch, CuPy or
+a CUDA device is missing).
+
+Scenarios:
+  train         MLP training loop (300 steps, synthetic data) under a 2 GiB
+                budget configured through the environment (XLOG_BUDGET_BYTES,
+                XLOG_LOG_PATH): loss falls, peak outstanding <= budget, the
+                CSV log holds one line per allocate and free.
+  oom           a budget too small for the loop: what PyTorch does with the
+                hook's NULL (OutOfMemoryError expected), our reason in
+                xlog_cuda.last_error(), then recovery in the same process.
+  shared        PyTorch and CuPy in one process under one budget: the hook
+                stats equal the sum of what both hold; DLPack views allocate
+                nothing; a CuPy allocation is refused while PyTorch holds the
+                budget and fits once PyTorch frees.
+  time_default  the training loop on PyTorch's own caching allocator
+  time_xlog     the same loop on xlog (no log): mean step times and ratio.
+
+Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
+       gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+TRAIN_BUDGET = 2 * GiB
+OOM_BUDGET = 256 * MiB
+SHARED_BUDGET = 1 * GiB
+STEPS = 300
+TIMED_STEPS = 300
+WARMUP_STEPS = 30
+SCENARIO_TIMEOUT_S = 150
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog"]
+SKIP = 77
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+class Result:
+    """What one scenario found: checks (pass/fail), infos, metrics."""
+
+    def __init__(self, scenario: str):
+        self.scenario = scenario
+        self.checks: List[Dict[str, Any]] = []
+        self.metrics: Dict[str, Any] = {}
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append({"name": name, "status": "ok" if ok else "FAIL", "detail": detail})
+        print(f"[{self.scenario}] {'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+        return ok
+
+    def info(self, name: str, detail: str) -> None:
+        self.checks.append({"name": name, "status": "info", "detail": detail})
+        print(f"[{self.scenario}] info {name}: {detail}", flush=True)
+
+    def skip(self, name: str, detail: str) -> None:
+        self.checks.append({"name": name, "status": "skip", "detail": detail})
+        print(f"[{self.scenario}] skip {name}: {detail}", flush=True)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"scenario": self.scenario, "checks": self.checks, "metrics": self.metrics}
+
+
+def stats_dict(st) -> Dict[str, int]:
+    return {k: getattr(st, k) for k in st.__dataclass_fields__}
+
+
+# ---------------------------------------------------------------------------
+# The training loop (the same code for every scenario)
+# ---------------------------------------------------------------------------
+
+D_IN, HIDDEN, CLASSES, SAMPLES = 256, 1024, 10, 8192
+
+
+def make_problem(torch, seed: int = 0):
+    """A synthetic classification task a small MLP learns quickly: labels
+    are the argmax of a random linear teacher."""
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(D_IN, CLASSES, generator=g)
+    x = torch.randn(SAMPLES, D_IN, generator=g)
+    y = (x @ teacher).argmax(dim=1)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(D_IN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    ).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, opt, x.cuda(), y.cuda()
+
+
+def train(torch, model, opt, x, y, steps: int, batch: int, seed: int = 1):
+    """`steps` optimizer steps; returns (losses, per-step seconds). Each
+    step ends with loss.item(), so a step's time covers its GPU work."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    losses: List[float] = []
+    times: List[float] = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        idx = torch.randint(0, x.shape[0], (batch,), device="cuda", generator=g)
+        logits = model(x[idx])
+        loss = torch.nn.functional.cross_entropy(logits, y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - start)
+    return losses, times
+
+
+def loss_summary(losses: List[float]) -> Dict[str, float]:
+    head, tail = losses[:10], losses[-10:]
+    return {"initial_loss": statistics.fmean(head), "final_loss": statistics.fmean(tail)}
+
+
+# ---------------------------------------------------------------------------
+# Scenarios (each runs in its own process)
+# ---------------------------------------------------------------------------
+
+
+def scenario_train(r: Result, workdir: str) -> None:
+    import xlog_cuda.interop as xi
+    import xlog_cuda.torch as xt
+
+    # Configured from the environment the driver set: XLOG_BACKEND=cuda,
+    # XLOG_BUDGET_BYTES=2GiB, XLOG_LOG_PATH=<workdir>/train-log.csv.
+    log_path = os.environ["XLOG_LOG_PATH"]
+    xt.enable()
+    import torch
+
+    model, opt, x, y = make_problem(torch)
+    losses, times = train(torch, model, opt, x, y, STEPS, batch=512)
+    torch.cuda.synchronize()
+    xi.drain(0)  # retire the frees and flush the CSV log
+    st = xt.stats(0)
+    r.metrics.update(loss_summary(losses))
+    r.metrics["mean_step_ms"] = 1e3 * statistics.fmean(times[WARMUP_STEPS:])
+    r.metrics["stats"] = stats_dict(st)
+    init, final = r.metrics["initial_loss"], r.metrics["final_loss"]
+    r.check("loss falls", final < 0.5 * init, f"mean of first 10 steps {init:.4f}, of last 10 {final:.4f} (need < half)")
+    r.check("budget from XLOG_BUDGET_BYTES", st.budget_limit == TRAIN_BUDGET, f"budget_limit {st.budget_limit}")
+    r.check(
+        "peak outstanding <= budget",
+        0 < st.peak_outstanding_bytes <= st.budget_limit,
+        f"peak {st.peak_outstanding_bytes} B ({st.peak_outstanding_bytes / MiB:.1f} MiB) of {st.budget_limit}",
+    )
+    r.check("no refused allocation", st.failed_allocations == 0, f"failed_allocations {st.failed_allocations}")
+    r.check(
+        "allocations went through the hooks",
+        st.allocations >= STEPS,
+        f"{st.allocations} allocations, {st.deallocations} frees, {st.live_blocks} live blocks ({st.live_bytes} B)",
+    )
+
+    rows = list(csv.reader(open(log_path, newline="")))
+    header_ok = bool(rows) and rows[0] == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag"]
+    actions: Dict[str, int] = {}
+    tags = set()
+    for row in rows[1:]:
+        actions[row[2]] = actions.get(row[2], 0) + 1
+        tags.add(row[6])
+    r.metrics["log_lines"] = actions
+    r.check("log header", header_ok, f"{log_path}: {rows[0] if rows else 'empty file'}")
+    r.check(
+        "log has a line per allocate and free",
+        actions.get("allocate", 0) == st.allocations and actions.get("free", 0) == st.deallocations,
+        f"allocate lines {actions.get('allocate', 0)} (stats {st.allocations}), "
+        f"free lines {actions.get('free', 0)} (stats {st.deallocations}), tags {sorted(tags)}",
+    )
+    del model, opt, x, y
+    gc.collect()
+    torch.cuda.synchronize()
+    xi.drain(0)
+    r.info("left at the end", f"{xt.stats(0).live_blocks} blocks still live (PyTorch keeps its cuBLAS workspace)")
+
+
+def scenario_oom(r: Result, workdir: str) -> None:
+    import xlog_cuda
+    import xlog_cuda.interop as xi
+    import xlog_cuda.torch as xt
+
+    xt.enable(budget=OOM_BUDGET, backend="cuda")
+    import torch
+
+    r.metrics["torch_version"] = torch.__version__
+    oom_error = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+    # 1. What does PyTorch do with the hook's NULL? Probe with torch.empty:
+    #    no kernel touches the memory, so this is safe either way.
+    raised: Optional[BaseException] = None
+    probe = None
+    try:
+        probe = torch.empty(OOM_BUDGET + MiB, dtype=torch.uint8, device="cuda")
+    except BaseException as e:  # noqa: BLE001 - we report whatever it is
+        raised = e
+    reason = xlog_cuda.last_error()
+    if raised is None:
+        ptr = probe.data_ptr()
+        del probe
+        r.check(
+            "PyTorch raises on a refused allocation",
+            False,
+            f"torch {torch.__version__} did not raise: torch.empty returned a tensor with data_ptr() = {ptr:#x}; "
+            "its CUDAPluggableAllocator does not check the NULL, so a kernel writing such a tensor "
+            "would fault. The rest of this scenario is skipped (it would crash the process).",
+        )
+        r.info("our reason", reason or "(empty)")
+        return
+    r.check(
+        "PyTorch raises torch.OutOfMemoryError on a refused allocation",
+        isinstance(raised, oom_error),
+        f"{type(raised).__module__}.{type(raised).__name__}: {str(raised).splitlines()[0][:200] if str(raised) else ''}",
+    )
+    r.check(
+        "our reason in xlog_cuda.last_error()",
+        "out of budget" in reason and f"requested {OOM_BUDGET + MiB} bytes" in reason and f"limit {OOM_BUDGET}" in reason,
+        reason or "(empty)",
+    )
+    r.info("PyTorch's own message", "xlog's text is in it" if "out of budget" in str(raised) else "PyTorch's text is its own")
+
+    # 2. A training loop whose first activation (131072 x 1024 fp32 = 512 MiB)
+    #    cannot fit in 256 MiB: refused in the forward pass (main thread).
+    model, opt, x, y = make_problem(torch)
+    train(torch, model, opt, x, y, 3, batch=512)  # warm up within the budget
+    before = xt.stats(0)
+    big_batch = 131072
+    caught: Optional[BaseException] = None
+    reason = ""
+    try:
+        train(torch, model, opt, x, y, 5, batch=big_batch)
+    except oom_error as e:
+        caught = e
+        reason = xlog_cuda.last_error()  # first: any later library call on this thread replaces it
+    except RuntimeError as e:
+        caught = e
+        reason = xlog_cuda.last_error()
+    r.check(
+        "over-budget training step raises torch.OutOfMemoryError",
+        caught is not None and isinstance(caught, oom_error),
+        f"{type(caught).__name__ if caught else 'nothing raised'}",
+    )
+    expected = big_batch * HIDDEN * 4
+    r.check(
+        "our reason names the refused request",
+        "out of budget" in reason and "requested" in reason and f"limit {OOM_BUDGET}" in reason,
+        (reason or "(empty: a free on this thread cleared it, or the refusal happened on another thread)")
+        + f"; the first activation is {expected} B",
+    )
+    caught = None  # drop the traceback and the frames' tensors
+    gc.collect()
+    after = xt.stats(0)
+    r.check(
+        "refusals counted",
+        after.failed_allocations > before.failed_allocations,
+        f"failed_allocations {before.failed_allocations} -> {after.failed_allocations}",
+    )
+    r.check(
+        "peak outstanding <= budget",
+        after.peak_outstanding_bytes <= OOM_BUDGET,
+        f"peak {after.peak_outstanding_bytes} of {OOM_BUDGET}",
+    )
+
+    # 3. Recovery in the same process: the loop at a batch that fits.
+    torch.cuda.empty_cache()  # a no-op for a pluggable allocator without reset_fn; harmless
+    try:
+        losses, _ = train(torch, model, opt, x, y, 20, batch=512)
+        ok = all(l == l and l < 1e6 for l in losses)  # finite
+        r.check("training continues after the refusal", ok, f"20 steps at batch 512, last loss {losses[-1]:.4f}")
+    except BaseException as e:  # noqa: BLE001
+        r.check("training continues after the refusal", False, f"{type(e).__name__}: {e}")
+    small = torch.ones(16 * MiB // 4, device="cuda")
+    r.check("a smaller allocation succeeds", float(small.sum()) == float(small.numel()), f"{small.nbytes} B tensor")
+    del small, model, opt, x, y
+    gc.collect()
+    torch.cuda.synchronize()
+    xi.drain(0)
+    r.metrics["stats"] = stats_dict(xt.stats(0))
+
+
+def scenario_shared(r: Result, workdir: str) -> None:
+    import xlog_cuda.cupy as xcp
+    import xlog_cuda.interop as xi
+    import xlog_cuda.torch as xt
+
+    xt.enable(budget=SHARED_BUDGET, backend="cuda")
+    xcp.enable()  # joins the hooks (and the budget) of device 0
+    import cupy
+    import torch
+
+    r.metrics["torch_version"] = torch.__version__
+    r.metrics["cupy_version"] = cupy.__version__
+
+    def snap():
+        torch.cuda.synchronize()
+        cupy.cuda.runtime.deviceSynchronize()
+        return xt.stats(0), xi.live_blocks(0)
+
+    # Warm up both (contexts, handles, RNG state) before measuring deltas.
+    w1 = torch.zeros(1, device="cuda")
+    w2 = cupy.zeros(1, dtype=cupy.float32)
+    base, base_blocks = snap()
+
+    t_sizes = [(3_000_000, torch.float32), (1_234_567, torch.uint8)]
+    c_sizes = [(5_000_000, cupy.float32), (777, cupy.uint8)]
+    ts = [torch.empty(n, dtype=dt, device="cuda") for n, dt in t_sizes]
+    cs = [cupy.empty(n, dtype=dt) for n, dt in c_sizes]
+    want = sum(t.untyped_storage().nbytes() for t in ts) + sum(c.nbytes for c in cs)
+    now, blocks = snap()
+    r.metrics["requested_bytes"] = want
+    r.check(
+        "live_bytes = what PyTorch and CuPy hold",
+        now.live_bytes - base.live_bytes == want,
+        f"delta {now.live_bytes - base.live_bytes} B, requested {want} B "
+        f"(torch {[t.untyped_storage().nbytes() for t in ts]}, cupy {[c.nbytes for c in cs]})",
+    )
+    r.check(
+        "live blocks = tensors + arrays",
+        now.live_blocks - base.live_blocks == 4 and blocks - base_blocks == 4,
+        f"stats delta {now.live_blocks - base.live_blocks}, xlog_interop_live_blocks delta {blocks - base_blocks}",
+    )
+
+    # A 0-element tensor: does PyTorch call the allocator for 0 bytes? (The
+    # hooks give 0 bytes a 1-byte block.)
+    z = torch.empty(0, device="cuda")
+    zs, zb = snap()
+    r.info(
+        "0-element tensor",
+        f"{zs.live_blocks - now.live_blocks} block(s), {zs.live_bytes - now.live_bytes} B "
+        "(1 block / 1 B: PyTorch asked for 0 bytes and the hook rounded to 1; 0: PyTorch did not ask)",
+    )
+    del z
+
+    # DLPack views share the memory: no allocation.
+    before, _ = snap()
+    c_view = cupy.from_dlpack(ts[0])
+    t_view = torch.from_dlpack(cs[0])
+    after, _ = snap()
+    r.check(
+        "DLPack views allocate nothing",
+        after.live_bytes == before.live_bytes and after.allocations == before.allocations,
+        f"allocations {before.allocations} -> {after.allocations}",
+    )
+    ts[0].fill_(1.0)
+    cs[0].fill(2.0)
+    seen = (float(c_view.sum()), float(t_view.sum()))
+    agree = abs(seen[0] - 3e6) <= 1e-6 * 3e6 and abs(seen[1] - 1e7) <= 1e-6 * 1e7
+    r.check("both see each other's writes", agree, f"torch fill(1) -> cupy sum {seen[0]}, cupy fill(2) -> torch sum {seen[1]}")
+    del c_view, t_view
+    gc.collect()
+    settled, _ = snap()
+    r.info(
+        "after the reductions",
+        f"live_bytes {settled.live_bytes - now.live_bytes:+d} B vs before them "
+        "(reductions allocate scratch space and free it; 0 expected)",
+    )
+
+    # cuBLAS keeps a workspace allocated through the allocator.
+    a = torch.randn(512, 512, device="cuda")
+    b = torch.randn(512, 512, device="cuda")
+    pre, _ = snap()
+    c = a @ b
+    post, _ = snap()
+    r.info(
+        "matmul extra bytes",
+        f"{post.live_bytes - pre.live_bytes - c.untyped_storage().nbytes()} B beyond the {c.untyped_storage().nbytes()} B "
+        "result (PyTorch's cuBLAS workspace, kept for the process; 0 if it existed already)",
+    )
+    del a, b, c
+
+    # One budget for both: PyTorch holds most of it, CuPy is refused, then fits.
+    del ts, cs
+    gc.collect()
+    big = torch.empty(700 * MiB, dtype=torch.uint8, device="cuda")
+    try:
+        cupy.empty(400 * MiB, dtype=cupy.uint8)
+        r.check("CuPy refused while PyTorch holds the budget", False, "cupy.empty(400 MiB) succeeded")
+    except cupy.cuda.memory.OutOfMemoryError as e:
+        r.check(
+            "CuPy refused while PyTorch holds the budget",
+            "[xlog: xlog_cupy_malloc: out of budget" in str(e),
+            str(e)[:300],
+        )
+    del big
+    try:
+        fits = cupy.empty(400 * MiB, dtype=cupy.uint8)
+        r.check("CuPy fits once PyTorch frees", fits.nbytes == 400 * MiB, "cupy.empty(400 MiB) after del")
+        del fits
+    except cupy.cuda.memory.OutOfMemoryError as e:
+        r.check("CuPy fits once PyTorch frees", False, str(e)[:300])
+    end, _ = snap()
+    xi.drain(0)
+    r.check(
+        "peak outstanding <= budget",
+        end.peak_outstanding_bytes <= SHARED_BUDGET,
+        f"peak {end.peak_outstanding_bytes} of {SHARED_BUDGET}",
+    )
+    del w1, w2
+    r.metrics["stats"] = stats_dict(xt.stats(0))
+
+
+def _timed(r: Result, use_xlog: bool) -> None:
+    if use_xlog:
+        import xlog_cuda.torch as xt
+
+        xt.enable(budget=TRAIN_BUDGET, backend="cuda")
+    import torch
+
+    model, opt, x, y = make_problem(torch)
+    train(torch, model, opt, x, y, WARMUP_STEPS, batch=512)
+    losses, times = train(torch, model, opt, x, y, TIMED_STEPS, batch=512, seed=2)
+    ms = [1e3 * t for t in times]
+    r.metrics.update(
+        {
+            "allocator": "xlog" if use_xlog else "pytorch-caching",
+            "steps": TIMED_STEPS,
+            "mean_step_ms": statistics.fmean(ms),
+            "median_step_ms": statistics.median(ms),
+            "p90_step_ms": sorted(ms)[int(0.9 * len(ms))],
+            "final_loss": losses[-1],
+        }
+    )
+    r.check("timed loop ran", len(ms) == TIMED_STEPS, f"mean {statistics.fmean(ms):.3f} ms/step")
+    if use_xlog:
+        st = xt.stats(0)
+        r.metrics["stats"] = stats_dict(st)
+        r.check("no refused allocation", st.failed_allocations == 0, f"failed_allocations {st.failed_allocations}")
+
+
+def scenario_time_default(r: Result, workdir: str) -> None:
+    _timed(r, use_xlog=False)
+
+
+def scenario_time_xlog(r: Result, workdir: str) -> None:
+    _timed(r, use_xlog=True)
+
+
+SCENARIOS = {
+    "train": scenario_train,
+    "oom": scenario_oom,
+    "shared": scenario_shared,
+    "time_default": scenario_time_default,
+    "time_xlog": scenario_time_xlog,
+}
+
+
+def run_scenario(name: str, result_path: str, workdir: str) -> int:
+    r = Result(name)
+    code = 0
+    try:
+        SCENARIOS[name](r, workdir)
+    except BaseException as e:  # noqa: BLE001 - reported as a failed check
+        r.check("scenario ran to the end", False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+        code = 1
+    with open(result_path, "w") as f:
+        json.dump(r.to_json(), f, indent=2)
+    return code
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def preflight(env: Dict[str, str]) -> Optional[str]:
+    """None if PyTorch, CuPy and a CUDA device are there, else why not."""
+    code = (
+        "import torch, cupy\n"
+        "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__)\n"
+        "import sys\n"
+        "sys.exit(0 if torch.cuda.is_available() else 3)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode == 3:
+        return "PyTorch sees no CUDA device: " + p.stdout.strip()
+    if p.returncode != 0:
+        return "PyTorch or CuPy is not importable: " + (p.stderr.strip().splitlines() or ["?"])[-1]
+    print("gpu-frameworks:", p.stdout.strip(), flush=True)
+    return None
+
+
+def scenario_env(name: str, workdir: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLOG_") or k == "XLOG_CUDA_LIBRARY"}
+    if name == "train":
+        env["XLOG_BACKEND"] = "cuda"
+        env["XLOG_BUDGET_BYTES"] = "2GiB"
+        env["XLOG_LOG_PATH"] = os.path.join(workdir, "train-log.csv")
+    return env
+
+
+def drive(out_dir: str, only: List[str]) -> int:
+    os.makedirs(out_dir, exist_ok=True)
+    started = time.monotonic()
+    why_not = preflight(dict(os.environ))
+    if why_not is not None:
+        print(f"gpu-frameworks: SKIP: {why_not}", flush=True)
+        with open(os.path.join(out_dir, "summary.txt"), "w") as f:
+            f.write(f"SKIPPED: {why_not}\n")
+        return SKIP
+
+    results: Dict[str, Dict[str, Any]] = {}
+    for name in only:
+        result_path = os.path.join(out_dir, f"{name}.json")
+        log_path = os.path.join(out_dir, f"{name}.log")
+        if os.path.exists(result_path):
+            os.remove(result_path)
+        t0 = time.monotonic()
+        cmd = [sys.executable, os.path.abspath(__file__), "--scenario", name, "--result", result_path, "--workdir", out_dir]
+        print(f"gpu-frameworks: running {name}", flush=True)
+        try:
+            with open(log_path, "w") as log:
+                p = subprocess.run(
+                    cmd, env=scenario_env(name, out_dir), stdout=log, stderr=subprocess.STDOUT, timeout=SCENARIO_TIMEOUT_S
+                )
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        elapsed = time.monotonic() - t0
+        try:
+            with open(result_path) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            res = {"scenario": name, "checks": [], "metrics": {}}
+        if rc != 0:
+            tail = open(log_path, errors="replace").read().strip().splitlines()[-3:]
+            res["checks"].append(
+                {"name": "process exit", "status": "FAIL", "detail": f"exit {rc}" + ("" if not tail else ": " + " | ".join(tail))}
+            )
+        res["seconds"] = round(elapsed, 1)
+        res["exit"] = rc
+        results[name] = res
+        for line in open(log_path, errors="replace"):
+            if line.startswith("xlog: "):
+                res["checks"].append({"name": "library stderr", "status": "info", "detail": line.strip()[:300]})
+                break
+
+    # Step time ratio.
+    comparison: Dict[str, Any] = {}
+    d, x = results.get("time_default", {}).get("metrics", {}), results.get("time_xlog", {}).get("metrics", {})
+    if "mean_step_ms" in d and "mean_step_ms" in x:
+        comparison = {
+            "default_mean_step_ms": d["mean_step_ms"],
+            "xlog_mean_step_ms": x["mean_step_ms"],
+            "default_median_step_ms": d["median_step_ms"],
+            "xlog_median_step_ms": x["median_step_ms"],
+            "ratio_mean": x["mean_step_ms"] / d["mean_step_ms"],
+            "ratio_median": x["median_step_ms"] / d["median_step_ms"],
+        }
+        limit = os.environ.get("XLOG_FRAMEWORKS_MAX_RATIO")
+        if limit:
+            ok = comparison["ratio_mean"] <= float(limit)
+            results["time_xlog"]["checks"].append(
+                {"name": f"step time ratio <= {limit}", "status": "ok" if ok else "FAIL", "detail": f"{comparison['ratio_mean']:.3f}"}
+            )
+
+    # Summary.
+    lines: List[str] = []
+    failed = 0
+    lines.append(f"{'SCENARIO':<13} {'STATUS':<6} {'CHECK':<58} DETAIL")
+    for name in only:
+        res = results[name]
+        for c in res["checks"]:
+            if c["status"] == "FAIL":
+                failed += 1
+            detail = c["detail"].replace("\n", " ")
+            lines.append(f"{name:<13} {c['status']:<6} {c['name'][:58]:<58} {detail[:160]}")
+    lines.append("")
+    if comparison:
+        lines.append("step time (MLP 256-1024-1024-10, batch 512, Adam; loss.item() each step):")
+        lines.append(f"  {'allocator':<18} {'mean ms':>9} {'median ms':>10}")
+        lines.append(f"  {'pytorch caching':<18} {comparison['default_mean_step_ms']:>9.3f} {comparison['default_median_step_ms']:>10.3f}")
+        lines.append(f"  {'xlog hooks':<18} {comparison['xlog_mean_step_ms']:>9.3f} {comparison['xlog_median_step_ms']:>10.3f}")
+        lines.append(f"  ratio xlog/default: mean {comparison['ratio_mean']:.3f}, median {comparison['ratio_median']:.3f}")
+    total = time.monotonic() - started
+    lines.append("")
+    lines.append(
+        f"gpu-frameworks: {'ALL PASSED' if failed == 0 else f'{failed} CHECK(S) FAILED'} "
+        f"in {total:.0f} s (per scenario: " + ", ".join(f"{n} {results[n]['seconds']} s" for n in only) + ")"
+    )
+    summary = "\n".join(lines)
+    print("\n" + summary, flush=True)
+    with open(os.path.join(out_dir, "summary.txt"), "w") as f:
+        f.write(summary + "\n")
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"scenarios": results, "step_time": comparison, "failed_checks": failed, "seconds": total}, f, indent=2)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "status", "check", "detail"])
+        for name in only:
+            for c in results[name]["checks"]:
+                w.writerow([name, c["status"], c["name"], c["detail"]])
+        for key, value in comparison.items():
+            w.writerow(["step_time", "metric", key, f"{value:.6g}"])
+    return 0 if failed == 0 else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "gpu-frameworks"))
+    ap.add_argument("--only", default=",".join(ORDER), help="comma-separated scenarios (default: all)")
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.scenario:
+        return run_scenario(args.scenario, args.result, args.workdir)
+    only = [s for s in args.only.split(",") if s]
+    unknown = [s for s in only if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; choose from {ORDER}")
+    out_dir = args.out or os.path.join(os.getcwd(), "build-gpu", "gpu-frameworks")
+    return drive(out_dir, only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
