@@ -192,7 +192,15 @@ impl Runtime {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
         }
-        let guard = self.lifecycle.read().unwrap_or_else(|p| p.into_inner());
+        // Never block here: only close takes the lock exclusively, after
+        // setting `closed`, so a call that cannot take it shared is racing
+        // a close and fails now. Waiting instead deadlocks a host callback
+        // that calls in while close waits for that callback's stream.
+        let guard = match self.lifecycle.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(closed_error()),
+        };
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
         }
@@ -256,11 +264,11 @@ impl Runtime {
     }
 
     pub fn synchronize(&self, id: StreamId) -> ResourceResult<()> {
-        let raw = {
-            let _g = self.enter()?;
-            self.streams.resolve(id)?.raw
-        };
-        // The blocking wait runs outside the lifecycle lock.
+        // The wait holds the lifecycle lock shared, so close (which waits
+        // for it) cannot destroy the stream under it; calls that start
+        // meanwhile do not wait behind it (see `enter`).
+        let _g = self.enter()?;
+        let raw = self.streams.resolve(id)?.raw;
         Ok(self.device.synchronize_stream(raw)?)
     }
 
@@ -341,11 +349,11 @@ impl Runtime {
 
     /// Block until every queued free has completed, then reap.
     pub fn drain(&self) -> ResourceResult<u64> {
-        {
-            let _g = self.enter()?;
-        }
+        // As in `synchronize`: the wait holds the lifecycle lock shared so
+        // close cannot destroy the streams it waits on.
+        let _g = self.enter()?;
         self.stack.wait_pending()?;
-        self.reap()
+        self.stack.reap_pending()
     }
 
     pub fn usage(&self) -> Usage {

@@ -239,6 +239,8 @@ fn finish_all_validates_every_handle_before_recording() {
     let g2 = rt.allocate(64, a, "g2").unwrap();
     let stale = rt.allocate(64, a, "stale").unwrap();
     rt.deallocate(&stale.id).unwrap();
+    // The sim frees on A's worker: let it run so device memory is steady.
+    rt.synchronize(a).unwrap();
     st.sim().fill(g1.id.ptr, 64, 0).unwrap();
 
     let mut gate_a = gate(rt, a);

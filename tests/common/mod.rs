@@ -4,6 +4,10 @@
 
 #![allow(dead_code)]
 
+/// Reference model of the runtime's semantics and a step-by-step harness
+/// (used by tests/model.rs and tests/fault_sweep.rs).
+pub mod model;
+
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,394 @@
+//! Fault-injection sweep: one fixed workload (43 operations over four
+//! streams: allocations, launches with host kernels, frees, reaps, drains,
+//! stream acquire / release, refusals) is run again and again, each time
+//! with one sim fault armed — allocation, free, event record or stream
+//! creation — to fire at the Nth device call of that kind, for N = 1, 2, …
+//! until the workload no longer reaches an Nth call. Every stack is swept.
+//!
+//! Every step goes through the reference-model harness
+//! (`common/model.rs`), so after every operation the status, the live /
+//! pending bytes and `budget reserved == outstanding` are checked. On top:
+//!
+//! - the fault surfaces exactly once, as `ResourceError::Driver` carrying
+//!   the sim's "injected fault: …" message of that kind, at an operation
+//!   that makes that kind of call, and that operation changes nothing
+//!   (a failed allocation is rolled back out of the budget, a failed free
+//!   leaves the block live). The only exception is an event-record fault
+//!   inside a reap that still retired other streams' batches, or inside the
+//!   reap a budget does under pressure: those are absorbed (the batch stays
+//!   pending and is retired later) and counted separately;
+//! - whether the fault fired inside the workload is established
+//!   independently, by probing the sim for the armed fault afterwards;
+//! - afterwards the runtime keeps working (allocate, write, read on another
+//!   stream, free, drain), and once everything is freed and drained nothing
+//!   is outstanding, charged or held by the device; close reports no leaks.
+
+mod common;
+
+use std::time::Instant;
+
+use common::model::{Acc, Harness, HarnessOpts, HRef, Op, SRef, SizeClass, Tally};
+use common::StackKind;
+use xlog_cuda::device::sim::{FaultKind, SimDevice};
+use xlog_cuda::device::Device;
+use xlog_cuda::DeviceError;
+
+const KINDS: [FaultKind; 4] = [FaultKind::Alloc, FaultKind::Free, FaultKind::EventRecord, FaultKind::StreamCreate];
+
+/// The fixed workload. Blocks and streams are named relative to what is
+/// live (see `common::model`), so the workload still means something when
+/// an earlier operation failed.
+fn workload() -> Vec<Op> {
+    use Acc::*;
+    use HRef::{Any, Newest};
+    use Op::*;
+    use SRef::Live as S;
+    let b = HRef::Live;
+    vec![
+        Alloc(SizeClass::Small(4000), S(0)),                  // b0 on s0
+        Alloc(SizeClass::Medium(4000), S(0)),                 // b1 on s0
+        Alloc(SizeClass::Tiny(10), S(1)),                     // b2 on s1
+        Alloc(SizeClass::Zero, S(1)),                         // b3, zero bytes
+        Launch(S(0), vec![(b(0), W)], 0x11),                  // s0 writes b0
+        Launch(S(1), vec![(b(0), R), (b(1), W)], 0x22),       // s1: reads s0's write; first foreign use of b1
+        Launch(S(1), vec![(b(2), RW), (b(3), W)], 0x33),
+        Acquire,                                              // s2: a new stream
+        Launch(S(2), vec![(b(0), R), (b(1), R), (b(2), R)], 0x44),
+        Prepare(b(1), S(2), W),
+        Finish(b(1), S(2), R),
+        Free(b(0)),                                           // waits for the readers on s1 and s2
+        Alloc(SizeClass::Medium(9000), S(2)),                 // b4, may reuse b0's bytes
+        Launch(S(2), vec![(Newest, W)], 0x55),
+        Launch(S(0), vec![(Newest, R), (b(0), RW)], 0x66),
+        Host(S(1)),
+        Reap,
+        Free(Any(0)),                                         // b0 again: a double free
+        Release(S(1)),                                        // s1's frees still pending
+        Acquire,                                              // reuses the released stream
+        Acquire,                                              // a fourth stream
+        Acquire,                                              // pool exhausted
+        Alloc(SizeClass::OverLimit, S(3)),                    // refused: too big
+        PrepareAll(S(3), vec![(b(1), R), (Newest, R)]),
+        FinishAll(S(3), vec![(b(1), R), (Newest, R)]),
+        Free(b(1)),
+        Free(b(0)),
+        Alloc(SizeClass::Medium(20000), S(3)),                // b5
+        Launch(S(3), vec![(Newest, W)], 0x77),
+        Launch(S(1), vec![(Newest, R), (b(0), W)], 0x88),
+        Alloc(SizeClass::Tiny(200), S(2)),                    // b6
+        Launch(S(0), vec![(Newest, RW)], 0x99),
+        Free(b(0)),
+        Reap,                                                 // seals the pending frees
+        Sync(S(0)),
+        Sync(S(1)),
+        Sync(S(2)),
+        Sync(S(3)),
+        Free(Newest),                                         // one more, unsealed
+        Reap,                                                 // retires the sealed ones, seals the new one
+        Drain,
+        Release(S(0)),
+        Alloc(SizeClass::ExactFit, S(0)),                     // all the budget has left
+        Hold(S(0)),                                           // its free cannot complete yet
+        Free(Newest),
+        Alloc(SizeClass::Small(300), S(1)),                   // refused (budget): the free is still charged
+        Unhold,
+        Drain,
+        Alloc(SizeClass::Small(300), S(1)),                   // fits once drained
+        Launch(S(2), vec![(Newest, W), (b(0), R)], 0xAA),
+        Free(b(0)),
+        Reap,
+    ]
+}
+
+/// After the workload: the runtime still does real work.
+fn recovery() -> Vec<Op> {
+    vec![
+        Op::Alloc(SizeClass::Small(500), SRef::Live(0)),
+        Op::Launch(SRef::Live(0), vec![(HRef::Newest, Acc::W)], 0x5A),
+        Op::Launch(SRef::Live(1), vec![(HRef::Newest, Acc::R)], 0),
+        Op::Free(HRef::Newest),
+        Op::Drain,
+    ]
+}
+
+fn opts(kind: StackKind) -> HarnessOpts {
+    HarnessOpts {
+        budget_bytes: 256 * 1024,
+        capacity_bytes: if kind.has_budget() { 4 << 20 } else { 16 << 20 },
+        wait_on_pressure: false,
+        pool_capacity: 4,
+        initial_streams: 2,
+    }
+}
+
+/// Make up to `max` device calls of `kind` directly on the sim; the number
+/// of the call the armed fault failed, or None if none did.
+fn injected<T>(r: &Result<T, DeviceError>) -> bool {
+    matches!(r, Err(DeviceError::InjectedFault(_)))
+}
+
+fn probe(sim: &SimDevice, kind: FaultKind, raw_stream: u64, max: u64) -> Option<u64> {
+    for k in 1..=max {
+        let fired = match kind {
+            FaultKind::Alloc => {
+                let r = sim.alloc_sync(256);
+                if let Ok(p) = r {
+                    sim.free_sync(p).unwrap();
+                }
+                injected(&r)
+            }
+            FaultKind::Free => {
+                let p = sim.alloc_sync(256).unwrap();
+                let r = sim.free_sync(p);
+                if injected(&r) {
+                    sim.free_sync(p).unwrap();
+                }
+                injected(&r)
+            }
+            FaultKind::EventRecord => {
+                let ev = sim.create_event().unwrap();
+                injected(&sim.record_event(ev, raw_stream))
+            }
+            FaultKind::StreamCreate => {
+                let r = sim.create_stream();
+                if let Ok(raw) = r {
+                    sim.destroy_stream(raw).unwrap();
+                }
+                injected(&r)
+            }
+        };
+        if fired {
+            return Some(k);
+        }
+    }
+    None
+}
+
+/// One run with `fault` armed at the `nth` call (None: no fault). Returns
+/// whether the fault fired inside the workload, and the harness's record.
+struct Run {
+    fired_in_workload: bool,
+    surfaced: Option<common::model::Fired>,
+    /// Calls of that kind the workload made (known when it did not fire).
+    calls: Option<u64>,
+    tally: Tally,
+}
+
+fn run(kind: StackKind, opts: &HarnessOpts, workload: &[Op], fault: Option<(FaultKind, u64)>) -> Result<Run, String> {
+    let mut h = Harness::open(kind, opts.clone())?;
+    let raw = h.first_raw_stream().ok_or("no stream")?;
+    if let Some((f, n)) = fault {
+        h.arm_fault(f, n);
+    }
+    for op in workload {
+        h.step(op)?;
+    }
+    if fault.is_none() && std::env::var_os("XLOG_SWEEP_TRACE").is_some() {
+        println!("[{kind}] reference run:\n{}", h.trace().join("\n"));
+    }
+    let (fired_in_workload, calls) = match fault {
+        Some((f, n)) => match probe(h.st.sim(), f, raw, n) {
+            Some(k) => (false, Some(n - k)),
+            None => (true, None),
+        },
+        None => (false, None),
+    };
+    h.disarm_fault();
+    if !fired_in_workload && h.fired.is_some() {
+        return Err(format!("a fault surfaced ({:?}) but the sim says it is still armed", h.fired));
+    }
+    for op in recovery() {
+        h.step(&op).map_err(|e| format!("the runtime does not recover: {e}"))?;
+    }
+    h.free_all_and_drain()?;
+    let surfaced = h.fired.clone();
+    let tally = h.close()?;
+    Ok(Run { fired_in_workload, surfaced, calls, tally })
+}
+
+#[derive(Default, Debug)]
+struct KindSummary {
+    calls: u64,
+    surfaced: u64,
+    absorbed: u64,
+    sites: Vec<String>,
+}
+
+/// Sweep every fault kind over `workload`. With `exact`, the workload
+/// makes the same number of calls of each kind whatever fails, so the sweep
+/// must end right after the last one.
+fn sweep_workload(
+    kind: StackKind,
+    opts: &HarnessOpts,
+    workload: &[Op],
+    exact: bool,
+    what: &str,
+) -> (Tally, Vec<(FaultKind, KindSummary)>) {
+    // The workload itself, with nothing armed, agrees with the model.
+    let reference = run(kind, opts, workload, None).unwrap_or_else(|e| panic!("[{kind}] {what}: reference run: {e}"));
+    assert!(reference.surfaced.is_none());
+    let mut out = Vec::new();
+    for fault in KINDS {
+        let mut s = KindSummary::default();
+        for n in 1.. {
+            assert!(n < 500, "[{kind}] {what}: {fault:?}: the sweep does not end");
+            let r = run(kind, opts, workload, Some((fault, n)))
+                .unwrap_or_else(|e| panic!("[{kind}] {what}: {fault:?} armed at call {n}:\n{e}\nworkload: {workload:?}"));
+            if !r.fired_in_workload {
+                if exact {
+                    assert_eq!(r.calls, Some(n - 1), "[{kind}] {what}: {fault:?}: the sweep must end right after the last call");
+                }
+                s.calls = n - 1;
+                break;
+            }
+            match r.surfaced {
+                Some(f) => {
+                    s.surfaced += 1;
+                    s.sites.push(format!("{}@{}", f.op, f.step));
+                }
+                None => {
+                    assert_eq!(
+                        fault,
+                        FaultKind::EventRecord,
+                        "[{kind}] a {fault:?} fault at call {n} fired but surfaced nowhere"
+                    );
+                    s.absorbed += 1;
+                    s.sites.push(format!("absorbed@{n}"));
+                }
+            }
+        }
+        out.push((fault, s));
+    }
+    (reference.tally, out)
+}
+
+fn sweep(kind: StackKind) -> Vec<(FaultKind, KindSummary)> {
+    let (reference, out) = sweep_workload(kind, &opts(kind), &workload(), true, "fixed workload");
+    for what in ["out of budget", "stale or double free", "pool exhausted", "launch", "reap (bytes)"] {
+        let applies = match what {
+            "out of budget" => kind.has_budget(),
+            "launch" | "reap (bytes)" => kind.is_async(),
+            _ => true,
+        };
+        if applies {
+            assert!(reference.get(what) > 0, "[{kind}] the workload must exercise {what:?}: {}", reference.render());
+        }
+    }
+    out
+}
+
+fn check_and_print(kind: StackKind, started: Instant, summary: &[(FaultKind, KindSummary)]) {
+    let get = |f: FaultKind| &summary.iter().find(|(k, _)| *k == f).unwrap().1;
+    let (alloc, free, event, create) =
+        (get(FaultKind::Alloc), get(FaultKind::Free), get(FaultKind::EventRecord), get(FaultKind::StreamCreate));
+    assert!(alloc.calls >= 8, "[{kind}] {alloc:?}");
+    assert_eq!(alloc.surfaced, alloc.calls, "[{kind}] every allocation fault surfaces");
+    assert!(free.calls >= 6, "[{kind}] {free:?}");
+    assert_eq!(free.surfaced, free.calls, "[{kind}] every free fault surfaces");
+    assert_eq!(create.calls, 2, "[{kind}] the workload creates two streams: {create:?}");
+    assert_eq!(create.surfaced, 2, "[{kind}]");
+    if kind.is_async() {
+        assert!(event.calls >= 15, "[{kind}] {event:?}");
+        assert_eq!(event.surfaced + event.absorbed, event.calls, "[{kind}]");
+        assert!(event.surfaced > event.absorbed, "[{kind}] most event faults surface: {event:?}");
+    } else {
+        assert_eq!(event.calls, 0, "[{kind}] Direct records no events");
+    }
+    let total: u64 = summary.iter().map(|(_, s)| s.calls + 1).sum();
+    println!("[{kind}] {total} runs of the {}-op workload in {:.2} s", workload().len(), started.elapsed().as_secs_f64());
+    for (f, s) in summary {
+        println!("  {f:?}: {} calls, {} surfaced, {} absorbed: {}", s.calls, s.surfaced, s.absorbed, s.sites.join(" "));
+    }
+}
+
+#[test]
+fn fault_sweep_budget_async() {
+    let started = Instant::now();
+    let s = sweep(StackKind::BudgetAsync);
+    check_and_print(StackKind::BudgetAsync, started, &s);
+}
+
+#[test]
+fn fault_sweep_budget_logging_async() {
+    let started = Instant::now();
+    let s = sweep(StackKind::BudgetLoggingAsync);
+    check_and_print(StackKind::BudgetLoggingAsync, started, &s);
+}
+
+#[test]
+fn fault_sweep_async() {
+    let started = Instant::now();
+    let s = sweep(StackKind::Async);
+    check_and_print(StackKind::Async, started, &s);
+}
+
+#[test]
+fn fault_sweep_direct() {
+    let started = Instant::now();
+    let s = sweep(StackKind::Direct);
+    check_and_print(StackKind::Direct, started, &s);
+}
+
+/// The probe itself: a fault armed beyond the workload is found, one armed
+/// within it is not (so `fired_in_workload` can be trusted).
+#[test]
+fn probe_finds_an_armed_fault() {
+    let sim = SimDevice::new(0, 1 << 20).unwrap();
+    let raw = sim.create_stream().unwrap();
+    for kind in KINDS {
+        sim.inject_fault(kind, 3);
+        assert_eq!(probe(&sim, kind, raw, 5), Some(3), "{kind:?}");
+        assert_eq!(probe(&sim, kind, raw, 5), None, "{kind:?}: a fault fires once");
+    }
+}
+
+/// The same sweep over random sequences of the model test (fixed seeds):
+/// every fault position of every kind in each. Without a budget the number
+/// of device calls does not depend on timing, so the sweep must end exactly
+/// after the last call; with one, whether an allocation under pressure
+/// reaps (and seals pending frees) depends on how far the streams got.
+fn random_workload_sweep(kind: StackKind, sequences: u64) {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let started = Instant::now();
+    let (mut runs, mut surfaced, mut absorbed) = (0u64, 0u64, 0u64);
+    for seq in 0..sequences {
+        let seed = 0xFA17_0000 + seq;
+        let mut seed_bytes = [0u8; 32];
+        seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes);
+        let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+        let ops = proptest::collection::vec(common::model::op(), 30..=50)
+            .new_tree(&mut runner)
+            .expect("a sequence")
+            .current();
+        let what = format!("random workload seed {seed:#x}");
+        let (_, summary) = sweep_workload(kind, &HarnessOpts::for_stack(kind), &ops, !kind.has_budget(), &what);
+        for (_, s) in &summary {
+            runs += s.calls + 1;
+            surfaced += s.surfaced;
+            absorbed += s.absorbed;
+            assert_eq!(s.surfaced + s.absorbed, s.calls, "[{kind}] {what}");
+        }
+    }
+    assert!(surfaced > sequences * 10, "[{kind}] the random workloads must reach the device: {surfaced}");
+    println!(
+        "[{kind}] {sequences} random workloads, {runs} runs: {surfaced} faults surfaced, {absorbed} absorbed, {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn fault_sweep_random_workloads_async() {
+    random_workload_sweep(StackKind::Async, 40);
+}
+
+#[test]
+fn fault_sweep_random_workloads_budget_async() {
+    random_workload_sweep(StackKind::BudgetAsync, 40);
+}
+
+#[test]
+fn fault_sweep_random_workloads_direct() {
+    random_workload_sweep(StackKind::Direct, 20);
+}

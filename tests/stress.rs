@@ -1,0 +1,368 @@
+//! Thread stress: 8 threads × 100,000 mixed operations against one runtime
+//! with a budget (Budget(Async) on the sim backend).
+//!
+//! Each thread has its own stream and mixes allocate, free, prepare /
+//! finish, write kernels (host callbacks that store a value in a block) and
+//! reap. Blocks are shared across threads through a mutex-protected pool:
+//! a thread takes a published block, reads it on its own stream with a
+//! host callback that checks the value its owner wrote, and either puts it
+//! back or frees it (on another thread than the one that allocated it).
+//!
+//! Checked throughout:
+//! - an observer thread samples the stats without pause and asserts
+//!   outstanding ≤ limit, reserved ≤ limit, live + pending = outstanding,
+//!   and device use ≤ capacity;
+//! - no address range is handed out twice while live: every live block's
+//!   range sits in one shared map; an allocation that overlaps one fails;
+//! - every cross-thread read sees the value its writer stored.
+//! At the end everything is freed and drained: nothing outstanding, no live
+//! or pending blocks, the device empty, and the counters add up.
+//!
+//! `XLOG_STRESS_OPS` overrides the operations per thread (default 100,000).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use xlog_cuda::{Access, BlockId, BlockState, Generation, ResourceError, Runtime};
+
+const THREADS: u64 = 8;
+const LIMIT: u64 = 4 * MIB;
+const CAPACITY: u64 = 16 * MIB;
+const MAX_HELD: usize = 24;
+const MAX_SHARED: usize = 64;
+
+fn ops_per_thread() -> u64 {
+    std::env::var("XLOG_STRESS_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A published block and the value its last writer stored at its start.
+#[derive(Copy, Clone, Debug)]
+struct SharedBlock {
+    id: BlockId,
+    value: u64,
+}
+
+struct World {
+    rt: Arc<Runtime>,
+    /// Start of every live block's range → (end, generation).
+    live_ranges: Mutex<BTreeMap<u64, (u64, Generation)>>,
+    shared: Mutex<Vec<SharedBlock>>,
+    data_errors: AtomicU64,
+    first_data_error: Mutex<Option<String>>,
+    reads_checked: AtomicU64,
+}
+
+impl World {
+    /// Record a new live block; an overlap with another live one means the
+    /// allocator handed the same bytes out twice.
+    fn claim(&self, id: &BlockId) {
+        if id.size == 0 {
+            return;
+        }
+        let (start, end) = (id.ptr, id.ptr + id.size);
+        let mut ranges = lock(&self.live_ranges);
+        if let Some((&s, &(e, g))) = ranges.range(..end).next_back() {
+            assert!(
+                e <= start,
+                "block {id:?} [{start:#x}, {end:#x}) overlaps live block generation {g} [{s:#x}, {e:#x})"
+            );
+        }
+        ranges.insert(start, (end, id.generation));
+    }
+
+    /// Forget a block's range before freeing it (after the free the bytes
+    /// may be handed out again at any moment).
+    fn unclaim(&self, id: &BlockId) {
+        if id.size == 0 {
+            return;
+        }
+        let removed = lock(&self.live_ranges).remove(&id.ptr);
+        assert_eq!(removed, Some((id.ptr + id.size, id.generation)), "live range of {id:?}");
+    }
+
+    fn free(&self, id: &BlockId) {
+        self.unclaim(id);
+        let b = self.rt.deallocate(id).unwrap_or_else(|e| panic!("free of {id:?}: {e}"));
+        let expected = if id.size > 0 { BlockState::Pending } else { BlockState::Retired };
+        assert_eq!(b.state, expected, "{id:?}");
+    }
+
+    fn data_error(&self, msg: String) {
+        self.data_errors.fetch_add(1, Ordering::Relaxed);
+        lock(&self.first_data_error).get_or_insert(msg);
+    }
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Counts {
+    allocs: u64,
+    frees: u64,
+    refusals: u64,
+    prepares: u64,
+    finishes: u64,
+    writes: u64,
+    shared_reads: u64,
+    reaps: u64,
+    reaped_bytes: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.allocs += o.allocs;
+        self.frees += o.frees;
+        self.refusals += o.refusals;
+        self.prepares += o.prepares;
+        self.finishes += o.finishes;
+        self.writes += o.writes;
+        self.shared_reads += o.shared_reads;
+        self.reaps += o.reaps;
+        self.reaped_bytes += o.reaped_bytes;
+    }
+}
+
+fn random_size(rng: &mut XorShift) -> u64 {
+    match rng.below(8) {
+        0 => 0,
+        1..=3 => 1 + rng.below(256),
+        4..=6 => 257 + rng.below(4096 - 256),
+        _ => 4097 + rng.below(60 * KIB),
+    }
+}
+
+fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
+    let rt = &world.rt;
+    let s = rt.acquire_stream().unwrap();
+    let dev = dev(rt);
+    let mut rng = XorShift::new(0x57E5_5000 + thread_no);
+    // Blocks this thread owns, with the value last written (if any).
+    let mut held: Vec<(BlockId, Option<u64>)> = Vec::new();
+    let mut c = Counts::default();
+    for op in 0..ops {
+        let roll = rng.below(100);
+        match roll {
+            0..=29 if held.len() < MAX_HELD => {
+                let size = random_size(&mut rng);
+                match rt.allocate(size, s, "stress") {
+                    Ok(b) => {
+                        assert_eq!((b.id.size, b.id.ptr % 256, b.id.ptr == 0), (size, 0, size == 0));
+                        world.claim(&b.id);
+                        held.push((b.id, None));
+                        c.allocs += 1;
+                    }
+                    Err(ResourceError::OutOfBudget { requested, limit, live, pending, remaining }) => {
+                        assert_eq!((requested, limit), (size, LIMIT));
+                        assert!(remaining < size, "refused {size} with {remaining} remaining (live {live}, pending {pending})");
+                        c.refusals += 1;
+                        // Back off: give a block back and retire what is done.
+                        if !held.is_empty() {
+                            let (id, _) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                            world.free(&id);
+                            c.frees += 1;
+                        }
+                        c.reaped_bytes += rt.reap().unwrap();
+                        c.reaps += 1;
+                        if c.refusals % 4 == 0 {
+                            // Let this stream catch up with its frees.
+                            rt.synchronize(s).unwrap();
+                        }
+                    }
+                    Err(e) => panic!("thread {thread_no}: allocate {size}: {e}"),
+                }
+            }
+            0..=54 if !held.is_empty() => {
+                let (id, _) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                world.free(&id);
+                c.frees += 1;
+            }
+            55..=69 if !held.is_empty() => {
+                let k = rng.below(held.len() as u64) as usize;
+                let id = held[k].0;
+                if rng.below(2) == 0 && id.size >= 8 {
+                    // A write kernel: store a value the readers will check.
+                    let value = (thread_no << 56) | op;
+                    rt.prepare(&id, s, Access::Write).unwrap();
+                    let d = dev.clone();
+                    rt.enqueue_host(s, Box::new(move || d.as_sim().unwrap().write_u64(id.ptr, value).unwrap()))
+                        .unwrap();
+                    rt.finish(&id, s, Access::Write).unwrap();
+                    held[k].1 = Some(value);
+                    c.writes += 1;
+                } else {
+                    let access = [Access::Read, Access::Write, Access::ReadWrite][rng.below(3) as usize];
+                    // A write use changes what the block holds (as far as
+                    // anyone may assume).
+                    rt.prepare(&id, s, access).unwrap();
+                    rt.finish(&id, s, access).unwrap();
+                    if access.writes() {
+                        held[k].1 = None;
+                    }
+                }
+                c.prepares += 1;
+                c.finishes += 1;
+            }
+            70..=79 => {
+                let taken = {
+                    let mut pool = lock(&world.shared);
+                    let n = pool.len() as u64;
+                    (n > 0).then(|| pool.swap_remove(rng.below(n) as usize))
+                };
+                if let Some(sb) = taken {
+                    rt.prepare(&sb.id, s, Access::Read).unwrap();
+                    let w = world.clone();
+                    rt.enqueue_host(
+                        s,
+                        Box::new(move || {
+                            let seen = w.rt.sim().unwrap().read_u64(sb.id.ptr).unwrap();
+                            if seen != sb.value {
+                                w.data_error(format!(
+                                    "thread {thread_no} read {seen:#x} from generation {} at {:#x}, expected {:#x}",
+                                    sb.id.generation, sb.id.ptr, sb.value
+                                ));
+                            } else {
+                                w.reads_checked.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }),
+                    )
+                    .unwrap();
+                    rt.finish(&sb.id, s, Access::Read).unwrap();
+                    c.shared_reads += 1;
+                    if rng.below(2) == 0 {
+                        lock(&world.shared).push(sb);
+                    } else {
+                        world.free(&sb.id);
+                        c.frees += 1;
+                    }
+                }
+            }
+            80..=89 => {
+                // Publish a block whose value is known.
+                if let Some(k) = held.iter().position(|(_, v)| v.is_some()) {
+                    let mut pool = lock(&world.shared);
+                    if pool.len() < MAX_SHARED {
+                        let (id, value) = held.swap_remove(k);
+                        pool.push(SharedBlock { id, value: value.unwrap() });
+                    }
+                }
+            }
+            _ => {
+                if roll >= 95 {
+                    c.reaped_bytes += rt.reap().unwrap();
+                    c.reaps += 1;
+                }
+            }
+        }
+    }
+    for (id, _) in held {
+        world.free(&id);
+        c.frees += 1;
+    }
+    rt.release_stream(s).unwrap();
+    c
+}
+
+#[test]
+fn eight_threads_hammer_one_budgeted_runtime() {
+    let ops = ops_per_thread();
+    let opts = Opts { budget_bytes: LIMIT, capacity_bytes: CAPACITY, stream_pool_size: 16, ..Opts::default() };
+    let st = Stack::open(StackKind::BudgetAsync, opts);
+    let world = Arc::new(World {
+        rt: st.rt.clone(),
+        live_ranges: Mutex::new(BTreeMap::new()),
+        shared: Mutex::new(Vec::new()),
+        data_errors: AtomicU64::new(0),
+        first_data_error: Mutex::new(None),
+        reads_checked: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let observer = {
+        let (rt, done) = (st.rt.clone(), done.clone());
+        thread::spawn(move || {
+            let (mut samples, mut max_outstanding) = (0u64, 0u64);
+            while !done.load(Ordering::Acquire) {
+                let s = rt.stats().unwrap();
+                assert!(s.outstanding_bytes <= LIMIT, "outstanding {} > limit {LIMIT}: {s:?}", s.outstanding_bytes);
+                assert_eq!(s.outstanding_bytes, s.live_bytes + s.pending_bytes, "{s:?}");
+                assert!(s.budget_remaining <= LIMIT, "{s:?}");
+                let reserved = rt.budget().unwrap().reserved();
+                assert!(reserved <= LIMIT, "reserved {reserved} > limit {LIMIT}");
+                let in_use = rt.sim().unwrap().bytes_in_use();
+                assert!(in_use <= CAPACITY, "device use {in_use} > capacity {CAPACITY}");
+                max_outstanding = max_outstanding.max(s.outstanding_bytes);
+                samples += 1;
+                thread::sleep(Duration::from_micros(100));
+            }
+            (samples, max_outstanding)
+        })
+    };
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let w = world.clone();
+            thread::Builder::new().name(format!("stress-{t}")).spawn(move || worker(w, t, ops)).unwrap()
+        })
+        .collect();
+    let mut total = Counts::default();
+    let mut panicked = None;
+    for w in workers {
+        match w.join() {
+            Ok(c) => total.add(&c),
+            Err(p) => panicked = Some(p),
+        }
+    }
+    done.store(true, Ordering::Release);
+    let observed = observer.join();
+    if let Some(p) = panicked {
+        std::panic::resume_unwind(p);
+    }
+    let (samples, max_outstanding) = observed.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    let worked = started.elapsed();
+
+    let rt = &st.rt;
+    for sb in lock(&world.shared).drain(..) {
+        world.free(&sb.id);
+        total.frees += 1;
+    }
+    let pending = rt.stats().unwrap().pending_bytes;
+    assert_eq!(rt.drain().unwrap(), pending);
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.outstanding_bytes, stats.live_bytes, stats.pending_bytes), (0, 0, 0), "{stats:?}");
+    assert_eq!((stats.live_blocks, stats.pending_blocks), (0, 0), "{stats:?}");
+    assert_eq!(stats.budget_remaining, LIMIT);
+    assert_eq!(rt.budget().unwrap().reserved(), 0);
+    assert_eq!(st.sim().bytes_in_use(), 0, "the device holds nothing");
+    assert!(lock(&world.live_ranges).is_empty(), "every claimed range was freed");
+    assert_eq!(stats.allocations, total.allocs);
+    assert_eq!(stats.deallocations, total.frees);
+    assert_eq!(total.allocs, total.frees);
+    assert_eq!(stats.failed_allocations, total.refusals);
+    assert!(stats.peak_outstanding_bytes <= LIMIT, "{stats:?}");
+    let errors = world.data_errors.load(Ordering::Relaxed);
+    assert_eq!(errors, 0, "cross-thread reads saw wrong data: {:?}", lock(&world.first_data_error));
+    assert!(samples > 100, "the observer sampled only {samples} times");
+    if ops >= 10_000 {
+        assert!(total.refusals > 0, "demand must exceed the budget: {total:?}");
+        assert!(total.shared_reads > 0 && world.reads_checked.load(Ordering::Relaxed) > 0, "{total:?}");
+    }
+    st.check_invariant("end");
+    println!(
+        "stress: {THREADS} threads x {ops} ops in {:.1} s (drain included {:.1} s); {total:?}; \
+         cross-thread reads checked {}; observer samples {samples}, max outstanding {max_outstanding} of {LIMIT}; \
+         peak {}; events recorded {}, cross-stream waits {}",
+        worked.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        world.reads_checked.load(Ordering::Relaxed),
+        stats.peak_outstanding_bytes,
+        rt.usage().events_recorded,
+        rt.usage().cross_stream_waits,
+    );
+}
