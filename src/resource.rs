@@ -131,8 +131,8 @@ impl AllocTag {
         }
         let name = &name[..end];
         thread_local! {
-            static CACHE: std::cell::RefCell<HashMap<Box<str>, u32>> =
-                std::cell::RefCell::new(HashMap::new());
+            static CACHE: std::cell::RefCell<crate::fast_hash::FastMap<Box<str>, u32>> =
+                std::cell::RefCell::new(Default::default());
         }
         if let Some(id) = CACHE.with(|c| c.borrow().get(name).copied()) {
             return AllocTag(id);
@@ -236,6 +236,17 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// other streams. Returns the block as it was, with its new state.
     /// A stale or doubled handle is an error that changes nothing.
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
+
+    /// `deallocate`, also saying by how much it lowered `bytes_outstanding`
+    /// (what a budget above must release). The default observes the drop
+    /// around the call, which is right for any resource when the caller
+    /// serialises its deallocations; resources that know the drop without
+    /// two more looks at their counters override it.
+    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        let before = self.bytes_outstanding();
+        let result = self.deallocate(block);
+        (result, before.saturating_sub(self.bytes_outstanding()))
+    }
 
     /// CUDA ordinal (or sim ordinal) the resource serves.
     fn device_ordinal(&self) -> u32;

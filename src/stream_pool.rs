@@ -4,11 +4,11 @@
 //! issued by one runtime is unknown to every other. A released pooled
 //! stream goes back to the idle list and is handed out again under a new id.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::device::{Device, RawStream};
+use crate::fast_hash::FastMap;
 use crate::resource::{ResourceError, ResourceResult, StreamId, StreamRef};
 
 static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
@@ -35,11 +35,11 @@ struct Entry {
 
 #[derive(Default)]
 struct PoolState {
-    active: HashMap<StreamId, Entry>,
+    active: FastMap<StreamId, Entry>,
     idle: Vec<RawStream>,
     created: Vec<RawStream>,
     pooled_in_use: u32,
-    imported: HashMap<u64, StreamId>,
+    imported: FastMap<u64, StreamId>,
 }
 
 pub struct StreamPool {

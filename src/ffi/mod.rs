@@ -6,7 +6,7 @@ pub mod interop;
 pub mod types;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -116,9 +116,9 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOn
 const TOKEN_STRIDE: usize = 16;
 static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10_0000);
 
-fn handles() -> &'static RwLock<HashMap<usize, Arc<Runtime>>> {
-    static TABLE: once_cell::sync::Lazy<RwLock<HashMap<usize, Arc<Runtime>>>> =
-        once_cell::sync::Lazy::new(|| RwLock::new(HashMap::new()));
+fn handles() -> &'static RwLock<FastMap<usize, Arc<Runtime>>> {
+    static TABLE: once_cell::sync::Lazy<RwLock<FastMap<usize, Arc<Runtime>>>> =
+        once_cell::sync::Lazy::new(|| RwLock::new(FastMap::default()));
     &TABLE
 }
 

@@ -9,11 +9,11 @@
 //! seals them with one event per stream and retires a batch once its event
 //! has completed — one event per batch instead of one per free.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{Device, RawEvent, RawStream};
+use crate::fast_hash::FastMap;
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, DeviceBlock, DeviceMemoryResource,
     Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef, Usage,
@@ -23,61 +23,69 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Reusable events, all created with timing disabled. An event goes back to
-/// the pool when the last block (or batch) holding it lets go.
-pub(crate) struct EventPool {
-    device: Arc<dyn Device>,
-    free: Mutex<Vec<RawEvent>>,
-    recorded: AtomicU64,
+/// Index of an event in [`Events`].
+type Ev = u32;
+
+struct EventSlot {
+    raw: RawEvent,
+    /// Holders: block uses, sealed batches, a call in progress.
+    refs: u32,
 }
 
-impl EventPool {
-    pub(crate) fn new(device: Arc<dyn Device>) -> Arc<EventPool> {
-        Arc::new(EventPool { device, free: Mutex::new(Vec::new()), recorded: AtomicU64::new(0) })
-    }
+/// Reusable events, all created with timing disabled, kept under the pool's
+/// one lock: taking, sharing and returning an event is integer work, with
+/// no allocation and no second lock on the hot path. An event goes back to
+/// the free list when its last holder lets go.
+#[derive(Default)]
+struct Events {
+    slots: Vec<EventSlot>,
+    free: Vec<Ev>,
+    recorded: u64,
+}
 
-    fn take(self: &Arc<Self>) -> ResourceResult<Arc<PooledEvent>> {
-        let raw = match lock(&self.free).pop() {
-            Some(raw) => raw,
-            None => self.device.create_event()?,
+impl Events {
+    /// An event recorded on `stream`, held once by the caller. On failure
+    /// nothing changes (a new event stays in the free list for later).
+    fn record(&mut self, device: &dyn Device, stream: RawStream) -> ResourceResult<Ev> {
+        let ev = match self.free.pop() {
+            Some(ev) => ev,
+            None => {
+                let raw = device.create_event()?;
+                self.slots.push(EventSlot { raw, refs: 0 });
+                (self.slots.len() - 1) as Ev
+            }
         };
-        Ok(Arc::new(PooledEvent { raw, pool: self.clone() }))
+        if let Err(e) = device.record_event(self.slots[ev as usize].raw, stream) {
+            self.free.push(ev);
+            return Err(e.into());
+        }
+        self.slots[ev as usize].refs = 1;
+        self.recorded += 1;
+        Ok(ev)
     }
 
-    /// Take an event and record it on `stream`; on failure the event goes
-    /// straight back to the pool.
-    fn record(self: &Arc<Self>, stream: RawStream) -> ResourceResult<Arc<PooledEvent>> {
-        let event = self.take()?;
-        self.device.record_event(event.raw, stream)?;
-        self.recorded.fetch_add(1, Ordering::Relaxed);
-        Ok(event)
+    fn raw(&self, ev: Ev) -> RawEvent {
+        self.slots[ev as usize].raw
     }
-}
 
-impl Drop for EventPool {
-    fn drop(&mut self) {
-        for raw in lock(&self.free).drain(..) {
-            self.device.destroy_event(raw);
+    fn hold(&mut self, ev: Ev) {
+        self.slots[ev as usize].refs += 1;
+    }
+
+    fn release(&mut self, ev: Ev) {
+        let slot = &mut self.slots[ev as usize];
+        slot.refs -= 1;
+        if slot.refs == 0 {
+            self.free.push(ev);
         }
     }
 }
 
-pub(crate) struct PooledEvent {
-    raw: RawEvent,
-    pool: Arc<EventPool>,
-}
-
-impl Drop for PooledEvent {
-    fn drop(&mut self) {
-        lock(&self.pool.free).push(self.raw);
-    }
-}
-
 /// One recorded use: the stream it ran on and the event after it.
-#[derive(Clone)]
+#[derive(Copy, Clone)]
 struct Use {
     stream: RawStream,
-    event: Arc<PooledEvent>,
+    event: Ev,
 }
 
 /// Dependency state, allocated only for blocks that were ever used through
@@ -98,28 +106,44 @@ struct BlockRecord {
 
 impl BlockRecord {
     /// Events `stream` must wait for before an access of kind `access`.
-    fn waits_for(&self, stream: RawStream, access: Access, out: &mut Vec<Arc<PooledEvent>>) {
+    fn waits_for(&self, stream: RawStream, access: Access, out: &mut Vec<Ev>) {
         let Some(t) = &self.tracking else { return };
         if let Some(w) = &t.last_write {
             if w.stream != stream {
-                out.push(w.event.clone());
+                out.push(w.event);
             }
         }
         if access.writes() {
-            out.extend(t.readers.iter().filter(|r| r.stream != stream).map(|r| r.event.clone()));
+            out.extend(t.readers.iter().filter(|r| r.stream != stream).map(|r| r.event));
         }
     }
 
-    fn record_use(&mut self, stream: RawStream, access: Access, event: &Arc<PooledEvent>) {
+    /// Record a use after `event`, which this block now holds too.
+    fn record_use(&mut self, events: &mut Events, stream: RawStream, access: Access, event: Ev) {
+        events.hold(event);
         let t = self.tracking.get_or_insert_with(Default::default);
-        let new_use = Use { stream, event: event.clone() };
+        let new_use = Use { stream, event };
         if access.writes() {
-            t.last_write = Some(new_use);
-            t.readers.clear();
+            if let Some(old) = t.last_write.replace(new_use) {
+                events.release(old.event);
+            }
+            for r in t.readers.drain(..) {
+                events.release(r.event);
+            }
         } else if let Some(r) = t.readers.iter_mut().find(|r| r.stream == stream) {
-            *r = new_use;
+            let old = std::mem::replace(r, new_use);
+            events.release(old.event);
         } else {
             t.readers.push(new_use);
+        }
+    }
+
+    /// Let go of every event the block holds (it is being freed).
+    fn release_tracking(&mut self, events: &mut Events) {
+        if let Some(t) = self.tracking.take() {
+            for u in t.last_write.iter().chain(t.readers.iter()) {
+                events.release(u.event);
+            }
         }
     }
 }
@@ -132,30 +156,26 @@ struct StreamPending {
 }
 
 struct SealedBatch {
-    event: Arc<PooledEvent>,
+    event: Ev,
     bytes: u64,
     blocks: u64,
 }
 
 #[derive(Default)]
 struct PoolState {
-    blocks: HashMap<Generation, BlockRecord>,
-    pending: HashMap<RawStream, StreamPending>,
+    blocks: FastMap<Generation, BlockRecord>,
+    pending: FastMap<RawStream, StreamPending>,
+    events: Events,
     live_bytes: u64,
     pending_bytes: u64,
     pending_blocks: u64,
     peak_outstanding: u64,
+    waits: u64,
 }
 
 impl PoolState {
     fn record(&self, id: &BlockId, ordinal: u32) -> ResourceResult<&BlockRecord> {
         let rec = self.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
-        check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal)?;
-        Ok(rec)
-    }
-
-    fn record_mut(&mut self, id: &BlockId, ordinal: u32) -> ResourceResult<&mut BlockRecord> {
-        let rec = self.blocks.get_mut(&id.generation).ok_or_else(|| stale(id))?;
         check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal)?;
         Ok(rec)
     }
@@ -191,29 +211,42 @@ pub(crate) fn check_matches(
 pub struct AsyncPool {
     device: Arc<dyn Device>,
     ordinal: u32,
-    events: Arc<EventPool>,
     state: Mutex<PoolState>,
-    waits: AtomicU64,
 }
 
 impl AsyncPool {
     pub fn new(device: Arc<dyn Device>) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
-        AsyncPool {
-            events: EventPool::new(device.clone()),
-            device,
-            ordinal,
-            state: Mutex::default(),
-            waits: AtomicU64::new(0),
-        }
+        AsyncPool { device, ordinal, state: Mutex::default() }
     }
 
-    fn wait_all(&self, stream: RawStream, events: &[Arc<PooledEvent>]) -> ResourceResult<()> {
-        for ev in events {
-            self.device.stream_wait_event(stream, ev.raw)?;
-            self.waits.fetch_add(1, Ordering::Relaxed);
+    /// Queue on `stream` a wait for each event (already deduplicated).
+    fn wait_all(&self, st: &mut PoolState, stream: RawStream, events: &[Ev]) -> ResourceResult<()> {
+        for &ev in events {
+            self.device.stream_wait_event(stream, st.events.raw(ev))?;
+            st.waits += 1;
         }
         Ok(())
+    }
+
+    /// Seal `p`'s unsealed frees (on `stream`) with one event.
+    fn seal(&self, events: &mut Events, stream: RawStream, p: &mut StreamPending) -> ResourceResult<()> {
+        if p.unsealed_blocks > 0 {
+            let event = events.record(&*self.device, stream)?;
+            p.sealed.push_back(SealedBatch { event, bytes: p.unsealed_bytes, blocks: p.unsealed_blocks });
+            p.unsealed_bytes = 0;
+            p.unsealed_blocks = 0;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AsyncPool {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slot in &st.events.slots {
+            self.device.destroy_event(slot.raw);
+        }
     }
 }
 
@@ -230,16 +263,21 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let mut st = lock(&self.state);
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
         let rec = st.record(id, self.ordinal)?;
-        let (stream, tag, size) = (rec.stream.raw, rec.tag, rec.size);
+        let (stream, tag, size, ptr) = (rec.stream.raw, rec.tag, rec.size, rec.ptr);
         if size > 0 {
             let mut waits = Vec::new();
             rec.waits_for(stream, Access::Write, &mut waits);
-            self.wait_all(stream, &waits)?;
-            self.device.free_async(rec.ptr, stream)?;
+            waits.sort_unstable();
+            waits.dedup();
+            self.wait_all(st, stream, &waits)?;
+            self.device.free_async(ptr, stream)?;
         }
-        st.blocks.remove(&id.generation);
+        if let Some(mut rec) = st.blocks.remove(&id.generation) {
+            rec.release_tracking(&mut st.events);
+        }
         st.live_bytes -= size;
         let state = if size > 0 {
             st.pending_bytes += size;
@@ -252,6 +290,12 @@ impl DeviceMemoryResource for AsyncPool {
             BlockState::Retired
         };
         Ok(DeviceBlock { id: *id, tag, state })
+    }
+
+    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        // A free moves bytes from live to pending: outstanding never drops
+        // here, only in reap.
+        (self.deallocate(id), 0)
     }
 
     fn device_ordinal(&self) -> u32 {
@@ -271,8 +315,8 @@ impl DeviceMemoryResource for AsyncPool {
             live_blocks: st.blocks.len() as u64,
             pending_blocks: st.pending_blocks,
             peak_outstanding_bytes: st.peak_outstanding,
-            cross_stream_waits: self.waits.load(Ordering::Relaxed),
-            events_recorded: self.events.recorded.load(Ordering::Relaxed),
+            cross_stream_waits: st.waits,
+            events_recorded: st.events.recorded,
         }
     }
 
@@ -299,25 +343,17 @@ impl DeviceMemoryResource for AsyncPool {
         let (mut bytes, mut blocks) = (0u64, 0u64);
         let mut first_error = None;
         for (&stream, p) in st.pending.iter_mut() {
-            if p.unsealed_blocks > 0 {
-                match self.events.record(stream) {
-                    Ok(event) => {
-                        p.sealed.push_back(SealedBatch { event, bytes: p.unsealed_bytes, blocks: p.unsealed_blocks });
-                        p.unsealed_bytes = 0;
-                        p.unsealed_blocks = 0;
-                    }
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
+            if let Err(e) = self.seal(&mut st.events, stream, p) {
+                first_error.get_or_insert(e);
             }
             // Batches of one stream complete in order: stop at the first
             // that is still running.
             while let Some(batch) = p.sealed.front() {
-                match self.device.event_query(batch.event.raw) {
+                match self.device.event_query(st.events.raw(batch.event)) {
                     Ok(true) => {
                         bytes += batch.bytes;
                         blocks += batch.blocks;
+                        st.events.release(batch.event);
                         p.sealed.pop_front();
                     }
                     Ok(false) => break,
@@ -338,26 +374,41 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn wait_pending(&self) -> ResourceResult<()> {
-        let mut to_wait = Vec::new();
+        let mut to_wait: Vec<(Ev, RawEvent)> = Vec::new();
         {
-            let mut st = lock(&self.state);
+            let mut guard = lock(&self.state);
+            let st = &mut *guard;
+            let mut result = Ok(());
             for (&stream, p) in st.pending.iter_mut() {
-                if p.unsealed_blocks > 0 {
-                    let event = self.events.record(stream)?;
-                    p.sealed.push_back(SealedBatch { event, bytes: p.unsealed_bytes, blocks: p.unsealed_blocks });
-                    p.unsealed_bytes = 0;
-                    p.unsealed_blocks = 0;
+                if let Err(e) = self.seal(&mut st.events, stream, p) {
+                    result = Err(e);
+                    break;
                 }
                 if let Some(last) = p.sealed.back() {
-                    to_wait.push(last.event.clone());
+                    to_wait.push((last.event, st.events.raw(last.event)));
                 }
+            }
+            if let Err(e) = result {
+                return Err(e);
+            }
+            // Held while we wait, so no one re-records them meanwhile.
+            for &(ev, _) in &to_wait {
+                st.events.hold(ev);
             }
         }
         // Blocking waits happen outside the lock.
-        for ev in to_wait {
-            self.device.event_synchronize(ev.raw)?;
+        let mut result = Ok(());
+        for &(_, raw) in &to_wait {
+            if let Err(e) = self.device.event_synchronize(raw) {
+                result = Err(e.into());
+                break;
+            }
         }
-        Ok(())
+        let mut st = lock(&self.state);
+        for &(ev, _) in &to_wait {
+            st.events.release(ev);
+        }
+        result
     }
 
     fn supports_block_use_tracking(&self) -> bool {
@@ -373,16 +424,12 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        let mut st = lock(&self.state);
-        st.record(block, self.ordinal)?;
-        let event = self.events.record(use_stream.raw)?;
-        st.record_mut(block, self.ordinal)?.record_use(use_stream.raw, access, &event);
-        Ok(())
+        self.finish_block_uses(use_stream, &[BlockUse { block: *block, access }])
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut st = lock(&self.state);
-        let mut waits: Vec<Arc<PooledEvent>> = Vec::new();
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
         // Blocks never used since allocation, now used on another stream:
         // the allocation is ordered on its own stream only (the pool may
         // hand out memory whose previous owner's work is still queued
@@ -394,42 +441,62 @@ impl DeviceMemoryResource for AsyncPool {
                 first_use_streams.push(rec.stream.raw);
             }
         }
-        first_use_streams.sort_unstable();
-        first_use_streams.dedup();
         // Record every fence before changing any block, so a failed record
         // leaves all state as it was.
-        let fences = first_use_streams
-            .iter()
-            .map(|&s| self.events.record(s).map(|e| (s, e)))
-            .collect::<ResourceResult<Vec<_>>>()?;
+        let mut fences: Vec<(RawStream, Ev)> = Vec::new();
+        if !first_use_streams.is_empty() {
+            first_use_streams.sort_unstable();
+            first_use_streams.dedup();
+            for &s in &first_use_streams {
+                match st.events.record(&*self.device, s) {
+                    Ok(ev) => fences.push((s, ev)),
+                    Err(e) => {
+                        for &(_, ev) in &fences {
+                            st.events.release(ev);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let mut waits: Vec<Ev> = Vec::new();
         for u in uses {
-            let rec = st.record_mut(&u.block, self.ordinal)?;
+            let rec = st.blocks.get_mut(&u.block.generation).expect("validated above");
             if rec.tracking.is_none() {
-                if let Some((_, fence)) = fences.iter().find(|(s, _)| *s == rec.stream.raw) {
+                if let Some(&(_, fence)) = fences.iter().find(|(s, _)| *s == rec.stream.raw) {
                     // The allocation counts as the block's first write.
-                    rec.record_use(rec.stream.raw, Access::Write, fence);
+                    let alloc_stream = rec.stream.raw;
+                    rec.record_use(&mut st.events, alloc_stream, Access::Write, fence);
                 }
             }
             rec.waits_for(stream.raw, u.access, &mut waits);
         }
+        for &(_, ev) in &fences {
+            st.events.release(ev);
+        }
         // One wait per distinct event: blocks finished by one launch share it.
-        waits.sort_by_key(|e| e.raw);
-        waits.dedup_by_key(|e| e.raw);
-        self.wait_all(stream.raw, &waits)
+        if waits.len() > 1 {
+            waits.sort_unstable();
+            waits.dedup();
+        }
+        self.wait_all(st, stream.raw, &waits)
     }
 
     fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut st = lock(&self.state);
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
         for u in uses {
             st.record(&u.block, self.ordinal)?;
         }
         if uses.is_empty() {
             return Ok(());
         }
-        let event = self.events.record(stream.raw)?;
+        let event = st.events.record(&*self.device, stream.raw)?;
         for u in uses {
-            st.record_mut(&u.block, self.ordinal)?.record_use(stream.raw, u.access, &event);
+            let rec = st.blocks.get_mut(&u.block.generation).expect("validated above");
+            rec.record_use(&mut st.events, stream.raw, u.access, event);
         }
+        st.events.release(event);
         Ok(())
     }
 }

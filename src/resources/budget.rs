@@ -109,9 +109,8 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let mut reserved = self.lock();
-        let before = self.inner.bytes_outstanding();
-        let result = self.inner.deallocate(block);
-        *reserved -= before - self.inner.bytes_outstanding();
+        let (result, released) = self.inner.deallocate_released(block);
+        *reserved -= released;
         result
     }
 

@@ -3,7 +3,7 @@
 //! a free here is immediate and cannot wait for uses on other streams, so
 //! callers must order their streams themselves.
 
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::async_pool::{check_matches, stale};
@@ -22,7 +22,7 @@ struct Record {
 
 #[derive(Default)]
 struct DirectState {
-    blocks: HashMap<Generation, Record>,
+    blocks: FastMap<Generation, Record>,
     live_bytes: u64,
     peak: u64,
 }

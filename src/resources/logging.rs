@@ -108,6 +108,14 @@ impl DeviceMemoryResource for LoggingResource {
         result
     }
 
+    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        let (result, released) = self.inner.deallocate_released(block);
+        if let Ok(b) = &result {
+            self.line("free", block.ptr, block.size, block.alloc_stream.0, b.tag);
+        }
+        (result, released)
+    }
+
     fn reap_pending(&self) -> ResourceResult<u64> {
         let r = self.inner.reap_pending();
         self.flush();

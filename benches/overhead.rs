@@ -1,0 +1,155 @@
+//! Runtime overhead without a device: the runtime and its default stack
+//! (Budget(AsyncPool), logging off) over a device whose calls do nothing,
+//! so what is timed is our bookkeeping alone — the part the GPU benchmark's
+//! ratios to raw cuMemAllocAsync / cuEventRecord are made of.
+//!
+//!   cargo bench --bench overhead
+//!
+//! Prints ns per allocate+free pair (reap every 64 pairs, as W1), per
+//! same-stream and cross-stream prepare+finish (as W4), and the pair on
+//! 1/4/8 threads, each on its own stream (as W3).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use xlog_cuda::device::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
+use xlog_cuda::{Access, Config, Runtime};
+
+/// A device that hands out fresh addresses and does nothing else.
+struct NullDevice {
+    next: AtomicU64,
+}
+
+impl Device for NullDevice {
+    fn backend(&self) -> Backend {
+        Backend::Sim
+    }
+    fn ordinal(&self) -> i32 {
+        0
+    }
+    fn name(&self) -> String {
+        "null".into()
+    }
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        Ok((u64::MAX / 2, u64::MAX / 2))
+    }
+    fn create_stream(&self) -> DeviceResult<RawStream> {
+        Ok(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+    fn destroy_stream(&self, _: RawStream) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn import_stream(&self, native: u64) -> DeviceResult<RawStream> {
+        Ok(native)
+    }
+    fn native_stream(&self, stream: RawStream) -> u64 {
+        stream
+    }
+    fn synchronize_stream(&self, _: RawStream) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn enqueue_host(&self, _: RawStream, f: HostFn) -> DeviceResult<()> {
+        f();
+        Ok(())
+    }
+    fn alloc_async(&self, bytes: u64, _: RawStream) -> DeviceResult<DevicePtr> {
+        Ok(self.next.fetch_add(bytes.div_ceil(256) * 256, Ordering::Relaxed))
+    }
+    fn free_async(&self, _: DevicePtr, _: RawStream) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn alloc_sync(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        self.alloc_async(bytes, 0)
+    }
+    fn free_sync(&self, _: DevicePtr) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn create_event(&self) -> DeviceResult<RawEvent> {
+        Ok(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+    fn destroy_event(&self, _: RawEvent) {}
+    fn record_event(&self, _: RawEvent, _: RawStream) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn event_query(&self, _: RawEvent) -> DeviceResult<bool> {
+        Ok(true)
+    }
+    fn event_synchronize(&self, _: RawEvent) -> DeviceResult<()> {
+        Ok(())
+    }
+}
+
+fn runtime() -> Arc<Runtime> {
+    let device: Arc<dyn Device> = Arc::new(NullDevice { next: AtomicU64::new(1 << 20) });
+    let config = Config { budget_bytes: 1 << 40, ..Config::default() };
+    Arc::new(Runtime::build(device, &config).expect("runtime"))
+}
+
+fn pairs(rt: &Runtime, n: u64) -> f64 {
+    let s = rt.acquire_stream().unwrap();
+    let t0 = Instant::now();
+    for i in 0..n {
+        let b = rt.allocate(1 << 20, s, "w1").unwrap();
+        rt.deallocate(&b.id).unwrap();
+        if i % 64 == 63 {
+            rt.reap().unwrap();
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    rt.release_stream(s).unwrap();
+    ns
+}
+
+fn main() {
+    let n = 2_000_000u64;
+    let rt = runtime();
+    pairs(&rt, n / 10);
+    println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
+
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let blk = rt.allocate(256, a, "w4").unwrap();
+    let t0 = Instant::now();
+    for _ in 0..n {
+        rt.prepare(&blk.id, a, Access::Write).unwrap();
+        rt.finish(&blk.id, a, Access::Write).unwrap();
+    }
+    println!("same-stream prepare+finish:    {:7.1} ns", t0.elapsed().as_nanos() as f64 / n as f64);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let s = if i % 2 == 0 { a } else { b };
+        rt.prepare(&blk.id, s, Access::Write).unwrap();
+        rt.finish(&blk.id, s, Access::Write).unwrap();
+    }
+    println!("cross-stream prepare+finish:   {:7.1} ns", t0.elapsed().as_nanos() as f64 / n as f64);
+    let uses: Vec<xlog_cuda::BlockUse> = (0..8)
+        .map(|_| xlog_cuda::BlockUse { block: rt.allocate(4096, a, "w4").unwrap().id, access: Access::Write })
+        .collect();
+    let t0 = Instant::now();
+    for i in 0..n / 4 {
+        let s = if i % 2 == 0 { a } else { b };
+        rt.prepare_all(s, &uses).unwrap();
+        rt.finish_all(s, &uses).unwrap();
+    }
+    println!("prepare_all+finish_all(8):     {:7.1} ns", t0.elapsed().as_nanos() as f64 / (n / 4) as f64);
+    for u in &uses {
+        rt.deallocate(&u.block).unwrap();
+    }
+    rt.deallocate(&blk.id).unwrap();
+    rt.drain().unwrap();
+
+    for threads in [1u64, 4, 8] {
+        let per = n / 4;
+        let t0 = Instant::now();
+        std::thread::scope(|sc| {
+            for _ in 0..threads {
+                sc.spawn(|| pairs(&rt, per));
+            }
+        });
+        let agg = (threads * per) as f64 / t0.elapsed().as_nanos() as f64 * 1000.0;
+        println!("pairs on {threads} threads: {agg:7.2} pairs/us aggregate");
+    }
+}
