@@ -109,6 +109,9 @@ fn main() {
     let rt = runtime();
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
+    if std::env::args().any(|a| a == "--pairs-only") {
+        return;
+    }
 
     let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
     let blk = rt.allocate(256, a, "w4").unwrap();

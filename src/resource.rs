@@ -239,9 +239,10 @@ pub trait DeviceMemoryResource: Send + Sync {
 
     /// `deallocate`, also saying by how much it lowered `bytes_outstanding`
     /// (what a budget above must release). The default observes the drop
-    /// around the call, which is right for any resource when the caller
-    /// serialises its deallocations; resources that know the drop without
-    /// two more looks at their counters override it.
+    /// around the call, which is exact only while no other call moves the
+    /// outstanding bytes meanwhile; every resource of this crate overrides it
+    /// with the exact figure, and so must any resource placed under a
+    /// budget that is called from several threads.
     fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         let before = self.bytes_outstanding();
         let result = self.deallocate(block);
@@ -264,7 +265,9 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn live_blocks(&self) -> Vec<LeakedBlock>;
 
     /// Retire pending frees whose GPU work has completed, without blocking.
-    /// Returns the bytes retired. A synchronous resource has nothing to do.
+    /// Returns the bytes retired, which is exactly how much
+    /// `bytes_outstanding` dropped (a budget above releases that much). A
+    /// synchronous resource has nothing to do.
     fn reap_pending(&self) -> ResourceResult<u64> {
         Ok(0)
     }

@@ -1,23 +1,32 @@
 //! `GlobalDeviceBudget`: one byte limit over everything that flows through it.
 //!
 //! Accounting: `reserved` equals `inner.bytes_outstanding()` (live + pending)
-//! at every quiescent moment. Every allocate, deallocate and reap runs under
-//! one lock with the inner call inside it, so no other budget operation can
-//! move the inner's outstanding bytes between our two samples:
+//! at every quiescent moment, and never exceeds the limit:
 //!
-//! - allocate checks `reserved + bytes <= limit`, reserves first, calls the
-//!   inner resource and rolls the reservation back if it fails;
-//! - deallocate and reap release exactly the drop they observe in the
-//!   inner's outstanding bytes. A synchronous inner drops by the block size
-//!   on free; a stream-ordered one does not move on free (the bytes become
-//!   pending and stay charged, because the GPU may still be using them) and
-//!   drops only when reap retires completed frees. One rule covers both.
+//! - allocate reserves `bytes` first — one compare-and-swap that succeeds
+//!   only while `reserved + bytes <= limit`, the atomic form of "check and
+//!   reserve under one lock" — then calls the inner resource and rolls the
+//!   reservation back if that fails;
+//! - deallocate and reap release exactly the drop in the inner's
+//!   outstanding bytes that the inner reports for that call
+//!   (`deallocate_released`, `reap_pending`). A synchronous inner drops by
+//!   the block size on free; a stream-ordered one does not move on free (the
+//!   bytes become pending and stay charged, because the GPU may still be
+//!   using them) and drops only when reap retires completed frees. One rule
+//!   covers both.
+//!
+//! Between the inner call and the release the reservation can only be
+//! higher than what the inner holds, never lower, so concurrent callers
+//! never see room that is not there. No lock is held across the inner call,
+//! so the budget adds two atomic operations to an allocate+free pair
+//! instead of a second lock.
 //!
 //! Under pressure an allocation that does not fit first reaps, then, with
-//! `wait_on_pressure`, waits (without the lock) for pending frees to finish
-//! and reaps again, and only then refuses with the numbers in the error.
+//! `wait_on_pressure`, waits for pending frees to finish and reaps again,
+//! and only then refuses with the numbers in the error.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::resource::{
     forward_to_inner, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
@@ -28,13 +37,13 @@ pub struct GlobalDeviceBudget {
     inner: Arc<dyn DeviceMemoryResource>,
     limit: u64,
     wait_on_pressure: bool,
-    reserved: Mutex<u64>,
+    reserved: AtomicU64,
 }
 
 impl GlobalDeviceBudget {
     pub fn new(inner: Arc<dyn DeviceMemoryResource>, limit: u64, wait_on_pressure: bool) -> Self {
         let reserved = inner.bytes_outstanding();
-        GlobalDeviceBudget { inner, limit, wait_on_pressure, reserved: Mutex::new(reserved) }
+        GlobalDeviceBudget { inner, limit, wait_on_pressure, reserved: AtomicU64::new(reserved) }
     }
 
     pub fn limit(&self) -> u64 {
@@ -43,34 +52,44 @@ impl GlobalDeviceBudget {
 
     /// Bytes charged to the budget (live + pending).
     pub fn reserved(&self) -> u64 {
-        *self.lock()
+        self.reserved.load(Ordering::Acquire)
     }
 
     pub fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.reserved())
     }
 
-    fn lock(&self) -> MutexGuard<'_, u64> {
-        self.reserved.lock().unwrap_or_else(|p| p.into_inner())
+    /// Reserve `bytes` if they fit under the limit; else the reservation
+    /// seen (unchanged).
+    fn try_reserve(&self, bytes: u64) -> Result<(), u64> {
+        let fits = |r: u64| r.checked_add(bytes).filter(|&total| total <= self.limit);
+        self.reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+            .map(|_| ())
     }
 
-    /// Reap under the lock and release what the inner really dropped.
-    fn reap_locked(&self, reserved: &mut u64) -> ResourceResult<u64> {
-        let before = self.inner.bytes_outstanding();
-        let result = self.inner.reap_pending();
-        let released = before - self.inner.bytes_outstanding();
-        *reserved -= released;
-        result.map(|_| released)
+    fn release(&self, bytes: u64) {
+        if bytes > 0 {
+            self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+        }
     }
 
-    fn refusal(&self, bytes: u64, reserved: u64) -> ResourceError {
+    /// Reap and release what the inner retired.
+    fn reap_and_release(&self) -> ResourceResult<u64> {
+        let retired = self.inner.reap_pending()?;
+        self.release(retired);
+        Ok(retired)
+    }
+
+    /// The refusal of `bytes` when the reservation stood at `seen`.
+    fn refusal(&self, bytes: u64, seen: u64) -> ResourceError {
         let usage = self.inner.usage();
         ResourceError::OutOfBudget {
             requested: bytes,
             live: usage.live_bytes,
             pending: usage.pending_bytes,
             limit: self.limit,
-            remaining: self.limit.saturating_sub(reserved),
+            remaining: self.limit.saturating_sub(seen),
         }
     }
 }
@@ -79,44 +98,47 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
     fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         let mut waited = false;
         loop {
-            let mut reserved = self.lock();
-            let fits = |r: u64| r.checked_add(bytes).is_some_and(|total| total <= self.limit);
-            if !fits(*reserved) {
+            let mut reserved = self.try_reserve(bytes);
+            if reserved.is_err() {
                 // Pressure: give back what has already completed.
-                let _ = self.reap_locked(&mut reserved);
+                let _ = self.reap_and_release();
+                reserved = self.try_reserve(bytes);
             }
-            if fits(*reserved) {
-                *reserved += bytes;
-                return match self.inner.allocate(bytes, stream, tag) {
-                    Ok(block) => Ok(block),
-                    Err(e) => {
-                        *reserved -= bytes;
-                        Err(e)
+            match reserved {
+                Ok(()) => {
+                    return match self.inner.allocate(bytes, stream, tag) {
+                        Ok(block) => Ok(block),
+                        Err(e) => {
+                            self.release(bytes);
+                            Err(e)
+                        }
+                    };
+                }
+                Err(seen) => {
+                    let pending = self.inner.usage().pending_bytes;
+                    // Waiting can only help if the pending bytes would make room.
+                    let could_fit = seen
+                        .saturating_sub(pending)
+                        .checked_add(bytes)
+                        .is_some_and(|total| total <= self.limit);
+                    if !self.wait_on_pressure || waited || pending == 0 || !could_fit {
+                        return Err(self.refusal(bytes, seen));
                     }
-                };
+                    self.inner.wait_pending()?;
+                    waited = true;
+                }
             }
-            let pending = self.inner.usage().pending_bytes;
-            // Waiting can only help if the pending bytes would make room.
-            let could_fit = fits(reserved.saturating_sub(pending));
-            if !self.wait_on_pressure || waited || pending == 0 || !could_fit {
-                return Err(self.refusal(bytes, *reserved));
-            }
-            drop(reserved);
-            self.inner.wait_pending()?;
-            waited = true;
         }
     }
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        let mut reserved = self.lock();
         let (result, released) = self.inner.deallocate_released(block);
-        *reserved -= released;
+        self.release(released);
         result
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
-        let mut reserved = self.lock();
-        self.reap_locked(&mut reserved)
+        self.reap_and_release()
     }
 
     forward_to_inner!();

@@ -74,6 +74,13 @@ impl DeviceMemoryResource for Direct {
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired })
     }
 
+    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        // A synchronous free gives the whole block back at once.
+        let result = self.deallocate(id);
+        let released = if result.is_ok() { id.size } else { 0 };
+        (result, released)
+    }
+
     fn device_ordinal(&self) -> u32 {
         self.ordinal
     }
