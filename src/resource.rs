@@ -42,11 +42,30 @@ impl fmt::Display for Generation {
 
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
+/// Generations a thread takes from the process-wide counter at a time, so
+/// threads allocating at once do not all hit one cache line.
+const GENERATION_BATCH: u64 = 1024;
+
 impl Generation {
     /// A fresh generation. Generation 0 is never issued, so a zeroed handle
-    /// is always rejected.
+    /// is always rejected. Each thread hands out generations from its own
+    /// batch of the process-wide counter: unique across the process and
+    /// increasing within a thread (not across threads).
     pub fn next() -> Generation {
-        Generation(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed))
+        thread_local! {
+            static BATCH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+        }
+        BATCH.with(|b| {
+            let (next, end) = b.get();
+            let g = if next < end {
+                next
+            } else {
+                NEXT_GENERATION.fetch_add(GENERATION_BATCH, Ordering::Relaxed)
+            };
+            let end = if next < end { end } else { g + GENERATION_BATCH };
+            b.set((g + 1, end));
+            Generation(g)
+        })
     }
 }
 
