@@ -20,6 +20,11 @@
 //!
 //! Handles: a `RawStream`/`RawEvent` is the `CUstream`/`CUevent` pointer
 //! value as a `u64`; stream 0 is the legacy default stream of the context.
+//!
+//! Fault injection (for the reliability tests on a GPU): allocation, free,
+//! event record and stream creation first ask the shared [`Faults`]
+//! counters, and an armed fault fails the call before the driver sees it,
+//! with the same [`DeviceError::InjectedFault`] the sim backend returns.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{self, AssertUnwindSafe};
@@ -28,6 +33,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
 
+use super::faults::{FaultKind, Faults};
 use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
@@ -236,6 +242,8 @@ pub struct CudaDevice {
     name: String,
     /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: `cuMemAllocAsync` works.
     pools_supported: bool,
+    /// Injected-fault countdowns (tests only; disarmed by default).
+    faults: Faults,
 }
 
 // Compile-time proof of the `Send + Sync` requirement of the `Device` trait.
@@ -265,7 +273,7 @@ impl CudaDevice {
         let name = device_name(device)?;
         let pools_supported = pools_supported(device)?;
         let context = retain_primary(device)?;
-        Ok(Arc::new(CudaDevice { ordinal, device, context, name, pools_supported }))
+        Ok(Arc::new(CudaDevice { ordinal, device, context, name, pools_supported, faults: Faults::default() }))
     }
 
     /// Whether the device supports stream-ordered allocation
@@ -405,6 +413,9 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> DeviceResult<RawStream> {
+        if self.faults.hit(FaultKind::StreamCreate) {
+            return Err(DeviceError::InjectedFault("cuda stream creation (cuStreamCreate)".into()));
+        }
         self.bind()?;
         let mut stream: sys::CUstream = ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
@@ -469,6 +480,9 @@ impl Device for CudaDevice {
             )));
         }
         let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Alloc) {
+            return Err(DeviceError::InjectedFault(format!("cuda allocation of {bytes} bytes (cuMemAllocAsync)")));
+        }
         self.bind()?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `dptr` is a local out-parameter; `stream` is a stream of
@@ -479,6 +493,9 @@ impl Device for CudaDevice {
     }
 
     fn free_async(&self, ptr: DevicePtr, stream: RawStream) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Free) {
+            return Err(DeviceError::InjectedFault(format!("cuda free of {ptr:#x} (cuMemFreeAsync)")));
+        }
         self.bind()?;
         // SAFETY: `ptr` is an address from `alloc_async` not yet freed
         // (resources guarantee this via generation checks); the driver only
@@ -491,6 +508,9 @@ impl Device for CudaDevice {
             return Err(DeviceError::Invalid("alloc_sync of 0 bytes".to_string()));
         }
         let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Alloc) {
+            return Err(DeviceError::InjectedFault(format!("cuda allocation of {bytes} bytes (cuMemAlloc)")));
+        }
         self.bind()?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `dptr` is a local out-parameter; our context is current.
@@ -500,6 +520,9 @@ impl Device for CudaDevice {
     }
 
     fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Free) {
+            return Err(DeviceError::InjectedFault(format!("cuda free of {ptr:#x} (cuMemFree)")));
+        }
         self.bind()?;
         // SAFETY: `ptr` is an address from `alloc_sync` not yet freed; the
         // driver validates it and touches no host memory.
@@ -524,6 +547,9 @@ impl Device for CudaDevice {
     }
 
     fn record_event(&self, event: RawEvent, stream: RawStream) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::EventRecord) {
+            return Err(DeviceError::InjectedFault(format!("cuda record of event {event:#x} (cuEventRecord)")));
+        }
         self.bind()?;
         // SAFETY: `event` and `stream` are live handles of our context (or a
         // default-stream handle, resolved in our current context).
@@ -552,6 +578,10 @@ impl Device for CudaDevice {
         // SAFETY: `event` is a live handle from `create_event`; the event
         // carries its own context, so none needs to be current.
         check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(as_event(event)) })
+    }
+
+    fn faults(&self) -> Option<&Faults> {
+        Some(&self.faults)
     }
 }
 
@@ -785,6 +815,33 @@ mod tests {
             }
             other => panic!("expected a driver error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn injected_faults_fail_before_the_driver() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.create_stream().unwrap();
+        let injected = |r: DeviceResult<()>, what: &str| match r {
+            Err(DeviceError::InjectedFault(m)) => assert!(m.starts_with("cuda "), "{what}: {m}"),
+            other => panic!("{what}: expected an injected fault, got {other:?}"),
+        };
+        dev.inject_fault(FaultKind::Alloc, 2).unwrap();
+        let p = dev.alloc_async(256, s).unwrap();
+        injected(dev.alloc_async(256, s).map(|_| ()), "second alloc_async");
+        dev.inject_fault(FaultKind::Free, 1).unwrap();
+        injected(dev.free_async(p, s), "free_async");
+        dev.free_async(p, s).unwrap();
+        dev.inject_fault(FaultKind::Alloc, 1).unwrap();
+        injected(dev.alloc_sync(256).map(|_| ()), "alloc_sync");
+        let e = dev.create_event().unwrap();
+        dev.inject_fault(FaultKind::EventRecord, 1).unwrap();
+        injected(dev.record_event(e, s), "record_event");
+        dev.record_event(e, s).unwrap();
+        dev.inject_fault(FaultKind::StreamCreate, 1).unwrap();
+        injected(dev.create_stream().map(|_| ()), "create_stream");
+        dev.synchronize_stream(s).unwrap();
+        dev.destroy_event(e);
+        dev.destroy_stream(s).unwrap();
     }
 
     /// Rough cost of one alloc/free pair through this backend (context

@@ -8,7 +8,10 @@
 use crate::error::DeviceError;
 
 pub mod cuda;
+pub mod faults;
 pub mod sim;
+
+pub use faults::{FaultKind, Faults};
 
 /// Backend stream handle (a `CUstream` value, or a sim stream index).
 pub type RawStream = u64;
@@ -88,8 +91,31 @@ pub trait Device: Send + Sync {
     /// Block until the event's latest record has completed.
     fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()>;
 
-    /// The sim device behind this trait object, for tests and fault injection.
+    /// The sim device behind this trait object, for tests that read and
+    /// write simulated device memory.
     fn as_sim(&self) -> Option<&sim::SimDevice> {
         None
+    }
+
+    /// This device's fault-injection counters, if it has any (both built-in
+    /// backends do; a stand-in device for benchmarks need not).
+    fn faults(&self) -> Option<&Faults> {
+        None
+    }
+
+    /// Fail the `nth` call of `kind` from now (1 = the next one); 0 disarms.
+    /// For reliability tests on any backend (see `faults.rs`).
+    fn inject_fault(&self, kind: FaultKind, nth: u64) -> DeviceResult<()> {
+        match self.faults() {
+            Some(faults) => {
+                faults.arm(kind, nth);
+                Ok(())
+            }
+            None => Err(DeviceError::Invalid(format!(
+                "the {} device {:?} does not support fault injection",
+                self.backend().name(),
+                self.name()
+            ))),
+        }
     }
 }

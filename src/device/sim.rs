@@ -18,8 +18,13 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, ThreadId};
 
+use super::faults::Faults;
 use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
+
+/// The fault kinds (kept at this path for existing users such as the C ABI's
+/// `xlog_sim_inject_fault`); the counters are shared with the CUDA backend.
+pub use super::faults::FaultKind;
 
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
 pub const SIM_ALIGNMENT: u64 = 256;
@@ -36,50 +41,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a host callback panicked while the sim held it;
     // the sim's own invariants are restored before any call that can panic.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Which operation an injected fault targets.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FaultKind {
-    Alloc,
-    Free,
-    EventRecord,
-    StreamCreate,
-}
-
-#[derive(Default)]
-struct Faults {
-    /// Countdown per kind: 0 = disarmed; n = fail the nth call from now.
-    alloc: AtomicU64,
-    free: AtomicU64,
-    event_record: AtomicU64,
-    stream_create: AtomicU64,
-}
-
-impl Faults {
-    fn slot(&self, kind: FaultKind) -> &AtomicU64 {
-        match kind {
-            FaultKind::Alloc => &self.alloc,
-            FaultKind::Free => &self.free,
-            FaultKind::EventRecord => &self.event_record,
-            FaultKind::StreamCreate => &self.stream_create,
-        }
-    }
-
-    /// Count one call of `kind`; true if this call is the one to fail.
-    fn hit(&self, kind: FaultKind) -> bool {
-        let slot = self.slot(kind);
-        let mut current = slot.load(Ordering::Relaxed);
-        loop {
-            if current == 0 {
-                return false;
-            }
-            match slot.compare_exchange_weak(current, current - 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return current == 1,
-                Err(actual) => current = actual,
-            }
-        }
-    }
 }
 
 /// Best-fit heap over the arena, in offsets from the arena base.
@@ -317,8 +278,9 @@ impl SimDevice {
     }
 
     /// Fail the `nth` call of `kind` from now (1 = the next one). 0 disarms.
+    /// (Infallible here; `Device::inject_fault` is the backend-neutral form.)
     pub fn inject_fault(&self, kind: FaultKind, nth: u64) {
-        self.faults.slot(kind).store(nth, Ordering::Release);
+        self.faults.arm(kind, nth);
     }
 
     fn base(&self) -> u64 {
@@ -614,6 +576,10 @@ impl Device for SimDevice {
 
     fn as_sim(&self) -> Option<&SimDevice> {
         Some(self)
+    }
+
+    fn faults(&self) -> Option<&Faults> {
+        Some(&self.faults)
     }
 }
 
