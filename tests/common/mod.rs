@@ -1,6 +1,11 @@
 //! Helpers shared by the integration tests: every resource stack on a fresh
 //! sim runtime, stream-ordered host probes (gates, readers, writers), state
 //! snapshots for "changes nothing" checks, and a tiny deterministic RNG.
+//!
+//! The reliability tests that also run on a GPU (tests/stress.rs,
+//! tests/fault_sweep.rs) pick their backend with [`test_backend`] from
+//! `XLOG_TEST_BACKEND` (sim by default) and reach block contents through a
+//! [`DataPlane`]; every other test stays on the sim backend.
 
 #![allow(dead_code)]
 
@@ -8,11 +13,12 @@
 /// (used by tests/model.rs and tests/fault_sweep.rs).
 pub mod model;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use xlog_cuda::device::sim::SimDevice;
@@ -82,6 +88,8 @@ impl fmt::Display for StackKind {
 /// Knobs a test may change; everything else is the library default.
 #[derive(Clone, Debug)]
 pub struct Opts {
+    /// Sim unless a test asks for [`test_backend`].
+    pub backend: Backend,
     /// Used only by the stacks that have a budget layer.
     pub budget_bytes: u64,
     pub capacity_bytes: u64,
@@ -91,7 +99,13 @@ pub struct Opts {
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { budget_bytes: MIB, capacity_bytes: 4 * MIB, wait_on_pressure: false, stream_pool_size: 16 }
+        Opts {
+            backend: Backend::Sim,
+            budget_bytes: MIB,
+            capacity_bytes: 4 * MIB,
+            wait_on_pressure: false,
+            stream_pool_size: 16,
+        }
     }
 }
 
@@ -105,8 +119,8 @@ pub fn temp_path(what: &str, ext: &str) -> PathBuf {
     ))
 }
 
-/// One stack on its own fresh sim runtime. The log file (if any) is removed
-/// when the stack is dropped.
+/// One stack on its own fresh runtime (sim unless `Opts::backend` says
+/// otherwise). The log file (if any) is removed when the stack is dropped.
 pub struct Stack {
     pub kind: StackKind,
     pub rt: Arc<Runtime>,
@@ -117,7 +131,7 @@ pub struct Stack {
 impl Stack {
     pub fn config(kind: StackKind, opts: &Opts, log_path: Option<PathBuf>) -> Config {
         Config {
-            backend: Backend::Sim,
+            backend: opts.backend,
             allocator: if kind.is_async() { AllocatorKind::Async } else { AllocatorKind::Direct },
             budget_bytes: if kind.has_budget() { opts.budget_bytes } else { 0 },
             stream_pool_size: opts.stream_pool_size,
@@ -131,7 +145,7 @@ impl Stack {
         let log_path = kind.has_logging().then(|| temp_path("log", "csv"));
         let cfg = Stack::config(kind, &opts, log_path.clone());
         let rt = Runtime::open(0, &cfg).unwrap_or_else(|e| panic!("[{kind}] open failed: {e}"));
-        assert_eq!(rt.backend(), Backend::Sim, "[{kind}]");
+        assert_eq!(rt.backend(), opts.backend, "[{kind}]");
         assert_eq!(rt.supports_tracking(), kind.is_async(), "[{kind}] supports_tracking");
         assert_eq!(rt.budget().is_some(), kind.has_budget(), "[{kind}] budget layer present");
         Stack { kind, rt, log_path, limit: kind.has_budget().then_some(opts.budget_bytes) }
@@ -400,6 +414,144 @@ pub fn assert_blocked<T: fmt::Debug>(rx: &Receiver<T>, what: &str) {
 /// The receiver's value, waiting at most `LONG`.
 pub fn recv<T>(rx: &Receiver<T>, what: &str) -> T {
     rx.recv_timeout(LONG).unwrap_or_else(|e| panic!("{what}: no result from the stream ({e})"))
+}
+
+// ----- backend selection (tests that can run on a GPU) -----
+
+/// The backend `XLOG_TEST_BACKEND` asks for: `sim` (the default) or `cuda`.
+///
+/// A CUDA run that finds no usable GPU is an error, never a quiet pass: this
+/// panics with the reason (driver missing, no device, `cuInit` failing), so
+/// a misconfigured GPU machine cannot report green without having tested.
+pub fn test_backend() -> Backend {
+    static CHOSEN: OnceLock<Result<Backend, String>> = OnceLock::new();
+    static KEEP_CONTEXT: OnceLock<Arc<xlog_cuda::device::cuda::CudaDevice>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| {
+        let requested = std::env::var("XLOG_TEST_BACKEND").unwrap_or_default();
+        match requested.trim().to_ascii_lowercase().as_str() {
+            "" | "sim" => Ok(Backend::Sim),
+            "cuda" => match xlog_cuda::device::cuda::device_count() {
+                Ok(n) if n > 0 => {
+                    let device = xlog_cuda::device::cuda::CudaDevice::open(0)
+                        .map_err(|e| format!("the driver reports {n} devices, but device 0 does not open: {e}"))?;
+                    println!(
+                        "XLOG_TEST_BACKEND=cuda: running on the CUDA backend, device 0 of {n}: {}",
+                        device.name()
+                    );
+                    // Keep device 0's primary context retained for the whole
+                    // process: the sweeps open and close a runtime thousands
+                    // of times, and the last release would destroy the
+                    // context (and its memory pool) every time.
+                    KEEP_CONTEXT.get_or_init(|| device);
+                    Ok(Backend::Cuda)
+                }
+                Ok(n) => Err(format!("the driver reports {n} CUDA devices")),
+                Err(e) => Err(e.to_string()),
+            }
+            .map_err(|why| {
+                format!(
+                    "XLOG_TEST_BACKEND=cuda, but no GPU is usable here ({why}). A requested CUDA run \
+                     without a GPU is an error, not a skip; unset XLOG_TEST_BACKEND to run on the sim backend"
+                )
+            }),
+            other => Err(format!("XLOG_TEST_BACKEND={other:?} is not a backend (expected sim or cuda)")),
+        }
+    });
+    match chosen {
+        Ok(b) => *b,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// Serializes tests that open a CUDA runtime: on CUDA the runtime of an
+/// ordinal is one process-wide singleton, and a second open with another
+/// stack or budget is refused, so two such tests cannot overlap. On sim
+/// (independent runtimes) nothing is held and tests run in parallel.
+pub fn backend_serial(backend: Backend) -> Option<MutexGuard<'static, ()>> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    (backend != Backend::Sim).then(|| SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Where host "kernels" (stream-ordered host callbacks) read and write the
+/// contents of blocks.
+///
+/// - Sim: the sim device's real memory, as before.
+/// - CUDA: a host callback (`cuLaunchHostFunc`) may neither touch device
+///   memory nor call the driver, so the contents live in a host-side shadow
+///   keyed by device address. Only host callbacks read and write it, and
+///   those run in stream order on the real GPU streams, so it checks the
+///   same thing the sim memory does: a missing or wrong cross-stream wait
+///   shows up as a reader seeing a value other than the last writer's.
+///   (What it cannot see is a GPU kernel touching freed memory; that is
+///   what compute-sanitizer memcheck over the CUDA kernel tests is for.)
+#[derive(Clone)]
+pub enum DataPlane {
+    Sim(Arc<dyn Device>),
+    Shadow(Arc<Mutex<HashMap<u64, u8>>>),
+}
+
+impl DataPlane {
+    pub fn for_runtime(rt: &Runtime) -> DataPlane {
+        if rt.sim().is_some() {
+            DataPlane::Sim(rt.device().clone())
+        } else {
+            DataPlane::Shadow(Arc::default())
+        }
+    }
+
+    pub fn describe(&self) -> &'static str {
+        match self {
+            DataPlane::Sim(_) => "sim device memory",
+            DataPlane::Shadow(_) => "host shadow of device memory, written and read by stream-ordered host callbacks",
+        }
+    }
+
+    fn shadow(m: &Mutex<HashMap<u64, u8>>) -> MutexGuard<'_, HashMap<u64, u8>> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn fill(&self, ptr: u64, len: u64, byte: u8) -> Result<(), String> {
+        match self {
+            DataPlane::Sim(d) => sim_of(d).fill(ptr, len, byte).map_err(|e| e.to_string()),
+            DataPlane::Shadow(m) => {
+                let mut mem = DataPlane::shadow(m);
+                for a in ptr..ptr + len {
+                    mem.insert(a, byte);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes never written read as 0 on the shadow (the model never checks
+    /// a block before a launch wrote it).
+    pub fn read(&self, ptr: u64, len: u64) -> Result<Vec<u8>, String> {
+        match self {
+            DataPlane::Sim(d) => sim_of(d).read(ptr, len).map_err(|e| e.to_string()),
+            DataPlane::Shadow(m) => {
+                let mem = DataPlane::shadow(m);
+                Ok((ptr..ptr + len).map(|a| mem.get(&a).copied().unwrap_or(0)).collect())
+            }
+        }
+    }
+
+    pub fn write_u64(&self, ptr: u64, value: u64) -> Result<(), String> {
+        match self {
+            DataPlane::Sim(d) => sim_of(d).write_u64(ptr, value).map_err(|e| e.to_string()),
+            DataPlane::Shadow(m) => {
+                let mut mem = DataPlane::shadow(m);
+                for (a, b) in (ptr..).zip(value.to_le_bytes()) {
+                    mem.insert(a, b);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn read_u64(&self, ptr: u64) -> Result<u64, String> {
+        let bytes = self.read(ptr, 8)?;
+        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+    }
 }
 
 // ----- misc -----

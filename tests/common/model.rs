@@ -25,6 +25,15 @@
 //!
 //! The harness is used by `tests/model.rs` (random sequences, proptest) and
 //! `tests/fault_sweep.rs` (a fixed workload with injected faults).
+//!
+//! On the CUDA backend (`HarnessOpts::backend`, used by the fault sweep when
+//! `XLOG_TEST_BACKEND=cuda`) everything above is checked the same way except
+//! what only the sim can show: the device's own bytes in use (the CUDA pool
+//! keeps freed memory cached) is not compared, launch kernels keep their
+//! data in a host shadow (see `DataPlane`), the "too big for the device"
+//! size is the GPU's total memory plus one, and a size beyond the device
+//! may be refused by the driver as out of memory or as an invalid value
+//! (either is accepted, the rollback is checked the same way).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -34,15 +43,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::strategy::Union;
-use xlog_cuda::device::sim::FaultKind;
-use xlog_cuda::device::Device;
+use xlog_cuda::device::{Device, FaultKind};
 use xlog_cuda::resource::Usage;
 use xlog_cuda::{
-    Access, BlockId, BlockState, BlockUse, Generation, ResourceError, ResourceResult, Stats,
+    Access, Backend, BlockId, BlockState, BlockUse, Generation, ResourceError, ResourceResult, Stats,
     StreamId,
 };
 
-use super::{gate, Gate, Opts, Stack, StackKind};
+use super::{gate, DataPlane, Gate, Opts, Stack, StackKind};
 
 // ----- the operation language -----
 
@@ -236,7 +244,7 @@ struct MBlock {
 #[derive(Clone, Debug)]
 struct MStream {
     id: StreamId,
-    /// The sim stream behind the id (pooled streams live until close).
+    /// The device stream behind the id (pooled streams live until close).
     raw: u64,
     live: bool,
     host_enqueued: u64,
@@ -316,7 +324,9 @@ impl Model {
 /// How the harness opens its runtime.
 #[derive(Clone, Debug)]
 pub struct HarnessOpts {
+    pub backend: Backend,
     pub budget_bytes: u64,
+    /// Sim device memory; on CUDA replaced by the GPU's total memory.
     pub capacity_bytes: u64,
     pub wait_on_pressure: bool,
     pub pool_capacity: u32,
@@ -327,6 +337,7 @@ pub struct HarnessOpts {
 impl HarnessOpts {
     pub fn for_stack(kind: StackKind) -> HarnessOpts {
         HarnessOpts {
+            backend: Backend::Sim,
             budget_bytes: 64 * 1024,
             // Without a budget nothing bounds the live bytes but the device:
             // 60 operations of at most 64 KiB stay far below 16 MiB, so a
@@ -469,12 +480,14 @@ enum Site {
     Acquire,
 }
 
+/// Both backends word their injected faults alike ("sim allocation of …",
+/// "cuda allocation of … (cuMemAllocAsync)").
 fn fault_matches(kind: FaultKind, site: Site, message: &str) -> bool {
     match (kind, site) {
-        (FaultKind::Alloc, Site::Alloc) => message.contains("sim allocation of"),
-        (FaultKind::Free, Site::Free) => message.contains("sim free of"),
-        (FaultKind::EventRecord, Site::Event) => message.contains("sim record of event"),
-        (FaultKind::StreamCreate, Site::Acquire) => message.contains("sim stream creation"),
+        (FaultKind::Alloc, Site::Alloc) => message.contains(" allocation of "),
+        (FaultKind::Free, Site::Free) => message.contains(" free of "),
+        (FaultKind::EventRecord, Site::Event) => message.contains(" record of event "),
+        (FaultKind::StreamCreate, Site::Acquire) => message.contains(" stream creation"),
         _ => false,
     }
 }
@@ -492,6 +505,8 @@ pub struct Harness {
     pub opts: HarnessOpts,
     pub m: Model,
     dev: Arc<dyn Device>,
+    /// Where launch kernels keep block contents.
+    data: DataPlane,
     data_errors: Shared<Vec<String>>,
     /// Block reads by kernels that matched program order.
     reads_verified: Arc<AtomicU64>,
@@ -513,6 +528,7 @@ impl Harness {
         let st = Stack::open(
             kind,
             Opts {
+                backend: opts.backend,
                 budget_bytes: opts.budget_bytes,
                 capacity_bytes: opts.capacity_bytes,
                 wait_on_pressure: opts.wait_on_pressure,
@@ -520,12 +536,19 @@ impl Harness {
             },
         );
         let dev = st.rt.device().clone();
+        let data = DataPlane::for_runtime(&st.rt);
+        let mut opts = opts;
+        if st.rt.sim().is_none() {
+            // What the device can never hold is what it has, plus one.
+            opts.capacity_bytes = dev.mem_info().map_err(|e| fail!("mem_info: {e}"))?.1;
+        }
         let mut h = Harness {
             st,
             kind,
             opts: opts.clone(),
             m: Model::default(),
             dev,
+            data,
             data_errors: Arc::default(),
             reads_verified: Arc::default(),
             host: Arc::default(),
@@ -546,17 +569,22 @@ impl Harness {
         self.kind.has_budget().then_some(self.opts.budget_bytes)
     }
 
-    /// Let the harness accept one injected fault of `kind` (armed on the sim
-    /// to fire at the `nth` call from now).
+    /// Let the harness accept one injected fault of `kind` (armed on the
+    /// device, sim or CUDA, to fire at the `nth` call from now).
     pub fn arm_fault(&mut self, kind: FaultKind, nth: u64) {
         self.fault = Some(kind);
-        self.st.sim().inject_fault(kind, nth);
+        self.dev.inject_fault(kind, nth).expect("the device supports fault injection");
     }
 
     pub fn disarm_fault(&mut self) {
         if let Some(kind) = self.fault.take() {
-            self.st.sim().inject_fault(kind, 0);
+            self.dev.inject_fault(kind, 0).expect("the device supports fault injection");
         }
+    }
+
+    /// The device under the runtime (for probing an armed fault).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
     }
 
     /// Every step so far with its outcome.
@@ -691,14 +719,16 @@ impl Harness {
             _ => return Err(fail!("budget layer presence disagrees with the stack kind")),
         }
         // The device holds every live block; freed blocks only until their
-        // stream's worker runs the free.
-        let in_use = self.st.sim().bytes_in_use();
-        let lower = m.live_heap_bytes();
-        ensure!(
-            in_use >= lower && in_use <= lower + m.maybe_in_heap,
-            "sim bytes in use {in_use} outside [{lower}, {}]",
-            lower + m.maybe_in_heap
-        );
+        // stream's worker runs the free. (Sim only: the CUDA pool caches.)
+        if let Some(sim) = self.st.rt.sim() {
+            let in_use = sim.bytes_in_use();
+            let lower = m.live_heap_bytes();
+            ensure!(
+                in_use >= lower && in_use <= lower + m.maybe_in_heap,
+                "sim bytes in use {in_use} outside [{lower}, {}]",
+                lower + m.maybe_in_heap
+            );
+        }
         let u = self.st.rt.stream_usage();
         ensure_eq!(
             (u.capacity, u.in_use, u.created),
@@ -845,13 +875,27 @@ impl Harness {
                 );
             }
         }
+        let device_refuses = size > 0 && heap_bytes_checked(size).map_or(true, |b| b > self.opts.capacity_bytes);
+        if device_refuses && self.st.rt.sim().is_none() {
+            // The CUDA driver may refuse a size beyond the device as an
+            // invalid value instead of out of memory; either is a refusal
+            // that must change nothing (checked after the step).
+            if let Err(ResourceError::Driver(msg)) = &r {
+                if !msg.contains("injected fault") {
+                    ensure!(msg.contains("cuMemAlloc"), "allocate {size}: unexpected driver error {msg}");
+                    self.m.failed_allocations += 1;
+                    self.tally.add("out of memory");
+                    *note = format!("err driver refused {size}: {msg} {note}");
+                    return Ok(());
+                }
+            }
+        }
         if self.take_fault(&r, Site::Alloc, "allocate")? {
             ensure!(size > 0, "a zero-byte allocation reached the device");
             self.m.failed_allocations += 1;
             *note = format!("err injected alloc fault {size} {note}");
             return Ok(());
         }
-        let device_refuses = size > 0 && heap_bytes_checked(size).is_none_or(|b| b > self.opts.capacity_bytes);
         if device_refuses {
             self.m.failed_allocations += 1;
             self.tally.add("out of memory");
@@ -1077,15 +1121,14 @@ impl Harness {
                 writes.push((i, id.ptr, len));
             }
         }
-        let dev = self.dev.clone();
+        let data = self.data.clone();
         let errors = self.data_errors.clone();
         let verified = self.reads_verified.clone();
         let step = self.step_no;
         let write_ranges: Vec<(u64, u64)> = writes.iter().map(|&(_, p, l)| (p, l)).collect();
         let kernel = Box::new(move || {
-            let sim = dev.as_sim().expect("sim backend");
             for (id, len, expected) in &reads {
-                match sim.read(id.ptr, *len) {
+                match data.read(id.ptr, *len) {
                     Ok(bytes) if bytes.iter().all(|b| b == expected) => {
                         verified.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1099,7 +1142,7 @@ impl Harness {
                 }
             }
             for (ptr, len) in &write_ranges {
-                if let Err(e) = sim.fill(*ptr, *len, value) {
+                if let Err(e) = data.fill(*ptr, *len, value) {
                     lock(&errors).push(format!("launch at step #{step}: write failed: {e}"));
                 }
             }
@@ -1176,8 +1219,9 @@ impl Harness {
         ensure!(id.0 > self.m.max_stream_id, "stream id {id} not fresh (max so far {})", self.m.max_stream_id);
         self.m.max_stream_id = id.0;
         let native = self.st.rt.native_stream(id).map_err(|e| fail!("native of stream {id}: {e:?}"))?;
-        // A sim-tagged native handle maps back to its stream without creating one.
-        let raw = Device::import_stream(self.st.sim(), native).map_err(|e| fail!("raw of stream {id}: {e}"))?;
+        // A sim-tagged native handle maps back to its stream without creating
+        // one; on CUDA the native handle is the raw one.
+        let raw = self.dev.import_stream(native).map_err(|e| fail!("raw of stream {id}: {e}"))?;
         self.m.streams.push(MStream { id, raw, live: true, host_enqueued: 0 });
         self.m.pooled_in_use += 1;
         if creates {
@@ -1272,12 +1316,12 @@ impl Harness {
         raws.sort_unstable();
         raws.dedup();
         for raw in raws {
-            Device::synchronize_stream(self.st.sim(), raw).map_err(|e| fail!("quiesce: stream {raw}: {e}"))?;
+            self.dev.synchronize_stream(raw).map_err(|e| fail!("quiesce: stream {raw}: {e}"))?;
         }
         Ok(())
     }
 
-    /// The sim stream behind the first stream the harness acquired.
+    /// The device stream behind the first stream the harness acquired.
     pub fn first_raw_stream(&self) -> Option<u64> {
         self.m.streams.first().map(|s| s.raw)
     }
@@ -1303,7 +1347,9 @@ impl Harness {
             (0, 0, 0, 0, 0),
             "after freeing everything and draining"
         );
-        ensure_eq!(self.st.sim().bytes_in_use(), 0, "device bytes in use after drain");
+        if let Some(sim) = self.st.rt.sim() {
+            ensure_eq!(sim.bytes_in_use(), 0, "device bytes in use after drain");
+        }
         if let Some(limit) = self.limit() {
             ensure_eq!(s.budget_remaining, limit, "the whole budget is back");
         }
@@ -1325,7 +1371,7 @@ impl Harness {
         let expected: Vec<(Generation, u64, String)> =
             expected.into_iter().map(|(g, s, t)| (g, s, t.to_string())).collect();
         ensure_eq!(leaked, expected, "leak report at close");
-        ensure!(!report.still_shared, "a sim runtime is never shared");
+        ensure!(!report.still_shared, "the harness is the runtime's only opener (CUDA tests run one at a time)");
         // Close synchronized every stream: all queued host work has run.
         let log = lock(&self.host);
         for s in &self.m.streams {
