@@ -251,6 +251,12 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
+        // A CUDA runtime is a process-wide singleton held by the registry
+        // until its last close: close it here (a test that failed half way
+        // included) so the next test opens a fresh one with its own stack.
+        if self.rt.sim().is_none() && !self.rt.is_closed() {
+            let _ = self.rt.close();
+        }
         if let Some(p) = &self.log_path {
             let _ = std::fs::remove_file(p);
         }
