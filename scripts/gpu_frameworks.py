@@ -209,6 +209,7 @@ def scenario_oom(r: Result, workdir: str) -> None:
     import torch
 
     r.metrics["torch_version"] = torch.__version__
+    r.info("how refusals reach PyTorch", xt.oom_shim())
     oom_error = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
     # 1. What does PyTorch do with the hook's NULL? Probe with torch.empty:

@@ -35,7 +35,9 @@ def _probe(package_root, env_library=None):
     env["PYTHONPATH"] = str(package_root)
     if env_library is not None:
         env["XLOG_CUDA_LIBRARY"] = str(env_library)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
+    # cwd: `python -c` puts it first on sys.path, so it must not hold another xlog_cuda.
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=str(package_root))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -13,9 +13,11 @@ docs/frameworks.md for what changes and what does not.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import threading
+import warnings
 from typing import Any, Optional, Set, Union
 
 from . import _library, interop
@@ -23,7 +25,7 @@ from ._config import Backend, SizeLike
 from ._errors import InvalidArgumentError
 from ._runtime import Stats
 
-__all__ = ["enable", "is_enabled", "stats", "record_stream"]
+__all__ = ["enable", "is_enabled", "stats", "record_stream", "oom_shim"]
 
 _WHO = "xlog_cuda.torch.enable"
 
@@ -33,6 +35,9 @@ class _Enabled:
     allocator: Any  # the CUDAPluggableAllocator; kept alive with the process
     library: str
     devices: Set[int]
+    # The OOM shim's path, or None with the reason it is not in use.
+    shim: Optional[str]
+    shim_problem: str
 
 
 _lock = threading.Lock()
@@ -81,7 +86,18 @@ def enable(
             )
         interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
         path = _library.library_path()
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "xlog_torch_malloc", "xlog_torch_free")
+        shim, problem = _oom_shim(torch)
+        if shim is not None:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(shim, "xlog_shim_torch_malloc", "xlog_shim_torch_free")
+        else:
+            warnings.warn(
+                f"{_WHO}: without the OOM shim ({problem}) a refused allocation reaches PyTorch as a NULL "
+                "it does not check (pytorch/pytorch#133280): the tensor gets data_ptr() 0 instead of "
+                "torch.OutOfMemoryError being raised. Check xlog_cuda.last_error() or stats().failed_allocations.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "xlog_torch_malloc", "xlog_torch_free")
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
@@ -90,7 +106,50 @@ def enable(
                 "allocator is in place already (another pluggable allocator, or PyTorch's own after "
                 "CUDA memory was used); call enable() before anything else touches CUDA."
             ) from e
-        _state = _Enabled(allocator=allocator, library=path, devices={device})
+        _state = _Enabled(allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem)
+
+
+_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_oom_shim.cpp")
+
+
+def _oom_shim(torch) -> "tuple[Optional[str], str]":
+    """Build (once per PyTorch version, cached) and bind the shim that turns
+    a refused allocation into torch.OutOfMemoryError; (path, "") or (None,
+    why not). XLOG_TORCH_OOM_SHIM=0 turns it off."""
+    if os.environ.get("XLOG_TORCH_OOM_SHIM", "1") == "0":
+        return None, "XLOG_TORCH_OOM_SHIM=0"
+    try:
+        from torch.utils import cpp_extension
+
+        tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        build = os.path.join(cache, "xlog_cuda", f"torch_oom_shim_{tag}")
+        os.makedirs(build, exist_ok=True)
+        name = "xlog_torch_oom_shim"
+        cpp_extension.load(name=name, sources=[_SHIM_SOURCE], build_directory=build,
+                           is_python_module=False, verbose=False)
+        shim = os.path.join(build, name + ".so")
+        lib = _library.load()
+        addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+        handle = ctypes.CDLL(shim)
+        handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 3
+        handle.xlog_shim_bind.restype = None
+        handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free),
+                              addr(lib.xlog_last_error_message))
+        return shim, ""
+    except Exception as e:  # noqa: BLE001 - any build problem falls back, with the reason
+        return None, f"building it failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+
+
+def oom_shim() -> str:
+    """How refused allocations reach PyTorch: "torch.OutOfMemoryError (shim
+    PATH)" or why the shim is not in use (then PyTorch gets an unchecked
+    NULL). Empty before `enable()`."""
+    if _state is None:
+        return ""
+    if _state.shim is not None:
+        return f"torch.OutOfMemoryError (shim {_state.shim})"
+    return f"no shim: {_state.shim_problem}"
 
 
 def is_enabled() -> bool:
