@@ -28,10 +28,6 @@ pub enum FaultKind {
     StreamCreate,
 }
 
-impl FaultKind {
-    pub const ALL: [FaultKind; 4] = [FaultKind::Alloc, FaultKind::Free, FaultKind::EventRecord, FaultKind::StreamCreate];
-}
-
 /// One countdown per fault kind.
 #[derive(Debug, Default)]
 pub struct Faults {
