@@ -132,10 +132,9 @@ def _oom_shim(torch) -> "tuple[Optional[str], str]":
         lib = _library.load()
         addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
         handle = ctypes.CDLL(shim)
-        handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 3
+        handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 2
         handle.xlog_shim_bind.restype = None
-        handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free),
-                              addr(lib.xlog_last_error_message))
+        handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free))
         return shim, ""
     except Exception as e:  # noqa: BLE001 - any build problem falls back, with the reason
         return None, f"building it failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
