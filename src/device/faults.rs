@@ -54,11 +54,6 @@ impl Faults {
         self.slot(kind).store(nth, Ordering::Release);
     }
 
-    /// How many calls of `kind` remain until the armed one (0 = disarmed).
-    pub fn remaining(&self, kind: FaultKind) -> u64 {
-        self.slot(kind).load(Ordering::Acquire)
-    }
-
     /// Count one call of `kind`; true if this call is the one to fail. A
     /// fault fires once and the slot is then disarmed. Concurrent callers
     /// each take one step of the countdown, so exactly one of them fires.
@@ -86,13 +81,11 @@ mod tests {
     fn fires_once_on_the_nth_call_per_kind() {
         let f = Faults::default();
         f.arm(FaultKind::Free, 3);
-        assert_eq!(f.remaining(FaultKind::Free), 3);
         assert!(!f.hit(FaultKind::Alloc), "other kinds are not counted");
         assert!(!f.hit(FaultKind::Free));
         assert!(!f.hit(FaultKind::Free));
         assert!(f.hit(FaultKind::Free));
         assert!(!f.hit(FaultKind::Free), "a fault fires once");
-        assert_eq!(f.remaining(FaultKind::Free), 0);
         f.arm(FaultKind::EventRecord, 1);
         f.arm(FaultKind::EventRecord, 0);
         assert!(!f.hit(FaultKind::EventRecord), "0 disarms");
