@@ -359,6 +359,14 @@ fn fault_sweep_async() {
 #[test]
 fn fault_sweep_direct() {
     let (backend, _serial) = begin("fault_sweep_direct");
+    if backend != Backend::Sim {
+        // cuMemFree synchronizes the device, so a free while the workload's
+        // gated host callback is queued waits for a gate that only this
+        // thread opens: the sweep would hang, not fail. Direct's fault
+        // paths are swept on sim; on CUDA the async stacks are.
+        println!("[fault_sweep_direct] on {}: skipped (cuMemFree waits for the gated host callback this thread holds)", backend.name());
+        return;
+    }
     let started = Instant::now();
     let s = sweep(StackKind::Direct, backend);
     check_and_print(StackKind::Direct, backend, started, &s);
@@ -392,6 +400,10 @@ fn random_workload_sweep(kind: StackKind, sequences: u64) {
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
     let (backend, _serial) = begin(&format!("random workloads {kind}"));
+    if backend != Backend::Sim && kind == StackKind::Direct {
+        println!("[random workloads {kind}] on {}: skipped (cuMemFree waits for gated host callbacks; see fault_sweep_direct)", backend.name());
+        return;
+    }
     let started = Instant::now();
     let (mut runs, mut surfaced, mut absorbed) = (0u64, 0u64, 0u64);
     for seq in 0..sequences {
