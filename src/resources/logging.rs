@@ -101,11 +101,7 @@ impl DeviceMemoryResource for LoggingResource {
     }
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        let result = self.inner.deallocate(block);
-        if let Ok(b) = &result {
-            self.line("free", block.ptr, block.size, block.alloc_stream.0, b.tag);
-        }
-        result
+        self.deallocate_released(block).0
     }
 
     fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
