@@ -16,6 +16,24 @@
 
 
 /*
+ The granularity `cuMemAlloc` (and the sim) hand memory out in: a
+ one-byte block takes this much of the device.
+ */
+#define DIRECT_GRANULARITY 256
+
+/*
+ Granularity of the smallest classes.
+ */
+#define MIN_CLASS_STEP 512
+
+/*
+ A cached class serves a request when class ≤ request class × 9/8.
+ */
+#define MAX_FIT_NUM 9
+
+#define MAX_FIT_DEN 8
+
+/*
  Version of this header; `xlog_version()` gives the library's at run time.
  */
 #define XLOG_VERSION_MAJOR 0
@@ -74,19 +92,45 @@ typedef struct xlog_config {
    */
   uint64_t sim_capacity_bytes;
   /*
-   Wait for pending frees before refusing with OUT_OF_BUDGET (0 or 1).
+   Wait for pending frees before refusing with OUT_OF_BUDGET or
+   OUT_OF_MEMORY (0 or 1).
    */
   uint8_t wait_on_pressure;
+  /*
+   Cache freed blocks per stream for reuse (0 or 1; default 1, env
+   `XLOG_CACHE`). Async allocator only; 0 frees every block to the
+   driver.
+   */
+  uint8_t cache;
+  /*
+   Freed memory (bytes) xlog's driver pool keeps mapped at
+   synchronisation points; UINT64_MAX (the default, env
+   `XLOG_POOL_RELEASE_THRESHOLD`, e.g. `max` or `2GiB`) keeps all.
+   */
+  uint64_t pool_release_threshold;
 } xlog_config;
 
 /*
- Runtime statistics.
+ Runtime statistics. Byte counts are device bytes (sizes rounded up to
+ what the allocator really hands out).
+
+ Set `struct_size = sizeof(xlog_stats)` before calling `xlog_get_stats`:
+ the library fills only the fields that fit in `struct_size`, so a caller
+ built against an older, shorter header keeps working.
  */
 typedef struct xlog_stats {
+  /*
+   Set by the caller to `sizeof(xlog_stats)`.
+   */
+  uint32_t struct_size;
   uint64_t live_bytes;
+  /*
+   Freed to the driver, the GPU not yet seen past the free.
+   */
   uint64_t pending_bytes;
   /*
-   live + pending.
+   live + cached + pending: what xlog holds from the driver, and what
+   the budget charges.
    */
   uint64_t outstanding_bytes;
   uint64_t peak_outstanding_bytes;
@@ -103,6 +147,21 @@ typedef struct xlog_stats {
   uint64_t allocations;
   uint64_t deallocations;
   uint64_t failed_allocations;
+  /*
+   Freed blocks kept in the per-stream caches for reuse.
+   */
+  uint64_t cached_bytes;
+  uint64_t cached_blocks;
+  /*
+   Allocations served from a cache / from the driver.
+   */
+  uint64_t cache_hits;
+  uint64_t cache_misses;
+  /*
+   Memory the driver's pool holds for xlog on CUDA
+   (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
+   */
+  uint64_t reserved_bytes;
 } xlog_stats;
 
 /*
@@ -364,6 +423,15 @@ xlog_status xlog_finish_all(struct xlog_runtime *rt, xlog_stream stream, const s
  `reclaimed_bytes` (may be NULL) receives the bytes released.
  */
 xlog_status xlog_reap(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
+
+/*
+ Give cached memory back to the driver until at most `keep_bytes` stay
+ cached (`keep_bytes = 0` empties every stream's cache, like
+ `torch.cuda.empty_cache()`). Waits for those frees to complete, so the
+ budget and `reserved_bytes` drop by what was released. `released_bytes`
+ (may be NULL) receives the cached bytes handed back.
+ */
+xlog_status xlog_trim(struct xlog_runtime *rt, uint64_t keep_bytes, uint64_t *released_bytes);
 
 /*
  Wait until every free queued so far has completed, then reap.

@@ -28,6 +28,13 @@ pub struct Config {
     pub log_path: Option<PathBuf>,
     pub sim_capacity_bytes: u64,
     pub wait_on_pressure: bool,
+    /// Cache freed blocks per stream (async allocator only; DESIGN.md
+    /// "Stream-ordered caching"). Off restores free-to-driver.
+    pub cache: bool,
+    /// Bytes of freed memory xlog's driver pool keeps mapped at
+    /// synchronisation points; `u64::MAX` keeps all (the default: the
+    /// budget and `trim` bound it).
+    pub pool_release_threshold: u64,
 }
 
 impl Default for Config {
@@ -40,13 +47,15 @@ impl Default for Config {
             log_path: None,
             sim_capacity_bytes: DEFAULT_SIM_CAPACITY,
             wait_on_pressure: false,
+            cache: true,
+            pool_release_threshold: u64::MAX,
         }
     }
 }
 
 impl Config {
-    /// Defaults overridden by `XLOG_BACKEND`, `XLOG_BUDGET_BYTES` and
-    /// `XLOG_LOG_PATH`. A malformed value is an error naming the variable
+    /// Defaults overridden by `XLOG_BACKEND`, `XLOG_BUDGET_BYTES`,
+    /// `XLOG_LOG_PATH`, `XLOG_CACHE` and `XLOG_POOL_RELEASE_THRESHOLD`. A malformed value is an error naming the variable
     /// and the value, never a silent default.
     pub fn from_env() -> Result<Config, ResourceError> {
         let mut cfg = Config::default();
@@ -65,6 +74,17 @@ impl Config {
         }
         if let Some(v) = get("XLOG_LOG_PATH") {
             self.log_path = if v.is_empty() { None } else { Some(PathBuf::from(v)) };
+        }
+        if let Some(v) = get("XLOG_CACHE") {
+            self.cache = match v.trim() {
+                "1" => true,
+                "0" => false,
+                _ => return Err(env_error("XLOG_CACHE", &v, "expected 0 or 1")),
+            };
+        }
+        if let Some(v) = get("XLOG_POOL_RELEASE_THRESHOLD") {
+            self.pool_release_threshold =
+                parse_threshold(&v).map_err(|m| env_error("XLOG_POOL_RELEASE_THRESHOLD", &v, &m))?;
         }
         Ok(())
     }
@@ -91,6 +111,14 @@ pub fn parse_backend(text: &str) -> Result<Backend, String> {
         "sim" => Ok(Backend::Sim),
         _ => Err("expected one of auto, cuda, sim".into()),
     }
+}
+
+/// A release threshold: `max` (keep all freed memory mapped) or a size.
+pub fn parse_threshold(text: &str) -> Result<u64, String> {
+    if text.trim().eq_ignore_ascii_case("max") {
+        return Ok(u64::MAX);
+    }
+    parse_size(text).map_err(|m| format!("{m}, or max"))
 }
 
 /// Parse a byte count: a plain integer, or a number with a unit — `B`,
@@ -171,5 +199,27 @@ mod tests {
         assert!(msg.contains("XLOG_BUDGET_BYTES") && msg.contains("lots"), "{msg}");
         let err = Config::default().apply_env(|n| (n == "XLOG_BACKEND").then(|| "tpu".into())).unwrap_err();
         assert!(err.to_string().contains("tpu"));
+    }
+
+    #[test]
+    fn cache_and_release_threshold_from_env() {
+        let mut cfg = Config::default();
+        assert!(cfg.cache, "the cache is on by default");
+        assert_eq!(cfg.pool_release_threshold, u64::MAX, "the pool keeps its memory by default");
+        cfg.apply_env(|n| match n {
+            "XLOG_CACHE" => Some("0".into()),
+            "XLOG_POOL_RELEASE_THRESHOLD" => Some("256MiB".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(!cfg.cache);
+        assert_eq!(cfg.pool_release_threshold, 256 << 20);
+        cfg.apply_env(|n| (n == "XLOG_POOL_RELEASE_THRESHOLD").then(|| "MAX".into())).unwrap();
+        assert_eq!(cfg.pool_release_threshold, u64::MAX);
+        for (name, bad) in [("XLOG_CACHE", "yes"), ("XLOG_CACHE", "2"), ("XLOG_POOL_RELEASE_THRESHOLD", "lots")] {
+            let err = Config::default().apply_env(|n| (n == name).then(|| bad.to_string())).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(name) && msg.contains(bad), "{msg}");
+        }
     }
 }

@@ -26,10 +26,10 @@ pub enum ResourceError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error(
-        "out of budget: requested {requested} bytes, live {live}, pending {pending}, \
-         limit {limit}, remaining {remaining}"
+        "out of budget: requested {requested} bytes, live {live}, cached {cached}, \
+         pending {pending}, limit {limit}, remaining {remaining}"
     )]
-    OutOfBudget { requested: u64, live: u64, pending: u64, limit: u64, remaining: u64 },
+    OutOfBudget { requested: u64, live: u64, cached: u64, pending: u64, limit: u64, remaining: u64 },
     #[error("out of device memory: requested {requested} bytes: {detail}")]
     OutOfMemory { requested: u64, detail: String },
     #[error("driver error: {0}")]

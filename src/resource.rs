@@ -102,12 +102,14 @@ pub struct BlockUse {
     pub access: Access,
 }
 
-/// Lifecycle of a block: Live → Pending (freed, GPU not done yet) → Retired.
-/// Quarantined is for debug-guard resources that never hand an address out
-/// again.
+/// Lifecycle of a block: Live → Cached (freed into its stream's cache; the
+/// generation is dead, the memory is kept for reuse) or Pending (freed to
+/// the driver, GPU not done yet) → Retired. Quarantined is for debug-guard
+/// resources that never hand an address out again.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum BlockState {
     Live,
+    Cached,
     Pending,
     Retired,
     Quarantined,
@@ -198,6 +200,10 @@ pub struct DeviceBlock {
     pub id: BlockId,
     pub tag: AllocTag,
     pub state: BlockState,
+    /// Device bytes the block takes: its size rounded up to what the
+    /// allocator really hands out (a size class, or the driver's
+    /// granularity). This is what budgets, stats and the log count.
+    pub held: u64,
 }
 
 impl DeviceBlock {
@@ -206,15 +212,24 @@ impl DeviceBlock {
     }
 }
 
-/// Byte and block counts of a resource. `outstanding = live + pending`.
+/// Byte and block counts of a resource. All byte counts are device bytes
+/// (sizes rounded up as `DeviceBlock::held`).
+/// `outstanding = live + cached + pending`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub live_bytes: u64,
     pub pending_bytes: u64,
     pub live_blocks: u64,
     pub pending_blocks: u64,
+    /// Freed blocks kept in the per-stream caches for reuse.
+    pub cached_bytes: u64,
+    pub cached_blocks: u64,
+    /// Allocations served from a cache, and those that went to the driver.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
     pub peak_outstanding_bytes: u64,
-    /// Cross-stream waits queued by prepare and deallocate (tracking only).
+    /// Cross-stream waits queued by prepare, deallocate and cross-stream
+    /// cache hand-outs (tracking only).
     pub cross_stream_waits: u64,
     /// Events recorded by finish and reap (tracking only).
     pub events_recorded: u64,
@@ -222,8 +237,40 @@ pub struct Usage {
 
 impl Usage {
     pub fn outstanding_bytes(&self) -> u64 {
-        self.live_bytes + self.pending_bytes
+        self.live_bytes + self.cached_bytes + self.pending_bytes
     }
+}
+
+/// Permission to take new memory from the driver. A budget above a
+/// resource passes itself down as the gate, so a caching resource asks
+/// for bytes only when it really grows (a cache hit is already paid for).
+pub trait ChargeGate: Sync {
+    /// Charge `bytes`, or refuse (with the error to report) when they do
+    /// not fit.
+    fn try_charge(&self, bytes: u64) -> ResourceResult<()>;
+    /// Give back `bytes` charged earlier: a rolled-back charge, or memory
+    /// the resource has returned to the driver and seen released.
+    fn uncharge(&self, bytes: u64);
+}
+
+/// The gate of a stack without a budget: everything fits.
+pub struct NoCharge;
+
+impl ChargeGate for NoCharge {
+    fn try_charge(&self, _bytes: u64) -> ResourceResult<()> {
+        Ok(())
+    }
+    fn uncharge(&self, _bytes: u64) {}
+}
+
+/// What `trim` did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Cached bytes handed back to the driver.
+    pub released: u64,
+    /// How far `bytes_outstanding` dropped (frees seen complete), which a
+    /// budget above releases.
+    pub retired: u64,
 }
 
 /// A live block reported when a runtime closes.
@@ -247,8 +294,20 @@ fn no_tracking(what: &str) -> ResourceError {
 pub trait DeviceMemoryResource: Send + Sync {
     /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
     /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag)
-        -> ResourceResult<DeviceBlock>;
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        self.allocate_gated(bytes, stream, tag, &NoCharge)
+    }
+
+    /// `allocate`, asking `gate` before taking new memory from the driver
+    /// (and telling it about memory retired meanwhile), so that
+    /// `bytes_outstanding` never grows past what the gate allowed.
+    fn allocate_gated(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock>;
 
     /// Return a block. Its allocation stream is authoritative for ordering:
     /// a tracking resource first makes it wait for every recorded use on
@@ -271,7 +330,8 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// CUDA ordinal (or sim ordinal) the resource serves.
     fn device_ordinal(&self) -> u32;
 
-    /// Live plus pending (freed, not yet retired) bytes.
+    /// Live plus cached plus pending (freed, not yet retired) bytes: what
+    /// the resource holds from the driver.
     fn bytes_outstanding(&self) -> u64;
 
     /// Byte and block counts.
@@ -296,6 +356,32 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// can wait without holding its lock.
     fn wait_pending(&self) -> ResourceResult<()> {
         Ok(())
+    }
+
+    /// Hand cached memory back to the driver, largest and coldest blocks
+    /// first, until at most `keep_bytes` stay cached; wait for those frees
+    /// and retire them. A resource without a cache has nothing to do.
+    fn trim(&self, _keep_bytes: u64) -> ResourceResult<Trimmed> {
+        Ok(Trimmed::default())
+    }
+
+    /// Pressure: an allocation of `need` bytes did not fit. Give at least
+    /// `need` cached bytes back to the driver (largest first, every
+    /// stream), with `wait` block until pending frees complete, and retire
+    /// what completed. Returns the bytes retired (the drop of
+    /// `bytes_outstanding`).
+    fn relieve_pressure(&self, _need: u64, wait: bool) -> ResourceResult<u64> {
+        if wait {
+            self.wait_pending()?;
+        }
+        self.reap_pending()
+    }
+
+    /// `stream` is going away (an imported stream released): nothing may
+    /// be queued on it later, so its cached blocks go back to the driver
+    /// now. Returns the bytes retired.
+    fn retire_stream(&self, _stream: RawStream) -> ResourceResult<u64> {
+        Ok(0)
     }
 
     // Block-use tracking. The defaults refuse with StreamMisuse instead of
@@ -355,7 +441,9 @@ pub trait DeviceMemoryResource: Send + Sync {
 }
 
 /// Forward to `self.inner` every method a decorator does not change: the
-/// byte counts, waiting, validation and the tracking methods.
+/// byte counts, waiting, validation and the tracking methods. The methods
+/// that retire memory (`reap_pending`, `trim`, `relieve_pressure`,
+/// `retire_stream`) are not here: a decorator says what it does with them.
 macro_rules! forward_to_inner {
     () => {
         fn bytes_outstanding(&self) -> u64 {
@@ -367,6 +455,7 @@ macro_rules! forward_to_inner {
         fn wait_pending(&self) -> $crate::resource::ResourceResult<()> {
             self.inner.wait_pending()
         }
+
         fn supports_block_use_tracking(&self) -> bool {
             self.inner.supports_block_use_tracking()
         }

@@ -19,6 +19,8 @@ use crate::resource::{
     Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
     ResourceError, ResourceResult, StreamId, Usage,
 };
+use crate::resource::Trimmed;
+use crate::resources::async_pool::PoolOptions;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
 
@@ -38,6 +40,14 @@ pub struct Stats {
     pub allocations: u64,
     pub deallocations: u64,
     pub failed_allocations: u64,
+    pub cached_bytes: u64,
+    pub cached_blocks: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// What the driver's pool holds for this runtime (CUDA:
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of xlog's own pool); on sim,
+    /// or without a pool, the bytes xlog holds (`outstanding_bytes`).
+    pub reserved_bytes: u64,
 }
 
 /// What `close` found.
@@ -139,17 +149,21 @@ impl Runtime {
         if mine.allocator != config.allocator
             || mine.budget_bytes != config.budget_bytes
             || mine.log_path != config.log_path
+            || mine.cache != config.cache
         {
             return Err(ResourceError::InvalidArgument(format!(
-                "device {} already has an open runtime (allocator {:?}, budget {} bytes, log {:?}); \
-                 a second open must ask for the same (asked allocator {:?}, budget {} bytes, log {:?})",
+                "device {} already has an open runtime (allocator {:?}, budget {} bytes, log {:?}, \
+                 cache {}); a second open must ask for the same (asked allocator {:?}, budget {} \
+                 bytes, log {:?}, cache {})",
                 self.device.ordinal(),
                 mine.allocator,
                 mine.budget_bytes,
                 mine.log_path,
+                mine.cache as u8,
                 config.allocator,
                 config.budget_bytes,
-                config.log_path
+                config.log_path,
+                config.cache as u8
             )));
         }
         Ok(())
@@ -159,7 +173,11 @@ impl Runtime {
     /// layers the config does not ask for.
     pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
-            AllocatorKind::Async => Arc::new(AsyncPool::new(device.clone())),
+            AllocatorKind::Async => {
+                device.use_private_pool(config.pool_release_threshold)?;
+                let options = PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure };
+                Arc::new(AsyncPool::with_options(device.clone(), options))
+            }
             AllocatorKind::Direct => Arc::new(Direct::new(device.clone())),
         };
         let mut logging = None;
@@ -250,6 +268,12 @@ impl Runtime {
 
     pub fn release_stream(&self, id: StreamId) -> ResourceResult<()> {
         let _g = self.enter()?;
+        let s = self.streams.resolve(id)?;
+        if self.streams.is_imported(id) {
+            // The owner may destroy an imported stream once we let go of it:
+            // nothing of ours may stay queued for it.
+            self.stack.retire_stream(s.raw)?;
+        }
         self.streams.release(id)
     }
 
@@ -347,6 +371,15 @@ impl Runtime {
         self.stack.reap_pending()
     }
 
+    /// Give cached memory back to the driver until at most `keep_bytes`
+    /// stay cached (the role of `torch.cuda.empty_cache()`): waits for
+    /// those frees, retires them and asks the driver's pool to unmap what
+    /// it no longer needs.
+    pub fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
+        let _g = self.enter()?;
+        self.stack.trim(keep_bytes)
+    }
+
     /// Block until every queued free has completed, then reap.
     pub fn drain(&self) -> ResourceResult<u64> {
         // As in `synchronize`: the wait holds the lifecycle lock shared so
@@ -383,6 +416,11 @@ impl Runtime {
             allocations: self.counters.allocations.load(Ordering::Relaxed),
             deallocations: self.counters.deallocations.load(Ordering::Relaxed),
             failed_allocations: self.counters.failed_allocations.load(Ordering::Relaxed),
+            cached_bytes: u.cached_bytes,
+            cached_blocks: u.cached_blocks,
+            cache_hits: u.cache_hits,
+            cache_misses: u.cache_misses,
+            reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
         }
     }
 
@@ -434,6 +472,10 @@ impl Runtime {
             if let Err(e) = self.stack.deallocate(&block.id) {
                 first_error.get_or_insert(e);
             }
+        }
+        // Everything cached goes back to the driver (trim waits for it).
+        if let Err(e) = self.stack.trim(0) {
+            first_error.get_or_insert(e);
         }
         if let Err(e) = self.stack.wait_pending() {
             first_error.get_or_insert(e);

@@ -139,6 +139,11 @@ impl StreamPool {
         }
     }
 
+    /// Whether `id` is a live imported (foreign) stream.
+    pub fn is_imported(&self, id: StreamId) -> bool {
+        self.read().active.get(&id).is_some_and(|e| matches!(e.origin, Origin::Imported { .. }))
+    }
+
     pub fn native(&self, id: StreamId) -> ResourceResult<u64> {
         let s = self.resolve(id)?;
         Ok(self.device.native_stream(s.raw))

@@ -66,6 +66,12 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuEventSynchronize",
     "cuEventDestroy_v2",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemAllocFromPoolAsync",
 ];
 
 /// Special stream handles that name a default stream rather than an owned
@@ -244,6 +250,9 @@ pub struct CudaDevice {
     pools_supported: bool,
     /// Injected-fault countdowns (tests only; disarmed by default).
     faults: Faults,
+    /// xlog's own memory pool (`CUmemoryPool` value), once
+    /// `use_private_pool` made it; `alloc_async` draws from it.
+    pool: OnceLock<u64>,
 }
 
 // Compile-time proof of the `Send + Sync` requirement of the `Device` trait.
@@ -273,7 +282,15 @@ impl CudaDevice {
         let name = device_name(device)?;
         let pools_supported = pools_supported(device)?;
         let context = retain_primary(device)?;
-        Ok(Arc::new(CudaDevice { ordinal, device, context, name, pools_supported, faults: Faults::default() }))
+        Ok(Arc::new(CudaDevice {
+            ordinal,
+            device,
+            context,
+            name,
+            pools_supported,
+            faults: Faults::default(),
+            pool: OnceLock::new(),
+        }))
     }
 
     /// Whether the device supports stream-ordered allocation
@@ -362,8 +379,25 @@ fn retain_primary(device: sys::CUdevice) -> DeviceResult<u64> {
     Ok(context as usize as u64)
 }
 
+/// Set one 64-bit attribute of a memory pool.
+fn set_pool_u64(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, value: u64) -> DeviceResult<()> {
+    let mut v: u64 = value;
+    // SAFETY: `pool` is a live pool we created; the u64-valued attributes
+    // (thresholds, high-water marks) take a pointer to a cuuint64_t, which
+    // `v` is for the duration of the call.
+    check("cuMemPoolSetAttribute", unsafe {
+        sys::cuMemPoolSetAttribute(pool, attr, (&mut v as *mut u64).cast::<c_void>())
+    })
+}
+
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if let Some(&pool) = self.pool.get() {
+            // SAFETY: the pool is ours and nothing allocates from it once
+            // the device is dropped; the driver releases it when its last
+            // outstanding allocation or queued free is done.
+            let _ = unsafe { sys::cuMemPoolDestroy(pool as usize as sys::CUmemoryPool) };
+        }
         // SAFETY: balances the single retain made in `open`. The result is
         // ignored: at process exit the driver may already be deinitialised
         // (CUDA_ERROR_DEINITIALIZED), and there is nothing to do about it.
@@ -468,6 +502,64 @@ impl Device for CudaDevice {
         check("cuLaunchHostFunc", r)
     }
 
+    fn use_private_pool(&self, release_threshold: u64) -> DeviceResult<()> {
+        if self.pool.get().is_some() || !self.pools_supported {
+            // No pool support: alloc_async reports that on first use.
+            return Ok(());
+        }
+        if self.faults.hit(FaultKind::PoolCreate) {
+            return Err(DeviceError::InjectedFault(format!(
+                "cuda memory pool creation on device {} (cuMemPoolCreate)",
+                self.ordinal
+            )));
+        }
+        self.bind()?;
+        // SAFETY: CUmemPoolProps is plain data (enums, ints, a null pointer,
+        // reserved bytes); all-zero is its documented "unset" state, which
+        // we then fill in.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = self.ordinal;
+        let mut pool: sys::CUmemoryPool = ptr::null_mut();
+        // SAFETY: `pool` is a local out-parameter and `props` a fully
+        // initialised local; our context is current.
+        check("cuMemPoolCreate", unsafe { sys::cuMemPoolCreate(&mut pool, &props) })?;
+        let threshold = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        if let Err(e) = set_pool_u64(pool, threshold, release_threshold) {
+            // SAFETY: the pool was created above and nothing allocated from it.
+            let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+            return Err(e);
+        }
+        if self.pool.set(pool as usize as u64).is_err() {
+            // Another thread made one first: keep theirs.
+            // SAFETY: as above, ours is unused.
+            let _ = unsafe { sys::cuMemPoolDestroy(pool) };
+        }
+        Ok(())
+    }
+
+    fn pool_reserved_bytes(&self) -> Option<u64> {
+        let pool = *self.pool.get()?;
+        let mut value: u64 = 0;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
+        // SAFETY: `pool` is our live pool; the attribute is a cuuint64_t
+        // written to the local `value`.
+        let r = unsafe {
+            sys::cuMemPoolGetAttribute(pool as usize as sys::CUmemoryPool, attr, (&mut value as *mut u64).cast::<c_void>())
+        };
+        (r == CUresult::CUDA_SUCCESS).then_some(value)
+    }
+
+    fn trim_pool(&self) {
+        if let Some(&pool) = self.pool.get() {
+            // SAFETY: `pool` is our live pool; trimming only unmaps memory
+            // the pool holds unused. A failure leaves the memory mapped.
+            let _ = unsafe { sys::cuMemPoolTrimTo(pool as usize as sys::CUmemoryPool, 0) };
+        }
+    }
+
     fn alloc_async(&self, bytes: u64, stream: RawStream) -> DeviceResult<DevicePtr> {
         if bytes == 0 {
             return Err(DeviceError::Invalid("alloc_async of 0 bytes".to_string()));
@@ -485,6 +577,16 @@ impl Device for CudaDevice {
         }
         self.bind()?;
         let mut dptr: sys::CUdeviceptr = 0;
+        if let Some(&pool) = self.pool.get() {
+            // SAFETY: `dptr` is a local out-parameter; `pool` is our live
+            // pool; `stream` is a stream of our context (or a default-stream
+            // handle); our context is current.
+            let r = unsafe {
+                sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool as usize as sys::CUmemoryPool, as_stream(stream))
+            };
+            self.alloc_result("cuMemAllocFromPoolAsync", r, bytes)?;
+            return Ok(dptr);
+        }
         // SAFETY: `dptr` is a local out-parameter; `stream` is a stream of
         // our context (or a default-stream handle); our context is current.
         let r = unsafe { sys::cuMemAllocAsync(&mut dptr, size, as_stream(stream)) };

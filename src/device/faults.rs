@@ -26,6 +26,8 @@ pub enum FaultKind {
     EventRecord,
     /// `create_stream` (`cuStreamCreate`); imported streams are not counted.
     StreamCreate,
+    /// Creation of xlog's own memory pool (`use_private_pool`).
+    PoolCreate,
 }
 
 /// One countdown per fault kind.
@@ -36,6 +38,7 @@ pub struct Faults {
     free: AtomicU64,
     event_record: AtomicU64,
     stream_create: AtomicU64,
+    pool_create: AtomicU64,
 }
 
 impl Faults {
@@ -45,6 +48,7 @@ impl Faults {
             FaultKind::Free => &self.free,
             FaultKind::EventRecord => &self.event_record,
             FaultKind::StreamCreate => &self.stream_create,
+            FaultKind::PoolCreate => &self.pool_create,
         }
     }
 

@@ -79,6 +79,34 @@ pub trait Device: Send + Sync {
     /// Synchronous free (`cuMemFree`).
     fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()>;
 
+    /// Route `alloc_async` through a memory pool of xlog's own (on CUDA,
+    /// `cuMemPoolCreate`; the device's default pool, which other libraries
+    /// share, is left as it is), keeping up to `release_threshold` bytes of
+    /// freed memory mapped at synchronisation points (`u64::MAX` = keep
+    /// all). Idempotent; the sim backend has nothing to create but counts
+    /// the call for fault injection.
+    fn use_private_pool(&self, release_threshold: u64) -> DeviceResult<()> {
+        let _ = release_threshold;
+        if self.faults().is_some_and(|f| f.hit(FaultKind::PoolCreate)) {
+            return Err(DeviceError::InjectedFault(format!(
+                "{} memory pool creation on device {}",
+                self.backend().name(),
+                self.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes the driver's pool holds for us (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`),
+    /// or `None` where there is no such pool (sim, or no pool created).
+    fn pool_reserved_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// Ask the driver's pool to unmap the free memory it keeps
+    /// (`cuMemPoolTrimTo(pool, 0)`); no-op without a pool.
+    fn trim_pool(&self) {}
+
     /// Create an event with timing disabled (cheap to record and query).
     fn create_event(&self) -> DeviceResult<RawEvent>;
     fn destroy_event(&self, event: RawEvent);

@@ -150,6 +150,8 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
         log_path: cfg.log_path.as_deref().map_or(std::ptr::null(), interned_path),
         sim_capacity_bytes: cfg.sim_capacity_bytes,
         wait_on_pressure: cfg.wait_on_pressure as u8,
+        cache: cfg.cache as u8,
+        pool_release_threshold: cfg.pool_release_threshold,
     };
 }
 
@@ -178,6 +180,9 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
     if c.wait_on_pressure > 1 {
         return Err(invalid(format!("wait_on_pressure is {} (must be 0 or 1)", c.wait_on_pressure)));
     }
+    if c.cache > 1 {
+        return Err(invalid(format!("cache is {} (must be 0 or 1)", c.cache)));
+    }
     let log_path = if c.log_path.is_null() {
         None
     } else {
@@ -198,6 +203,8 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
         log_path,
         sim_capacity_bytes: c.sim_capacity_bytes,
         wait_on_pressure: c.wait_on_pressure == 1,
+        cache: c.cache == 1,
+        pool_release_threshold: c.pool_release_threshold,
     };
     config.validate()?;
     Ok(config)
@@ -205,6 +212,7 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
 
 fn stats_of(s: &Stats) -> xlog_stats {
     xlog_stats {
+        struct_size: std::mem::size_of::<xlog_stats>() as u32,
         live_bytes: s.live_bytes,
         pending_bytes: s.pending_bytes,
         outstanding_bytes: s.outstanding_bytes,
@@ -216,7 +224,40 @@ fn stats_of(s: &Stats) -> xlog_stats {
         allocations: s.allocations,
         deallocations: s.deallocations,
         failed_allocations: s.failed_allocations,
+        cached_bytes: s.cached_bytes,
+        cached_blocks: s.cached_blocks,
+        cache_hits: s.cache_hits,
+        cache_misses: s.cache_misses,
+        reserved_bytes: s.reserved_bytes,
     }
+}
+
+/// Size of the first `xlog_stats` layout (through `failed_allocations`):
+/// the smallest `struct_size` a caller may pass.
+const STATS_V1_SIZE: usize = std::mem::offset_of!(xlog_stats, failed_allocations) + 8;
+
+/// Copy the fields of `stats` that fit in the caller's `struct_size`.
+fn write_stats(out: *mut xlog_stats, stats: &xlog_stats) -> Result<(), ResourceError> {
+    // SAFETY: `out` was checked non-NULL; the caller guarantees at least
+    // `struct_size` writable bytes there, and the leading u32 is readable.
+    let declared = unsafe { std::ptr::addr_of!((*out).struct_size).read() } as usize;
+    if declared < STATS_V1_SIZE {
+        return Err(invalid(format!(
+            "stats struct_size is {declared}: set it to sizeof(xlog_stats) ({} with this header) \
+             before calling xlog_get_stats (at least {STATS_V1_SIZE})",
+            std::mem::size_of::<xlog_stats>()
+        )));
+    }
+    let n = declared.min(std::mem::size_of::<xlog_stats>());
+    let mut filled = *stats;
+    filled.struct_size = n as u32;
+    // SAFETY: both regions are valid for `n` bytes (ours is a whole
+    // xlog_stats, n ≤ its size; the caller's holds `declared` ≥ n bytes)
+    // and do not overlap (ours is a local).
+    unsafe {
+        std::ptr::copy_nonoverlapping((&filled as *const xlog_stats).cast::<u8>(), out.cast::<u8>(), n);
+    }
+    Ok(())
 }
 
 fn with_runtime(
@@ -295,6 +336,8 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             log_path: std::ptr::null(),
             sim_capacity_bytes: 0,
             wait_on_pressure: 0,
+            cache: 0,
+            pool_release_threshold: 0,
         };
         let mut config = Config::default();
         let env = config.apply_env(|name| std::env::var(name).ok());
@@ -387,10 +430,7 @@ pub extern "C" fn xlog_runtime_backend(rt: *mut xlog_runtime, out: *mut xlog_bac
 pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) -> xlog_status {
     boundary("xlog_get_stats", || {
         out_ptr(out, "out")?;
-        with_runtime(rt, |r| {
-            write_out(out, stats_of(&r.stats()?));
-            Ok(())
-        })
+        with_runtime(rt, |r| write_stats(out, &stats_of(&r.stats()?)))
     })
 }
 
@@ -605,6 +645,24 @@ pub extern "C" fn xlog_reap(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) ->
             let bytes = r.reap()?;
             if !reclaimed_bytes.is_null() {
                 write_out(reclaimed_bytes, bytes);
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Give cached memory back to the driver until at most `keep_bytes` stay
+/// cached (`keep_bytes = 0` empties every stream's cache, like
+/// `torch.cuda.empty_cache()`). Waits for those frees to complete, so the
+/// budget and `reserved_bytes` drop by what was released. `released_bytes`
+/// (may be NULL) receives the cached bytes handed back.
+#[no_mangle]
+pub extern "C" fn xlog_trim(rt: *mut xlog_runtime, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
+    boundary("xlog_trim", || {
+        with_runtime(rt, |r| {
+            let trimmed = r.trim(keep_bytes)?;
+            if !released_bytes.is_null() {
+                write_out(released_bytes, trimmed.released);
             }
             Ok(())
         })

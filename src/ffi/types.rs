@@ -100,17 +100,35 @@ pub struct xlog_config {
     pub log_path: *const c_char,
     /// Memory of the simulated device.
     pub sim_capacity_bytes: u64,
-    /// Wait for pending frees before refusing with OUT_OF_BUDGET (0 or 1).
+    /// Wait for pending frees before refusing with OUT_OF_BUDGET or
+    /// OUT_OF_MEMORY (0 or 1).
     pub wait_on_pressure: u8,
+    /// Cache freed blocks per stream for reuse (0 or 1; default 1, env
+    /// `XLOG_CACHE`). Async allocator only; 0 frees every block to the
+    /// driver.
+    pub cache: u8,
+    /// Freed memory (bytes) xlog's driver pool keeps mapped at
+    /// synchronisation points; UINT64_MAX (the default, env
+    /// `XLOG_POOL_RELEASE_THRESHOLD`, e.g. `max` or `2GiB`) keeps all.
+    pub pool_release_threshold: u64,
 }
 
-/// Runtime statistics.
+/// Runtime statistics. Byte counts are device bytes (sizes rounded up to
+/// what the allocator really hands out).
+///
+/// Set `struct_size = sizeof(xlog_stats)` before calling `xlog_get_stats`:
+/// the library fills only the fields that fit in `struct_size`, so a caller
+/// built against an older, shorter header keeps working.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default)]
 pub struct xlog_stats {
+    /// Set by the caller to `sizeof(xlog_stats)`.
+    pub struct_size: u32,
     pub live_bytes: u64,
+    /// Freed to the driver, the GPU not yet seen past the free.
     pub pending_bytes: u64,
-    /// live + pending.
+    /// live + cached + pending: what xlog holds from the driver, and what
+    /// the budget charges.
     pub outstanding_bytes: u64,
     pub peak_outstanding_bytes: u64,
     /// 0 without a budget layer.
@@ -122,6 +140,15 @@ pub struct xlog_stats {
     pub allocations: u64,
     pub deallocations: u64,
     pub failed_allocations: u64,
+    /// Freed blocks kept in the per-stream caches for reuse.
+    pub cached_bytes: u64,
+    pub cached_blocks: u64,
+    /// Allocations served from a cache / from the driver.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Memory the driver's pool holds for xlog on CUDA
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
+    pub reserved_bytes: u64,
 }
 
 /// Host callback run in stream order.

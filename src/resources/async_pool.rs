@@ -1,22 +1,54 @@
 //! `AsyncPool`: stream-ordered allocation with per-block cross-stream use
-//! tracking and deferred free/reap.
+//! tracking, a per-stream cache of freed blocks, and deferred free/reap.
 //!
-//! Every block keeps its last-write event and one outstanding read event per
-//! stream (a later read on the same stream subsumes an earlier one, because
-//! the stream runs in order). A free makes the allocation stream wait on the
-//! events of other streams and queues the free there; the bytes move from
-//! live to pending. Pending frees of a stream accumulate unsealed; `reap`
-//! seals them with one event per stream and retires a batch once its event
-//! has completed — one event per batch instead of one per free.
+//! Tracking: every block keeps its last-write event and one outstanding
+//! read event per stream (a later read on the same stream subsumes an
+//! earlier one, because the stream runs in order).
+//!
+//! Free: the allocation stream S first waits on the recorded uses of other
+//! streams. With the cache on (the default), the memory then goes to S's
+//! cache (`stream_cache.rs`): the generation dies, the bytes move from live
+//! to cached and stay charged. With the cache off, the free is queued on S
+//! and the bytes move to pending, as in the seed.
+//!
+//! Allocate: a fitting block of S's own cache (no driver call, no event:
+//! stream order is the fence), else one of another stream T's cache with S
+//! made to wait on an event recorded on T after the free (a GPU-side wait,
+//! never a host wait), else the driver (xlog's own memory pool on CUDA),
+//! after the gate (the budget above, if any) has allowed the growth.
+//!
+//! Pending frees (cache off, trim, pressure) accumulate unsealed per
+//! stream; reap seals them with one event per stream and retires a batch
+//! once its event has completed.
+//!
+//! Held memory: `outstanding = live + cached + pending` changes only when
+//! the driver hands out memory and when reap sees a free complete, so the
+//! hot path (a cache hit, a free into the cache) moves no shared total but
+//! the live-bytes counter.
+//!
+//! Hoarding bound: a miss that would take the held memory (live + cached)
+//! past the highest live total seen plus 1/16 first gives the coldest
+//! cached blocks back to the driver (this stream's first, on the same
+//! stream, so the driver can hand the memory straight to the request).
+//! Workloads with stable shapes never miss after warm-up and never trim;
+//! workloads whose shapes keep changing stay near their live peak instead
+//! of caching every shape they ever saw.
+//!
+//! Locks and their order: a block table shard (several in ascending index
+//! order for launches) → `events`; `pending` → `events`. Cache shards are
+//! taken alone. No lock is held across a blocking wait.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::stream_cache::{size_class, CachedBlock, StreamCaches};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::resource::{
-    Access, AllocTag, BlockId, BlockState, BlockUse, DeviceBlock, DeviceMemoryResource,
-    Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef, Usage,
+    Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock,
+    DeviceMemoryResource, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId,
+    StreamRef, Trimmed, Usage,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +131,8 @@ struct Tracking {
 struct BlockRecord {
     ptr: u64,
     size: u64,
+    /// Device bytes (the size class).
+    held: u64,
     stream: StreamRef,
     tag: AllocTag,
     tracking: Option<Box<Tracking>>,
@@ -162,18 +196,25 @@ struct SealedBatch {
 }
 
 #[derive(Default)]
-struct PoolState {
-    blocks: FastMap<Generation, BlockRecord>,
-    pending: FastMap<RawStream, StreamPending>,
-    events: Events,
-    live_bytes: u64,
-    pending_bytes: u64,
-    pending_blocks: u64,
-    peak_outstanding: u64,
-    waits: u64,
+struct PendingFrees {
+    streams: FastMap<RawStream, StreamPending>,
+    blocks: u64,
 }
 
-impl PoolState {
+/// Shards of the block table: threads allocating at once pick shards by
+/// generation, so they rarely meet on one lock.
+const TABLE_SHARDS: usize = 32;
+
+#[derive(Default)]
+struct TableShard {
+    blocks: FastMap<Generation, BlockRecord>,
+}
+
+fn shard_index(g: Generation) -> usize {
+    (g.0 as usize) % TABLE_SHARDS
+}
+
+impl TableShard {
     fn record(&self, id: &BlockId, ordinal: u32) -> ResourceResult<&BlockRecord> {
         let rec = self.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
         check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal)?;
@@ -208,23 +249,82 @@ pub(crate) fn check_matches(
     Ok(())
 }
 
+/// Behaviour switches of an [`AsyncPool`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Keep freed blocks per stream for reuse (DESIGN.md "Stream-ordered
+    /// caching"); off = every free goes to the driver, as in the seed.
+    pub cache: bool,
+    /// When the driver refuses memory: after giving the cache back, also
+    /// wait for pending frees before failing.
+    pub wait_on_pressure: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions { cache: true, wait_on_pressure: false }
+    }
+}
+
+/// Slack of the hoarding bound: held may pass the live peak by 1/16.
+const HOARD_SLACK_DIV: u64 = 16;
+
 pub struct AsyncPool {
     device: Arc<dyn Device>,
     ordinal: u32,
-    state: Mutex<PoolState>,
+    options: PoolOptions,
+    table: Box<[Mutex<TableShard>]>,
+    events: Mutex<Events>,
+    caches: StreamCaches,
+    pending: Mutex<PendingFrees>,
+    /// live + cached + pending.
+    held: AtomicU64,
+    live_bytes: AtomicU64,
+    pending_bytes: AtomicU64,
+    peak_held: AtomicU64,
+    /// Highest live total seen at a miss (the hoarding bound's base).
+    peak_live: AtomicU64,
+    waits: AtomicU64,
 }
+
 
 impl AsyncPool {
     pub fn new(device: Arc<dyn Device>) -> AsyncPool {
+        AsyncPool::with_options(device, PoolOptions::default())
+    }
+
+    pub fn with_options(device: Arc<dyn Device>, options: PoolOptions) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
-        AsyncPool { device, ordinal, state: Mutex::default() }
+        AsyncPool {
+            device,
+            ordinal,
+            options,
+            table: (0..TABLE_SHARDS).map(|_| Mutex::default()).collect(),
+            events: Mutex::default(),
+            caches: StreamCaches::default(),
+            pending: Mutex::default(),
+            held: AtomicU64::new(0),
+            live_bytes: AtomicU64::new(0),
+            pending_bytes: AtomicU64::new(0),
+            peak_held: AtomicU64::new(0),
+            peak_live: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    pub fn options(&self) -> PoolOptions {
+        self.options
+    }
+
+    fn shard(&self, g: Generation) -> MutexGuard<'_, TableShard> {
+        lock(&self.table[shard_index(g)])
     }
 
     /// Queue on `stream` a wait for each event (already deduplicated).
-    fn wait_all(&self, st: &mut PoolState, stream: RawStream, events: &[Ev]) -> ResourceResult<()> {
-        for &ev in events {
-            self.device.stream_wait_event(stream, st.events.raw(ev))?;
-            st.waits += 1;
+    fn wait_all(&self, events: &Events, stream: RawStream, list: &[Ev]) -> ResourceResult<()> {
+        for &ev in list {
+            self.device.stream_wait_event(stream, events.raw(ev))?;
+            self.waits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -239,121 +339,78 @@ impl AsyncPool {
         }
         Ok(())
     }
-}
 
-impl Drop for AsyncPool {
-    fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for slot in &st.events.slots {
-            self.device.destroy_event(slot.raw);
-        }
-    }
-}
-
-impl DeviceMemoryResource for AsyncPool {
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+    /// Enter a block just handed out (by a cache or the driver) in the table.
+    fn register(&self, ptr: u64, bytes: u64, held: u64, stream: StreamRef, tag: AllocTag) -> DeviceBlock {
         let generation = Generation::next();
-        let ptr = if bytes == 0 { 0 } else { self.device.alloc_async(bytes, stream.raw)? };
-        let mut st = lock(&self.state);
-        st.blocks.insert(generation, BlockRecord { ptr, size: bytes, stream, tag, tracking: None });
-        st.live_bytes += bytes;
-        st.peak_outstanding = st.peak_outstanding.max(st.live_bytes + st.pending_bytes);
+        self.shard(generation)
+            .blocks
+            .insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
+        if held > 0 {
+            self.live_bytes.fetch_add(held, Ordering::Relaxed);
+        }
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
-        Ok(DeviceBlock { id, tag, state: BlockState::Live })
+        DeviceBlock { id, tag, state: BlockState::Live, held }
     }
 
-    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
-        let rec = st.record(id, self.ordinal)?;
-        let (stream, tag, size, ptr) = (rec.stream.raw, rec.tag, rec.size, rec.ptr);
-        if size > 0 {
-            let mut waits = Vec::new();
-            rec.waits_for(stream, Access::Write, &mut waits);
-            waits.sort_unstable();
-            waits.dedup();
-            self.wait_all(st, stream, &waits)?;
-            self.device.free_async(ptr, stream)?;
-        }
-        if let Some(mut rec) = st.blocks.remove(&id.generation) {
-            rec.release_tracking(&mut st.events);
-        }
-        st.live_bytes -= size;
-        let state = if size > 0 {
-            st.pending_bytes += size;
-            st.pending_blocks += 1;
-            let p = st.pending.entry(stream).or_default();
-            p.unsealed_bytes += size;
-            p.unsealed_blocks += 1;
-            BlockState::Pending
-        } else {
-            BlockState::Retired
-        };
-        Ok(DeviceBlock { id: *id, tag, state })
+    /// Queue the free of `ptr` (`bytes` held) on `stream`; the bytes become
+    /// pending (still held) until reap sees the free complete.
+    fn free_to_driver(&self, stream: RawStream, ptr: u64, bytes: u64) -> ResourceResult<()> {
+        let mut pending = lock(&self.pending);
+        self.device.free_async(ptr, stream)?;
+        let p = pending.streams.entry(stream).or_default();
+        p.unsealed_bytes += bytes;
+        p.unsealed_blocks += 1;
+        pending.blocks += 1;
+        self.pending_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        // A free moves bytes from live to pending: outstanding never drops
-        // here, only in reap.
-        (self.deallocate(id), 0)
-    }
-
-    fn device_ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    fn bytes_outstanding(&self) -> u64 {
-        let st = lock(&self.state);
-        st.live_bytes + st.pending_bytes
-    }
-
-    fn usage(&self) -> Usage {
-        let st = lock(&self.state);
-        Usage {
-            live_bytes: st.live_bytes,
-            pending_bytes: st.pending_bytes,
-            live_blocks: st.blocks.len() as u64,
-            pending_blocks: st.pending_blocks,
-            peak_outstanding_bytes: st.peak_outstanding,
-            cross_stream_waits: st.waits,
-            events_recorded: st.events.recorded,
+    /// Give a block taken out of the cache back to the driver; on failure
+    /// it goes back into the cache, unchanged.
+    fn release_cached(&self, stream: RawStream, block: CachedBlock) -> ResourceResult<u64> {
+        match self.free_to_driver(stream, block.ptr, block.bytes) {
+            Ok(()) => Ok(block.bytes),
+            Err(e) => {
+                self.caches.put(stream, block.ptr, block.bytes);
+                Err(e)
+            }
         }
     }
 
-    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let st = lock(&self.state);
-        let rec = st.record(id, self.ordinal)?;
-        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live })
+    /// Give cached blocks back, largest and coldest first, until `need`
+    /// bytes went back or the cache is empty. Returns the bytes released.
+    fn release_largest(&self, need: u64) -> ResourceResult<u64> {
+        let mut released = 0;
+        while released < need {
+            let Some((stream, block)) = self.caches.take_largest() else { break };
+            released += self.release_cached(stream, block)?;
+        }
+        Ok(released)
     }
 
-    fn live_blocks(&self) -> Vec<LeakedBlock> {
-        let st = lock(&self.state);
-        st.blocks
-            .iter()
-            .map(|(g, r)| LeakedBlock {
-                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
-                tag: r.tag.name(),
-            })
-            .collect()
-    }
-
-    fn reap_pending(&self) -> ResourceResult<u64> {
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
+    /// Retire completed pending frees; the bytes leave `held`.
+    fn reap_now(&self) -> ResourceResult<u64> {
+        if self.pending_bytes.load(Ordering::Acquire) == 0 {
+            return Ok(0);
+        }
+        let mut pending = lock(&self.pending);
+        let pending = &mut *pending;
+        let mut events = lock(&self.events);
         let (mut bytes, mut blocks) = (0u64, 0u64);
         let mut first_error = None;
-        for (&stream, p) in st.pending.iter_mut() {
-            if let Err(e) = self.seal(&mut st.events, stream, p) {
+        for (&stream, p) in pending.streams.iter_mut() {
+            if let Err(e) = self.seal(&mut events, stream, p) {
                 first_error.get_or_insert(e);
             }
             // Batches of one stream complete in order: stop at the first
             // that is still running.
             while let Some(batch) = p.sealed.front() {
-                match self.device.event_query(st.events.raw(batch.event)) {
+                match self.device.event_query(events.raw(batch.event)) {
                     Ok(true) => {
                         bytes += batch.bytes;
                         blocks += batch.blocks;
-                        st.events.release(batch.event);
+                        events.release(batch.event);
                         p.sealed.pop_front();
                     }
                     Ok(false) => break,
@@ -364,39 +421,252 @@ impl DeviceMemoryResource for AsyncPool {
                 }
             }
         }
-        st.pending.retain(|_, p| p.unsealed_blocks > 0 || !p.sealed.is_empty());
-        st.pending_bytes -= bytes;
-        st.pending_blocks -= blocks;
+        pending.streams.retain(|_, p| p.unsealed_blocks > 0 || !p.sealed.is_empty());
+        pending.blocks -= blocks;
+        self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
         match first_error {
             Some(e) if bytes == 0 => Err(e),
             _ => Ok(bytes),
         }
     }
 
+    /// Reap, telling the gate what left.
+    fn reap_into(&self, gate: &dyn ChargeGate) {
+        if let Ok(bytes) = self.reap_now() {
+            gate.uncharge(bytes);
+        }
+    }
+
+    /// The hoarding bound (module docs): before growing by `class` on
+    /// `stream`, give back cold cached blocks if held would pass the live
+    /// peak plus slack.
+    fn bound_hoard(&self, class: u64, stream: RawStream) {
+        let live = self.live_bytes.load(Ordering::Relaxed);
+        let want = live.saturating_add(class);
+        let peak_live = self.peak_live.fetch_max(want, Ordering::Relaxed).max(want);
+        let cap = peak_live.saturating_add(peak_live / HOARD_SLACK_DIV);
+        let held = self.held.load(Ordering::Acquire);
+        let pending = self.pending_bytes.load(Ordering::Acquire);
+        let in_use = held.saturating_sub(pending).saturating_add(class);
+        if in_use <= cap {
+            return;
+        }
+        let mut excess = in_use - cap;
+        while excess > 0 {
+            let taken = match self.caches.take_coldest(stream) {
+                Some(b) => Some((stream, b)),
+                None => self.caches.take_largest(),
+            };
+            let Some((owner, block)) = taken else { break };
+            match self.release_cached(owner, block) {
+                Ok(bytes) => excess = excess.saturating_sub(bytes),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// New memory from the driver, charged to the gate first. A refusal by
+    /// the driver gives the whole cache back and retries; with
+    /// `wait_on_pressure` it then waits for pending frees and retries once
+    /// more.
+    fn allocate_new(&self, class: u64, stream: RawStream, gate: &dyn ChargeGate) -> ResourceResult<u64> {
+        self.reap_into(gate);
+        if self.options.cache {
+            self.bound_hoard(class, stream);
+        }
+        gate.try_charge(class)?;
+        let mut attempt = 0;
+        let ptr = loop {
+            match self.device.alloc_async(class, stream) {
+                Ok(ptr) => break ptr,
+                Err(crate::error::DeviceError::OutOfMemory { .. }) if attempt < 2 => {
+                    let wait = attempt == 1;
+                    if wait && !self.options.wait_on_pressure {
+                        attempt = 2;
+                        continue;
+                    }
+                    let _ = self.release_largest(u64::MAX);
+                    if wait {
+                        let _ = self.wait_pending();
+                    }
+                    self.reap_into(gate);
+                    attempt += 1;
+                }
+                Err(e) => {
+                    gate.uncharge(class);
+                    return Err(e.into());
+                }
+            }
+        };
+        let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
+        self.peak_held.fetch_max(held, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    /// A fitting block from another stream's cache, with `stream` ordered
+    /// after its free on the stream it came from.
+    fn take_from_other_stream(&self, stream: RawStream, class: u64) -> ResourceResult<Option<CachedBlock>> {
+        let Some((owner, block)) = self.caches.take_other(stream, class) else { return Ok(None) };
+        let mut events = lock(&self.events);
+        let fenced = events.record(&*self.device, owner).and_then(|ev| {
+            let r = self.device.stream_wait_event(stream, events.raw(ev));
+            events.release(ev);
+            r.map_err(ResourceError::from)
+        });
+        drop(events);
+        match fenced {
+            Ok(()) => {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(block))
+            }
+            Err(e) => {
+                self.caches.put_back(owner, block);
+                Err(e)
+            }
+        }
+    }
+
+    /// Lock the table shards that `uses` touch, in ascending order.
+    fn lock_shards(&self, uses: &[BlockUse]) -> [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] {
+        let mut mask = 0u64;
+        for u in uses {
+            mask |= 1 << shard_index(u.block.generation);
+        }
+        let mut guards: [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] = Default::default();
+        for (i, slot) in guards.iter_mut().enumerate() {
+            if mask & (1 << i) != 0 {
+                *slot = Some(lock(&self.table[i]));
+            }
+        }
+        guards
+    }
+}
+
+impl Drop for AsyncPool {
+    fn drop(&mut self) {
+        let events = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slot in &events.slots {
+            self.device.destroy_event(slot.raw);
+        }
+    }
+}
+
+fn guard_of<'a, 'g>(
+    guards: &'a mut [Option<MutexGuard<'g, TableShard>>; TABLE_SHARDS],
+    g: Generation,
+) -> &'a mut TableShard {
+    guards[shard_index(g)].as_mut().expect("shard locked by lock_shards")
+}
+
+impl DeviceMemoryResource for AsyncPool {
+    fn allocate_gated(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
+        if bytes == 0 {
+            return Ok(self.register(0, 0, 0, stream, tag));
+        }
+        let class = size_class(bytes).ok_or_else(|| ResourceError::OutOfMemory {
+            requested: bytes,
+            detail: "the request is larger than any device can hold".into(),
+        })?;
+        if self.options.cache {
+            if let Some(block) = self.caches.take_own(stream.raw, class) {
+                return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
+            }
+            if let Some(block) = self.take_from_other_stream(stream.raw, class)? {
+                return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
+            }
+            self.caches.note_miss(stream.raw);
+        }
+        let ptr = self.allocate_new(class, stream.raw, gate)?;
+        Ok(self.register(ptr, bytes, class, stream, tag))
+    }
+
+    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        self.deallocate_released(id).0
+    }
+
+    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        // A free never lowers the held bytes: the memory goes to the cache
+        // or to pending, both still held. Only reap (and trim) retire.
+        (self.free_block(id), 0)
+    }
+
+    fn device_ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn bytes_outstanding(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+
+    fn usage(&self) -> Usage {
+        let mut live_blocks = 0;
+        for shard in self.table.iter() {
+            live_blocks += lock(shard).blocks.len() as u64;
+        }
+        let cache = self.caches.totals();
+        let pending_blocks = lock(&self.pending).blocks;
+        let recorded = lock(&self.events).recorded;
+        Usage {
+            live_bytes: self.live_bytes.load(Ordering::Acquire),
+            pending_bytes: self.pending_bytes.load(Ordering::Acquire),
+            live_blocks,
+            pending_blocks,
+            cached_bytes: cache.bytes,
+            cached_blocks: cache.blocks,
+            cache_hits: cache.hits,
+            cache_misses: cache.misses,
+            peak_outstanding_bytes: self.peak_held.load(Ordering::Relaxed),
+            cross_stream_waits: self.waits.load(Ordering::Relaxed),
+            events_recorded: recorded,
+        }
+    }
+
+    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let shard = self.shard(id.generation);
+        let rec = shard.record(id, self.ordinal)?;
+        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
+    }
+
+    fn live_blocks(&self) -> Vec<LeakedBlock> {
+        let mut out = Vec::new();
+        for shard in self.table.iter() {
+            let shard = lock(shard);
+            out.extend(shard.blocks.iter().map(|(g, r)| LeakedBlock {
+                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
+                tag: r.tag.name(),
+            }));
+        }
+        out
+    }
+
+    fn reap_pending(&self) -> ResourceResult<u64> {
+        self.reap_now()
+    }
+
     fn wait_pending(&self) -> ResourceResult<()> {
         let mut to_wait: Vec<(Ev, RawEvent)> = Vec::new();
         {
-            let mut guard = lock(&self.state);
-            let st = &mut *guard;
-            let mut result = Ok(());
-            for (&stream, p) in st.pending.iter_mut() {
-                if let Err(e) = self.seal(&mut st.events, stream, p) {
-                    result = Err(e);
-                    break;
-                }
+            let mut pending = lock(&self.pending);
+            let mut events = lock(&self.events);
+            for (&stream, p) in pending.streams.iter_mut() {
+                self.seal(&mut events, stream, p)?;
                 if let Some(last) = p.sealed.back() {
-                    to_wait.push((last.event, st.events.raw(last.event)));
+                    to_wait.push((last.event, events.raw(last.event)));
                 }
-            }
-            if let Err(e) = result {
-                return Err(e);
             }
             // Held while we wait, so no one re-records them meanwhile.
             for &(ev, _) in &to_wait {
-                st.events.hold(ev);
+                events.hold(ev);
             }
         }
-        // Blocking waits happen outside the lock.
+        // Blocking waits happen outside the locks.
         let mut result = Ok(());
         for &(_, raw) in &to_wait {
             if let Err(e) = self.device.event_synchronize(raw) {
@@ -404,11 +674,53 @@ impl DeviceMemoryResource for AsyncPool {
                 break;
             }
         }
-        let mut st = lock(&self.state);
+        let mut events = lock(&self.events);
         for &(ev, _) in &to_wait {
-            st.events.release(ev);
+            events.release(ev);
         }
         result
+    }
+
+    fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
+        let cached = self.caches.totals().bytes;
+        let released = self.release_largest(cached.saturating_sub(keep_bytes))?;
+        if released > 0 {
+            self.wait_pending()?;
+        }
+        let retired = self.reap_now()?;
+        self.device.trim_pool();
+        Ok(Trimmed { released, retired })
+    }
+
+    fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
+        self.release_largest(need)?;
+        if wait {
+            self.wait_pending()?;
+        }
+        self.reap_now()
+    }
+
+    fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
+        let mut first_error = None;
+        for block in self.caches.take_stream(stream) {
+            if let Err(e) = self.release_cached(stream, block) {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Seal what is pending there while the stream still exists.
+        {
+            let mut pending = lock(&self.pending);
+            if let Some(p) = pending.streams.get_mut(&stream) {
+                let mut events = lock(&self.events);
+                if let Err(e) = self.seal(&mut events, stream, p) {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => self.reap_now(),
+        }
     }
 
     fn supports_block_use_tracking(&self) -> bool {
@@ -428,19 +740,19 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
+        let mut guards = self.lock_shards(uses);
         // Blocks never used since allocation, now used on another stream:
-        // the allocation is ordered on its own stream only (the pool may
-        // hand out memory whose previous owner's work is still queued
-        // there), so the first foreign use must wait for that stream.
+        // the allocation is ordered on its own stream only (the memory may
+        // come from a cache or pool whose previous owner's work is still
+        // queued there), so the first foreign use must wait for that stream.
         let mut first_use_streams: Vec<RawStream> = Vec::new();
         for u in uses {
-            let rec = st.record(&u.block, self.ordinal)?;
+            let rec = guard_of(&mut guards, u.block.generation).record(&u.block, self.ordinal)?;
             if rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != stream.raw {
                 first_use_streams.push(rec.stream.raw);
             }
         }
+        let mut events = lock(&self.events);
         // Record every fence before changing any block, so a failed record
         // leaves all state as it was.
         let mut fences: Vec<(RawStream, Ev)> = Vec::new();
@@ -448,11 +760,11 @@ impl DeviceMemoryResource for AsyncPool {
             first_use_streams.sort_unstable();
             first_use_streams.dedup();
             for &s in &first_use_streams {
-                match st.events.record(&*self.device, s) {
+                match events.record(&*self.device, s) {
                     Ok(ev) => fences.push((s, ev)),
                     Err(e) => {
                         for &(_, ev) in &fences {
-                            st.events.release(ev);
+                            events.release(ev);
                         }
                         return Err(e);
                     }
@@ -461,42 +773,90 @@ impl DeviceMemoryResource for AsyncPool {
         }
         let mut waits: Vec<Ev> = Vec::new();
         for u in uses {
-            let rec = st.blocks.get_mut(&u.block.generation).expect("validated above");
+            let rec = guard_of(&mut guards, u.block.generation)
+                .blocks
+                .get_mut(&u.block.generation)
+                .expect("validated above");
             if rec.tracking.is_none() {
                 if let Some(&(_, fence)) = fences.iter().find(|(s, _)| *s == rec.stream.raw) {
                     // The allocation counts as the block's first write.
                     let alloc_stream = rec.stream.raw;
-                    rec.record_use(&mut st.events, alloc_stream, Access::Write, fence);
+                    rec.record_use(&mut events, alloc_stream, Access::Write, fence);
                 }
             }
             rec.waits_for(stream.raw, u.access, &mut waits);
         }
         for &(_, ev) in &fences {
-            st.events.release(ev);
+            events.release(ev);
         }
         // One wait per distinct event: blocks finished by one launch share it.
         if waits.len() > 1 {
             waits.sort_unstable();
             waits.dedup();
         }
-        self.wait_all(st, stream.raw, &waits)
+        self.wait_all(&events, stream.raw, &waits)
     }
 
     fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
+        let mut guards = self.lock_shards(uses);
         for u in uses {
-            st.record(&u.block, self.ordinal)?;
+            guard_of(&mut guards, u.block.generation).record(&u.block, self.ordinal)?;
         }
         if uses.is_empty() {
             return Ok(());
         }
-        let event = st.events.record(&*self.device, stream.raw)?;
+        let mut events = lock(&self.events);
+        let event = events.record(&*self.device, stream.raw)?;
         for u in uses {
-            let rec = st.blocks.get_mut(&u.block.generation).expect("validated above");
-            rec.record_use(&mut st.events, stream.raw, u.access, event);
+            let rec = guard_of(&mut guards, u.block.generation)
+                .blocks
+                .get_mut(&u.block.generation)
+                .expect("validated above");
+            rec.record_use(&mut events, stream.raw, u.access, event);
         }
-        st.events.release(event);
+        events.release(event);
         Ok(())
+    }
+}
+
+impl AsyncPool {
+    /// The free path: waits for other streams' uses, then the cache or the
+    /// driver. On any error nothing changed (waits already queued are
+    /// harmless: they only delay the stream).
+    fn free_block(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let mut shard = self.shard(id.generation);
+        let rec = shard.record(id, self.ordinal)?;
+        let (stream, tag, held, ptr) = (rec.stream.raw, rec.tag, rec.held, rec.ptr);
+        if held > 0 {
+            if rec.tracking.is_some() {
+                let mut waits = Vec::new();
+                rec.waits_for(stream, Access::Write, &mut waits);
+                waits.sort_unstable();
+                waits.dedup();
+                let events = lock(&self.events);
+                self.wait_all(&events, stream, &waits)?;
+            }
+            if !self.options.cache {
+                self.free_to_driver(stream, ptr, held)?;
+            }
+        }
+        if let Some(mut rec) = shard.blocks.remove(&id.generation) {
+            if rec.tracking.is_some() {
+                rec.release_tracking(&mut lock(&self.events));
+            }
+        }
+        drop(shard);
+        let state = if held == 0 {
+            BlockState::Retired
+        } else {
+            self.live_bytes.fetch_sub(held, Ordering::Relaxed);
+            if self.options.cache {
+                self.caches.put(stream, ptr, held);
+                BlockState::Cached
+            } else {
+                BlockState::Pending
+            }
+        };
+        Ok(DeviceBlock { id: *id, tag, state, held })
     }
 }

@@ -21,16 +21,24 @@
 //! so the budget adds two atomic operations to an allocate+free pair
 //! instead of a second lock.
 //!
-//! Under pressure an allocation that does not fit first reaps, then, with
-//! `wait_on_pressure`, waits for pending frees to finish and reaps again,
-//! and only then refuses with the numbers in the error.
+//! The budget is the inner's gate (`ChargeGate`): the inner asks it only
+//! when it takes new memory from the driver, so a cache hit costs the
+//! budget nothing (its bytes were charged when they first came from the
+//! driver, and stay charged while cached).
+//!
+//! Under pressure an allocation that does not fit first has the inner give
+//! cached memory back to the driver and reap, then, with
+//! `wait_on_pressure`, wait for pending frees to finish and reap again, and
+//! only then refuses with requested, live, cached, pending and limit in the
+//! error.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::device::RawStream;
 use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
-    ResourceResult, StreamRef,
+    forward_to_inner, AllocTag, BlockId, ChargeGate, DeviceBlock, DeviceMemoryResource,
+    ResourceError, ResourceResult, StreamRef, Trimmed,
 };
 
 pub struct GlobalDeviceBudget {
@@ -50,7 +58,7 @@ impl GlobalDeviceBudget {
         self.limit
     }
 
-    /// Bytes charged to the budget (live + pending).
+    /// Bytes charged to the budget (live + cached + pending).
     pub fn reserved(&self) -> u64 {
         self.reserved.load(Ordering::Acquire)
     }
@@ -74,19 +82,13 @@ impl GlobalDeviceBudget {
         }
     }
 
-    /// Reap and release what the inner retired.
-    fn reap_and_release(&self) -> ResourceResult<u64> {
-        let retired = self.inner.reap_pending()?;
-        self.release(retired);
-        Ok(retired)
-    }
-
     /// The refusal of `bytes` when the reservation stood at `seen`.
     fn refusal(&self, bytes: u64, seen: u64) -> ResourceError {
         let usage = self.inner.usage();
         ResourceError::OutOfBudget {
             requested: bytes,
             live: usage.live_bytes,
+            cached: usage.cached_bytes,
             pending: usage.pending_bytes,
             limit: self.limit,
             remaining: self.limit.saturating_sub(seen),
@@ -94,41 +96,31 @@ impl GlobalDeviceBudget {
     }
 }
 
+impl ChargeGate for GlobalDeviceBudget {
+    fn try_charge(&self, bytes: u64) -> ResourceResult<()> {
+        self.try_reserve(bytes).map_err(|seen| self.refusal(bytes, seen))
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        self.release(bytes);
+    }
+}
+
 impl DeviceMemoryResource for GlobalDeviceBudget {
+    fn allocate_gated(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
+        // A budget under another gate: both must allow the growth.
+        let both = Both { first: self, second: gate };
+        self.allocate_under(bytes, stream, tag, &both)
+    }
+
     fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        let mut waited = false;
-        loop {
-            let mut reserved = self.try_reserve(bytes);
-            if reserved.is_err() {
-                // Pressure: give back what has already completed.
-                let _ = self.reap_and_release();
-                reserved = self.try_reserve(bytes);
-            }
-            match reserved {
-                Ok(()) => {
-                    return match self.inner.allocate(bytes, stream, tag) {
-                        Ok(block) => Ok(block),
-                        Err(e) => {
-                            self.release(bytes);
-                            Err(e)
-                        }
-                    };
-                }
-                Err(seen) => {
-                    let pending = self.inner.usage().pending_bytes;
-                    // Waiting can only help if the pending bytes would make room.
-                    let could_fit = seen
-                        .saturating_sub(pending)
-                        .checked_add(bytes)
-                        .is_some_and(|total| total <= self.limit);
-                    if !self.wait_on_pressure || waited || pending == 0 || !could_fit {
-                        return Err(self.refusal(bytes, seen));
-                    }
-                    self.inner.wait_pending()?;
-                    waited = true;
-                }
-            }
-        }
+        self.allocate_under(bytes, stream, tag, self)
     }
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
@@ -137,9 +129,100 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
         result
     }
 
+    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        let (result, released) = self.inner.deallocate_released(block);
+        self.release(released);
+        (result, released)
+    }
+
     fn reap_pending(&self) -> ResourceResult<u64> {
-        self.reap_and_release()
+        let retired = self.inner.reap_pending()?;
+        self.release(retired);
+        Ok(retired)
+    }
+
+    fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
+        let t = self.inner.trim(keep_bytes)?;
+        self.release(t.retired);
+        Ok(t)
+    }
+
+    fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
+        let retired = self.inner.relieve_pressure(need, wait)?;
+        self.release(retired);
+        Ok(retired)
+    }
+
+    fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
+        let retired = self.inner.retire_stream(stream)?;
+        self.release(retired);
+        Ok(retired)
     }
 
     forward_to_inner!();
+}
+
+impl GlobalDeviceBudget {
+    /// Allocate through the inner with `gate`; on a refusal by this budget,
+    /// relieve pressure (give the cache back, reap; then, with
+    /// `wait_on_pressure`, wait and reap) and try again.
+    fn allocate_under(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
+        let (mut relieved, mut waited) = (false, false);
+        loop {
+            match self.inner.allocate_gated(bytes, stream, tag, gate) {
+                Err(refused @ ResourceError::OutOfBudget { .. }) if self.is_mine(&refused) => {
+                    let (pending, cached) = match &refused {
+                        ResourceError::OutOfBudget { pending, cached, .. } => (*pending, *cached),
+                        _ => (0, 0),
+                    };
+                    let wait = if !relieved {
+                        relieved = true;
+                        false
+                    } else if self.wait_on_pressure && !waited && pending + cached > 0 {
+                        waited = true;
+                        true
+                    } else {
+                        return Err(refused);
+                    };
+                    let retired = self.inner.relieve_pressure(bytes, wait)?;
+                    self.release(retired);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether a refusal came from this budget (not one below it).
+    fn is_mine(&self, e: &ResourceError) -> bool {
+        matches!(e, ResourceError::OutOfBudget { limit, .. } if *limit == self.limit)
+    }
+}
+
+/// Two gates in a row (a budget under another budget): charge the first,
+/// then the second, rolling the first back if the second refuses.
+struct Both<'a> {
+    first: &'a GlobalDeviceBudget,
+    second: &'a dyn ChargeGate,
+}
+
+impl ChargeGate for Both<'_> {
+    fn try_charge(&self, bytes: u64) -> ResourceResult<()> {
+        self.first.try_charge(bytes)?;
+        if let Err(e) = self.second.try_charge(bytes) {
+            self.first.uncharge(bytes);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        self.first.uncharge(bytes);
+        self.second.uncharge(bytes);
+    }
 }

@@ -9,13 +9,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::async_pool::{check_matches, stale};
 use crate::device::Device;
 use crate::resource::{
-    AllocTag, BlockId, BlockState, DeviceBlock, DeviceMemoryResource, Generation, LeakedBlock,
-    ResourceResult, StreamRef, Usage,
+    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
+    LeakedBlock, ResourceError, ResourceResult, StreamRef, Usage,
 };
+
+/// The granularity `cuMemAlloc` (and the sim) hand memory out in: a
+/// one-byte block takes this much of the device.
+pub const DIRECT_GRANULARITY: u64 = 256;
 
 struct Record {
     ptr: u64,
     size: u64,
+    /// Device bytes: the size rounded up to the driver's granularity.
+    held: u64,
     stream: StreamRef,
     tag: AllocTag,
 }
@@ -51,33 +57,56 @@ impl Direct {
 }
 
 impl DeviceMemoryResource for Direct {
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+    fn allocate_gated(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
         let generation = Generation::next();
-        let ptr = if bytes == 0 { 0 } else { self.device.alloc_sync(bytes)? };
+        let held = bytes.div_ceil(DIRECT_GRANULARITY).checked_mul(DIRECT_GRANULARITY).ok_or_else(|| {
+            ResourceError::OutOfMemory {
+                requested: bytes,
+                detail: "the request is larger than any device can hold".into(),
+            }
+        })?;
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            gate.try_charge(held)?;
+            match self.device.alloc_sync(bytes) {
+                Ok(ptr) => ptr,
+                Err(e) => {
+                    gate.uncharge(held);
+                    return Err(e.into());
+                }
+            }
+        };
         let mut st = self.lock();
-        st.blocks.insert(generation, Record { ptr, size: bytes, stream, tag });
-        st.live_bytes += bytes;
+        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag });
+        st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
-        Ok(DeviceBlock { id, tag, state: BlockState::Live })
+        Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
         let mut st = self.lock();
         let rec = self.record(&st, id)?;
-        let (ptr, size, tag) = (rec.ptr, rec.size, rec.tag);
+        let (ptr, size, held, tag) = (rec.ptr, rec.size, rec.held, rec.tag);
         if size > 0 {
             self.device.free_sync(ptr)?;
         }
         st.blocks.remove(&id.generation);
-        st.live_bytes -= size;
-        Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired })
+        st.live_bytes -= held;
+        Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
 
     fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         // A synchronous free gives the whole block back at once.
         let result = self.deallocate(id);
-        let released = if result.is_ok() { id.size } else { 0 };
+        let released = result.as_ref().map_or(0, |b| b.held);
         (result, released)
     }
 
@@ -104,7 +133,7 @@ impl DeviceMemoryResource for Direct {
     fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
         let st = self.lock();
         let rec = self.record(&st, id)?;
-        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live })
+        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
     }
 
     fn live_blocks(&self) -> Vec<LeakedBlock> {

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::device::RawStream;
 use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, DeviceBlock, DeviceMemoryResource, ResourceError,
-    ResourceResult, StreamRef,
+    forward_to_inner, AllocTag, BlockId, ChargeGate, DeviceBlock, DeviceMemoryResource,
+    ResourceError, ResourceResult, StreamRef, Trimmed,
 };
 
 pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag";
@@ -91,10 +92,16 @@ impl Drop for LoggingResource {
 }
 
 impl DeviceMemoryResource for LoggingResource {
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        let result = self.inner.allocate(bytes, stream, tag);
+    fn allocate_gated(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
+        let result = self.inner.allocate_gated(bytes, stream, tag, gate);
         match &result {
-            Ok(b) => self.line("allocate", b.id.ptr, bytes, stream.id.0, tag),
+            Ok(b) => self.line("allocate", b.id.ptr, b.held, stream.id.0, tag),
             Err(_) => self.line("allocate failure", 0, bytes, stream.id.0, tag),
         }
         result
@@ -107,7 +114,7 @@ impl DeviceMemoryResource for LoggingResource {
     fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         let (result, released) = self.inner.deallocate_released(block);
         if let Ok(b) = &result {
-            self.line("free", block.ptr, block.size, block.alloc_stream.0, b.tag);
+            self.line("free", block.ptr, b.held, block.alloc_stream.0, b.tag);
         }
         (result, released)
     }
@@ -116,6 +123,18 @@ impl DeviceMemoryResource for LoggingResource {
         let r = self.inner.reap_pending();
         self.flush();
         r
+    }
+
+    fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
+        self.inner.trim(keep_bytes)
+    }
+
+    fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
+        self.inner.relieve_pressure(need, wait)
+    }
+
+    fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
+        self.inner.retire_stream(stream)
     }
 
     forward_to_inner!();

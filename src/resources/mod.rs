@@ -4,6 +4,7 @@ pub mod async_pool;
 pub mod budget;
 pub mod direct;
 pub mod logging;
+pub mod stream_cache;
 
 pub use async_pool::AsyncPool;
 pub use budget::GlobalDeviceBudget;
