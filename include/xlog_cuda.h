@@ -16,24 +16,6 @@
 
 
 /*
- The granularity `cuMemAlloc` (and the sim) hand memory out in: a
- one-byte block takes this much of the device.
- */
-#define DIRECT_GRANULARITY 256
-
-/*
- Granularity of the smallest classes.
- */
-#define MIN_CLASS_STEP 512
-
-/*
- A cached class serves a request when class ≤ request class × 9/8.
- */
-#define MAX_FIT_NUM 9
-
-#define MAX_FIT_DEN 8
-
-/*
  Version of this header; `xlog_version()` gives the library's at run time.
  */
 #define XLOG_VERSION_MAJOR 0

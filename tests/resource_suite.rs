@@ -34,6 +34,12 @@ macro_rules! shared_suite {
         mod budget_logging_async {
             $( #[test] fn $test() { super::$test(super::StackKind::BudgetLoggingAsync) } )*
         }
+        mod async_no_cache {
+            $( #[test] fn $test() { super::$test(super::StackKind::AsyncNoCache) } )*
+        }
+        mod budget_async_no_cache {
+            $( #[test] fn $test() { super::$test(super::StackKind::BudgetAsyncNoCache) } )*
+        }
     };
 }
 
@@ -156,15 +162,18 @@ fn alignment_is_at_least_256(kind: StackKind) {
     for (i, b) in blocks.iter().enumerate() {
         assert!(sim.read(b.id.ptr, b.id.size).unwrap().iter().all(|&x| x == i as u8 + 1), "[{n}] block {i}");
     }
-    let total: u64 = sizes.iter().sum();
+    // Budget and stats count what the device gives: each size rounded up.
+    let total: u64 = sizes.iter().map(|&sz| kind.held_bytes(sz)).sum();
+    assert!(total >= sizes.iter().map(|&sz| sz.div_ceil(256) * 256).sum::<u64>(), "[{n}]");
     let stats = rt.stats().unwrap();
-    assert_eq!(stats.live_bytes, total, "[{n}] charged the requested bytes, not rounded ones");
+    assert_eq!(stats.live_bytes, total, "[{n}] charged the device bytes, not the requested ones");
+    assert_eq!(blocks.iter().map(|b| rt.validate(&b.id).unwrap().held).sum::<u64>(), total, "[{n}]");
     assert_eq!(stats.live_blocks, sizes.len() as u64, "[{n}]");
     st.check_invariant("after aligned allocations");
     for b in &blocks {
         rt.deallocate(&b.id).unwrap();
     }
-    rt.drain().unwrap();
+    st.release_all();
     assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
     assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
 }
@@ -201,7 +210,8 @@ fn capacity_exhaustion(kind: StackKind) {
 
     rt.deallocate(&blocks[1].id).unwrap();
     let drained = rt.drain().unwrap();
-    assert_eq!(drained, if kind.is_async() { quarter } else { 0 }, "[{n}] bytes retired by drain");
+    let retired = if kind.is_async() && !kind.caches() { quarter } else { 0 };
+    assert_eq!(drained, retired, "[{n}] bytes retired by drain (a cached block stays held)");
     let again = rt.allocate(quarter, s, "refill").unwrap();
     assert_eq!(again.id.ptr, blocks[1].id.ptr, "[{n}] the freed range is reused");
     assert_eq!(rt.stats().unwrap().live_bytes, MIB, "[{n}]");
@@ -215,7 +225,7 @@ fn double_free_is_an_error_that_changes_nothing(kind: StackKind) {
     let x = rt.allocate(4096, s, "x").unwrap();
     let y = rt.allocate(8192, s, "y").unwrap();
     let freed = rt.deallocate(&x.id).unwrap();
-    assert_eq!(freed.state, if kind.is_async() { BlockState::Pending } else { BlockState::Retired }, "[{n}]");
+    assert_eq!(freed.state, kind.freed_state(4096), "[{n}]");
     assert_eq!(&*freed.tag.name(), "x", "[{n}]");
     rt.synchronize(s).unwrap(); // the device-side free has run; the bytes stay pending until reap
 
@@ -266,7 +276,7 @@ fn stale_generation_after_address_reuse(kind: StackKind) {
     let v = rt.validate(&new.id).unwrap();
     assert_eq!((&*v.tag.name(), v.state), ("new", BlockState::Live), "[{n}]");
     rt.deallocate(&new.id).unwrap();
-    rt.drain().unwrap();
+    st.release_all();
     assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
 }
 
@@ -541,7 +551,7 @@ fn free_waits_for_every_reader(kind: StackKind) {
     for (i, data) in seen.iter().enumerate() {
         assert!(data.iter().all(|&v| v == 0xAA), "[{n}] reader {i} saw the next owner's data: {:?}", &data[..8]);
     }
-    st.rt.drain().unwrap();
+    st.release_all();
     st.check_invariant("end");
     assert_eq!(st.rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
 }
@@ -562,55 +572,61 @@ fn budget_invariant_after_every_op(kind: StackKind) {
     let st = Stack::open_default(kind);
     let (rt, n) = (&st.rt, st.name());
     let (s, t) = (st.stream(), st.stream());
+    let h = |size: u64| kind.held_bytes(size);
     let check = |what: &str, live: u64| {
         st.check_invariant(what);
         assert_eq!(rt.usage().live_bytes, live, "[{n}] {what}: live bytes");
     };
     check("open", 0);
     let a = rt.allocate(1000, s, "a").unwrap();
-    check("allocate 1000", 1000);
+    check("allocate 1000", h(1000));
     let z = rt.allocate(0, s, "z").unwrap();
-    check("allocate 0", 1000);
+    check("allocate 0", h(1000));
     let b = rt.allocate(300 * KIB, t, "b").unwrap();
-    check("allocate 300 KiB", 1000 + 300 * KIB);
+    check("allocate 300 KiB", h(1000) + h(300 * KIB));
     if kind.is_async() {
         rt.prepare(&a.id, t, Access::Write).unwrap();
-        check("prepare", 1000 + 300 * KIB);
+        check("prepare", h(1000) + h(300 * KIB));
         rt.finish(&a.id, t, Access::Write).unwrap();
-        check("finish", 1000 + 300 * KIB);
+        check("finish", h(1000) + h(300 * KIB));
         let uses = [r(Access::Read, &a.id), r(Access::ReadWrite, &b.id)];
         rt.prepare_all(s, &uses).unwrap();
         rt.finish_all(s, &uses).unwrap();
-        check("launch", 1000 + 300 * KIB);
+        check("launch", h(1000) + h(300 * KIB));
     }
     rt.deallocate(&a.id).unwrap();
-    check("free a", 300 * KIB);
+    check("free a", h(300 * KIB));
     assert!(matches!(rt.deallocate(&a.id), Err(ResourceError::UseAfterFree { .. })), "[{n}]");
-    check("double free", 300 * KIB);
+    check("double free", h(300 * KIB));
     match (rt.allocate(8 * MIB, s, "huge"), kind.has_budget()) {
         (Err(ResourceError::OutOfBudget { requested, .. }), true) => assert_eq!(requested, 8 * MIB, "[{n}]"),
         (Err(ResourceError::OutOfMemory { requested, .. }), false) => assert_eq!(requested, 8 * MIB, "[{n}]"),
         (other, _) => panic!("[{n}] 8 MiB: unexpected {other:?}"),
     }
-    check("refused allocation", 300 * KIB);
+    check("refused allocation", h(300 * KIB));
     st.sim().inject_fault(FaultKind::Alloc, 1);
     expect_injected(rt.allocate(2000, s, "faulty"), &[], &format!("[{n}] alloc fault"));
-    check("failed allocation", 300 * KIB);
-    st.sim().inject_fault(FaultKind::Free, 1);
-    expect_injected(rt.deallocate(&b.id), &[], &format!("[{n}] free fault"));
-    check("failed free", 300 * KIB);
+    check("failed allocation", h(300 * KIB));
+    if !kind.caches() {
+        // (With the cache a free makes no driver call: see the trim tests.)
+        st.sim().inject_fault(FaultKind::Free, 1);
+        expect_injected(rt.deallocate(&b.id), &[], &format!("[{n}] free fault"));
+        check("failed free", h(300 * KIB));
+    }
     rt.reap().unwrap();
-    check("reap", 300 * KIB);
+    check("reap", h(300 * KIB));
     let c = rt.allocate(700 * KIB, t, "c").unwrap();
-    check("allocate 700 KiB", 1000 * KIB);
+    check("allocate 700 KiB", h(300 * KIB) + h(700 * KIB));
     rt.deallocate(&b.id).unwrap();
-    check("free b", 700 * KIB);
+    check("free b", h(700 * KIB));
     rt.deallocate(&z.id).unwrap();
-    check("free z", 700 * KIB);
+    check("free z", h(700 * KIB));
     rt.deallocate(&c.id).unwrap();
     check("free c", 0);
     rt.drain().unwrap();
     check("drain", 0);
+    st.release_all();
+    check("trim", 0);
     assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
     assert_eq!(st.reserved().unwrap_or(0), 0, "[{n}]");
 }
@@ -638,6 +654,7 @@ fn budget_refusal_carries_the_numbers(kind: StackKind) {
         ResourceError::OutOfBudget {
             requested: 512 * KIB,
             live: 512 * KIB,
+            cached: 0,
             pending: 256 * KIB,
             limit: MIB,
             remaining: 256 * KIB,
@@ -645,11 +662,23 @@ fn budget_refusal_carries_the_numbers(kind: StackKind) {
         "[{n}]"
     );
     let msg = err.to_string();
-    for needle in ["requested 524288", "live 524288", "pending 262144", "limit 1048576", "remaining 262144"] {
+    for needle in ["requested 524288", "live 524288", "cached 0", "pending 262144", "limit 1048576", "remaining 262144"] {
         assert!(msg.contains(needle), "[{n}] {msg:?} lacks {needle:?}");
     }
-    // The refusal reaped first (sealing the pending free), nothing else.
-    st.assert_unchanged_but_reaped(&before, 1, "refused allocation");
+    if kind.caches() {
+        // The freed block was cached; under pressure it went back to the
+        // driver before the refusal (pending now, S being gated), and that
+        // is the only change.
+        assert_eq!(before.stats.cached_bytes, 256 * KIB, "[{n}]");
+        let now = st.snapshot();
+        assert_eq!((now.stats.cached_bytes, now.stats.pending_bytes), (0, 256 * KIB), "[{n}]");
+        assert_eq!(now.stats.outstanding_bytes, before.stats.outstanding_bytes, "[{n}]");
+        assert_eq!(now.stats.failed_allocations, before.stats.failed_allocations + 1, "[{n}]");
+        st.check_invariant("refused after releasing the cache");
+    } else {
+        // The refusal reaped first (sealing the pending free), nothing else.
+        st.assert_unchanged_but_reaped(&before, 1, "refused allocation");
+    }
     g.open();
     assert_eq!(rt.drain().unwrap(), 256 * KIB, "[{n}]");
     let more = rt.allocate(512 * KIB, s, "more").unwrap();
@@ -673,6 +702,26 @@ fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
         assert_eq!((stats.live_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
         assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending on Direct");
         g.open();
+        return;
+    }
+    if kind.caches() {
+        // Cached: still held from the driver, so still charged, and reap
+        // has nothing to retire; trim hands it back.
+        assert_eq!(freed.state, BlockState::Cached, "[{n}]");
+        assert_eq!((stats.live_bytes, stats.cached_bytes, stats.cached_blocks, stats.pending_bytes), (0, size, 1, 0), "[{n}]");
+        assert_eq!(stats.outstanding_bytes, size, "[{n}] cached bytes are still outstanding");
+        if kind.has_budget() {
+            assert_eq!(st.reserved(), Some(size), "[{n}] cached bytes stay charged");
+        }
+        assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending");
+        assert_eq!(st.sim().bytes_in_use(), size, "[{n}] device memory still held");
+        g.open();
+        let trimmed = rt.trim(0).unwrap();
+        assert_eq!((trimmed.released, trimmed.retired), (size, size), "[{n}]");
+        let stats = rt.stats().unwrap();
+        assert_eq!((stats.cached_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
+        assert_eq!(st.sim().bytes_in_use(), 0, "[{n}] the device has it back");
+        st.check_invariant("trimmed");
         return;
     }
     assert_eq!(freed.state, BlockState::Pending, "[{n}]");
@@ -732,16 +781,19 @@ fn alloc_fault_rolls_back(kind: StackKind) {
     let a1 = rt.allocate(1000, s, "a1").unwrap();
     let a2 = rt.allocate(2000, s, "a2").unwrap();
     let before = st.snapshot();
-    expect_injected(rt.allocate(3000, s, "a3"), &["3000"], &format!("[{n}] third allocation"));
+    // The async pool asks the driver for the device size, Direct for the request.
+    let device_bytes = if kind.is_async() { kind.held_bytes(3000) } else { 3000 }.to_string();
+    expect_injected(rt.allocate(3000, s, "a3"), &[&device_bytes], &format!("[{n}] third allocation"));
     st.assert_unchanged(&before, 1, "third allocation");
     let a4 = rt.allocate(4000, s, "a4").unwrap();
-    assert_eq!(rt.usage().live_bytes, 4096 + 1000 + 2000 + 4000, "[{n}]");
+    let h = |size| kind.held_bytes(size);
+    assert_eq!(rt.usage().live_bytes, h(4096) + h(1000) + h(2000) + h(4000), "[{n}]");
     st.check_invariant("after faults");
     assert_eq!(rt.stats().unwrap().failed_allocations, 2, "[{n}]");
     for b in [&keep, &a1, &a2, &a4] {
         rt.deallocate(&b.id).unwrap();
     }
-    rt.drain().unwrap();
+    st.release_all();
     st.check_invariant("drained");
     assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
     assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
@@ -760,6 +812,24 @@ fn free_fault_keeps_the_block_live(kind: StackKind) {
     let (s, t) = (st.stream(), st.stream());
     let x = rt.allocate(64 * KIB, s, "victim").unwrap();
     st.sim().fill(x.id.ptr, 64 * KIB, 0x77).unwrap();
+    if kind.caches() {
+        // A free into the cache makes no driver call; the driver's free
+        // comes at trim (or under pressure), and failing there loses nothing.
+        let freed = rt.deallocate(&x.id).unwrap();
+        assert_eq!(freed.state, BlockState::Cached, "[{n}]");
+        let before = st.snapshot();
+        st.sim().inject_fault(FaultKind::Free, 1);
+        expect_injected(rt.trim(0), &[&format!("{:#x}", x.id.ptr)], &format!("[{n}] trim"));
+        st.assert_unchanged(&before, 0, "injected free fault in trim");
+        assert!(st.sim().read(x.id.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] memory kept");
+        let y = rt.allocate(64 * KIB, t, "reuse").unwrap();
+        assert_eq!(y.id.ptr, x.id.ptr, "[{n}] the block is still cached and handed out");
+        rt.deallocate(&y.id).unwrap();
+        st.release_all();
+        assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
+        assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+        return;
+    }
     let before = st.snapshot();
     st.sim().inject_fault(FaultKind::Free, 1);
     expect_injected(rt.deallocate(&x.id), &[&format!("{:#x}", x.id.ptr)], &format!("[{n}] free"));
@@ -772,7 +842,7 @@ fn free_fault_keeps_the_block_live(kind: StackKind) {
         rt.finish(&x.id, t, Access::Read).unwrap();
     }
     let freed = rt.deallocate(&x.id).unwrap();
-    assert_eq!(freed.state, if kind.is_async() { BlockState::Pending } else { BlockState::Retired }, "[{n}]");
+    assert_eq!(freed.state, kind.freed_state(64 * KIB), "[{n}]");
     rt.drain().unwrap();
     st.check_invariant("freed later");
     let stats = rt.stats().unwrap();
@@ -821,6 +891,24 @@ fn event_record_fault_changes_nothing(kind: StackKind) {
     gate_a.open();
     assert_eq!(recv(&seen, n), 7, "[{n}]");
 
+    if kind.caches() {
+        // The freed block is cached on A; handing it to C needs an event
+        // recorded on A. A fault there fails the allocation and changes
+        // nothing: the block stays cached on A.
+        rt.deallocate(&x.id).unwrap();
+        rt.synchronize(a).unwrap();
+        let before = st.snapshot();
+        st.sim().inject_fault(FaultKind::EventRecord, 1);
+        expect_injected(rt.allocate(64, c, "y"), &[], &format!("[{n}] cross-stream hand-out"));
+        st.assert_unchanged(&before, 1, "failed cross-stream hand-out");
+        let y = rt.allocate(64, c, "y").unwrap();
+        assert_eq!(y.id.ptr, p, "[{n}] handed out once the record works");
+        assert_eq!(rt.stats().unwrap().cache_hits, 1, "[{n}]");
+        rt.deallocate(&y.id).unwrap();
+        st.release_all();
+        assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
+        return;
+    }
     // A fault while reap seals the pending frees: nothing retired, still charged.
     rt.deallocate(&x.id).unwrap();
     rt.synchronize(a).unwrap();
@@ -828,8 +916,8 @@ fn event_record_fault_changes_nothing(kind: StackKind) {
     st.sim().inject_fault(FaultKind::EventRecord, 1);
     expect_injected(rt.reap(), &[], &format!("[{n}] reap"));
     st.assert_unchanged(&before, 0, "failed reap");
-    assert_eq!(rt.stats().unwrap().pending_bytes, 64, "[{n}]");
-    assert_eq!(rt.drain().unwrap(), 64, "[{n}] the runtime recovers");
+    assert_eq!(rt.stats().unwrap().pending_bytes, kind.held_bytes(64), "[{n}]");
+    assert_eq!(rt.drain().unwrap(), kind.held_bytes(64), "[{n}] the runtime recovers");
     st.check_invariant("end");
     assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
 }
@@ -974,7 +1062,7 @@ fn eight_threads_never_exceed_the_budget(kind: StackKind) {
         let peak = rt.stats().unwrap().peak_outstanding_bytes;
         assert!(peak <= limit, "[{n}] peak outstanding {peak} > limit {limit}");
     }
-    rt.drain().unwrap();
+    st.release_all();
     let stats = rt.stats().unwrap();
     assert_eq!(stats.outstanding_bytes, 0, "[{n}] {stats:?}");
     assert_eq!((stats.live_blocks, stats.pending_blocks), (0, 0), "[{n}]");

@@ -266,6 +266,10 @@ impl Default for PoolOptions {
     }
 }
 
+/// Device granularity a block takes with the cache off (the alignment
+/// every allocation gets).
+const UNCACHED_GRANULARITY: u64 = 256;
+
 /// Slack of the hoarding bound: held may pass the live peak by 1/16.
 const HOARD_SLACK_DIV: u64 = 16;
 
@@ -543,6 +547,18 @@ impl AsyncPool {
     }
 }
 
+/// A request whose device size does not even fit in 64 bits: the gate
+/// refuses it (a budget names it), else it is out of memory.
+pub(crate) fn too_big(bytes: u64, gate: &dyn ChargeGate) -> ResourceError {
+    match gate.try_charge(u64::MAX) {
+        Err(e) => e,
+        Ok(()) => {
+            gate.uncharge(u64::MAX);
+            ResourceError::OutOfMemory { requested: bytes, detail: "the request is larger than any device can hold".into() }
+        }
+    }
+}
+
 impl Drop for AsyncPool {
     fn drop(&mut self) {
         let events = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -570,10 +586,14 @@ impl DeviceMemoryResource for AsyncPool {
         if bytes == 0 {
             return Ok(self.register(0, 0, 0, stream, tag));
         }
-        let class = size_class(bytes).ok_or_else(|| ResourceError::OutOfMemory {
-            requested: bytes,
-            detail: "the request is larger than any device can hold".into(),
-        })?;
+        // Cached blocks are rounded to size classes so that they can be
+        // reused; without the cache a block takes the device's granularity.
+        let rounded = if self.options.cache {
+            size_class(bytes)
+        } else {
+            bytes.div_ceil(UNCACHED_GRANULARITY).checked_mul(UNCACHED_GRANULARITY)
+        };
+        let Some(class) = rounded else { return Err(too_big(bytes, gate)) };
         if self.options.cache {
             if let Some(block) = self.caches.take_own(stream.raw, class) {
                 return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
@@ -581,9 +601,15 @@ impl DeviceMemoryResource for AsyncPool {
             if let Some(block) = self.take_from_other_stream(stream.raw, class)? {
                 return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
             }
+        }
+        let ptr = self.allocate_new(class, stream.raw, gate).map_err(|e| match e {
+            // Name the caller's request; the detail has the device's numbers.
+            ResourceError::OutOfMemory { detail, .. } => ResourceError::OutOfMemory { requested: bytes, detail },
+            other => other,
+        })?;
+        if self.options.cache {
             self.caches.note_miss(stream.raw);
         }
-        let ptr = self.allocate_new(class, stream.raw, gate)?;
         Ok(self.register(ptr, bytes, class, stream, tag))
     }
 
@@ -613,12 +639,20 @@ impl DeviceMemoryResource for AsyncPool {
         let cache = self.caches.totals();
         let pending_blocks = lock(&self.pending).blocks;
         let recorded = lock(&self.events).recorded;
+        // One consistent sum: while other threads move blocks between live
+        // and cached, live is what the held total leaves (so live + cached +
+        // pending is always exactly the held bytes the budget charges).
+        // (A block moving from the cache to pending between the two reads
+        // would be seen twice: cached is capped by what held leaves.)
+        let held = self.held.load(Ordering::Acquire);
+        let pending = self.pending_bytes.load(Ordering::Acquire).min(held);
+        let cached = cache.bytes.min(held - pending);
         Usage {
-            live_bytes: self.live_bytes.load(Ordering::Acquire),
-            pending_bytes: self.pending_bytes.load(Ordering::Acquire),
+            live_bytes: held - pending - cached,
+            pending_bytes: pending,
             live_blocks,
             pending_blocks,
-            cached_bytes: cache.bytes,
+            cached_bytes: cached,
             cached_blocks: cache.blocks,
             cache_hits: cache.hits,
             cache_misses: cache.misses,

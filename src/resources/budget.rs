@@ -177,18 +177,29 @@ impl GlobalDeviceBudget {
         loop {
             match self.inner.allocate_gated(bytes, stream, tag, gate) {
                 Err(refused @ ResourceError::OutOfBudget { .. }) if self.is_mine(&refused) => {
-                    let (pending, cached) = match &refused {
-                        ResourceError::OutOfBudget { pending, cached, .. } => (*pending, *cached),
-                        _ => (0, 0),
+                    // Waiting for frees can only help if the request fits
+                    // next to the live bytes (`requested` is its device size).
+                    let could_fit = match &refused {
+                        ResourceError::OutOfBudget { requested, live, pending, cached, limit, .. } => {
+                            pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit)
+                        }
+                        _ => false,
                     };
                     let wait = if !relieved {
                         relieved = true;
                         false
-                    } else if self.wait_on_pressure && !waited && pending + cached > 0 {
+                    } else if self.wait_on_pressure && !waited && could_fit {
                         waited = true;
                         true
                     } else {
-                        return Err(refused);
+                        // Name the caller's request (the charge was its
+                        // device size).
+                        return Err(match refused {
+                            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
+                                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
+                            }
+                            other => other,
+                        });
                     };
                     let retired = self.inner.relieve_pressure(bytes, wait)?;
                     self.release(retired);

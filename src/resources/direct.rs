@@ -10,12 +10,12 @@ use super::async_pool::{check_matches, stale};
 use crate::device::Device;
 use crate::resource::{
     AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
-    LeakedBlock, ResourceError, ResourceResult, StreamRef, Usage,
+    LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
 /// The granularity `cuMemAlloc` (and the sim) hand memory out in: a
 /// one-byte block takes this much of the device.
-pub const DIRECT_GRANULARITY: u64 = 256;
+pub(crate) const DIRECT_GRANULARITY: u64 = 256;
 
 struct Record {
     ptr: u64,
@@ -65,12 +65,9 @@ impl DeviceMemoryResource for Direct {
         gate: &dyn ChargeGate,
     ) -> ResourceResult<DeviceBlock> {
         let generation = Generation::next();
-        let held = bytes.div_ceil(DIRECT_GRANULARITY).checked_mul(DIRECT_GRANULARITY).ok_or_else(|| {
-            ResourceError::OutOfMemory {
-                requested: bytes,
-                detail: "the request is larger than any device can hold".into(),
-            }
-        })?;
+        let Some(held) = bytes.div_ceil(DIRECT_GRANULARITY).checked_mul(DIRECT_GRANULARITY) else {
+            return Err(super::async_pool::too_big(bytes, gate));
+        };
         let ptr = if bytes == 0 {
             0
         } else {

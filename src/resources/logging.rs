@@ -102,6 +102,10 @@ impl DeviceMemoryResource for LoggingResource {
         let result = self.inner.allocate_gated(bytes, stream, tag, gate);
         match &result {
             Ok(b) => self.line("allocate", b.id.ptr, b.held, stream.id.0, tag),
+            // A budget above refused the growth (and may retry after
+            // relieving pressure): the refusal is the budget's, not logged
+            // per attempt here.
+            Err(ResourceError::OutOfBudget { .. }) => {}
             Err(_) => self.line("allocate failure", 0, bytes, stream.id.0, tag),
         }
         result

@@ -33,12 +33,12 @@ use crate::device::RawStream;
 use crate::fast_hash::FastMap;
 
 /// Granularity of the smallest classes.
-pub const MIN_CLASS_STEP: u64 = 512;
+pub(crate) const MIN_CLASS_STEP: u64 = 512;
 /// Classes per power of two above 8 KiB.
 const CLASSES_PER_OCTAVE: u64 = 16;
 /// A cached class serves a request when class ≤ request class × 9/8.
-pub const MAX_FIT_NUM: u64 = 9;
-pub const MAX_FIT_DEN: u64 = 8;
+pub(crate) const MAX_FIT_NUM: u64 = 9;
+pub(crate) const MAX_FIT_DEN: u64 = 8;
 
 const SHARDS: usize = 16;
 

@@ -50,10 +50,20 @@ pub enum StackKind {
     BudgetAsync,
     /// Budget over logging over the async pool (the recommended stack).
     BudgetLoggingAsync,
+    /// The async pool with its cache off (every free goes to the driver).
+    AsyncNoCache,
+    /// Budget over the async pool with its cache off.
+    BudgetAsyncNoCache,
 }
 
-pub const ALL_STACKS: [StackKind; 4] =
-    [StackKind::Direct, StackKind::Async, StackKind::BudgetAsync, StackKind::BudgetLoggingAsync];
+pub const ALL_STACKS: [StackKind; 6] = [
+    StackKind::Direct,
+    StackKind::Async,
+    StackKind::BudgetAsync,
+    StackKind::BudgetLoggingAsync,
+    StackKind::AsyncNoCache,
+    StackKind::BudgetAsyncNoCache,
+];
 
 impl StackKind {
     pub fn name(self) -> &'static str {
@@ -62,11 +72,39 @@ impl StackKind {
             StackKind::Async => "Async",
             StackKind::BudgetAsync => "Budget(Async)",
             StackKind::BudgetLoggingAsync => "Budget(Logging(Async))",
+            StackKind::AsyncNoCache => "Async[cache off]",
+            StackKind::BudgetAsyncNoCache => "Budget(Async[cache off])",
         }
     }
 
     pub fn has_budget(self) -> bool {
-        matches!(self, StackKind::BudgetAsync | StackKind::BudgetLoggingAsync)
+        matches!(self, StackKind::BudgetAsync | StackKind::BudgetLoggingAsync | StackKind::BudgetAsyncNoCache)
+    }
+
+    /// Freed blocks go to the per-stream cache (Cached), not the driver.
+    pub fn caches(self) -> bool {
+        matches!(self, StackKind::Async | StackKind::BudgetAsync | StackKind::BudgetLoggingAsync)
+    }
+
+    /// Device bytes a block of `size` takes on this stack.
+    pub fn held_bytes(self, size: u64) -> u64 {
+        if self.caches() {
+            xlog_cuda::resources::stream_cache::size_class(size).expect("size fits")
+        } else {
+            size.div_ceil(256) * 256
+        }
+    }
+
+    /// State of a block right after a successful free.
+    pub fn freed_state(self, size: u64) -> xlog_cuda::BlockState {
+        use xlog_cuda::BlockState;
+        if size == 0 || !self.is_async() {
+            BlockState::Retired
+        } else if self.caches() {
+            BlockState::Cached
+        } else {
+            BlockState::Pending
+        }
     }
 
     pub fn has_logging(self) -> bool {
@@ -138,6 +176,8 @@ impl Stack {
             log_path,
             sim_capacity_bytes: opts.capacity_bytes,
             wait_on_pressure: opts.wait_on_pressure,
+            cache: kind.caches(),
+            pool_release_threshold: u64::MAX,
         }
     }
 
@@ -177,7 +217,17 @@ impl Stack {
         let n = self.name();
         let usage = self.rt.usage();
         let stats = self.rt.stats().unwrap_or_else(|e| panic!("[{n}] {what}: stats: {e}"));
-        assert_eq!(stats.outstanding_bytes, stats.live_bytes + stats.pending_bytes, "[{n}] {what}");
+        assert_eq!(
+            stats.outstanding_bytes,
+            stats.live_bytes + stats.cached_bytes + stats.pending_bytes,
+            "[{n}] {what}"
+        );
+        if !self.kind.caches() {
+            assert_eq!((stats.cached_bytes, stats.cached_blocks), (0, 0), "[{n}] {what}: no cache");
+        }
+        if self.rt.sim().is_some() {
+            assert_eq!(stats.reserved_bytes, stats.outstanding_bytes, "[{n}] {what}: sim reserved = held");
+        }
         assert_eq!(stats.outstanding_bytes, usage.outstanding_bytes(), "[{n}] {what}");
         if !self.kind.is_async() {
             assert_eq!(usage.pending_bytes, 0, "[{n}] {what}: Direct never has pending bytes");
@@ -237,6 +287,16 @@ impl Stack {
         let expected = Stats { failed_allocations: before.stats.failed_allocations + failed, ..before.stats };
         assert_eq!(now.stats, expected, "[{n}] {what}: stats changed");
         self.check_invariant(what);
+    }
+
+    /// Give everything freed back to the driver and wait for it: trim the
+    /// caches, then drain. Afterwards only live blocks are outstanding.
+    pub fn release_all(&self) {
+        let n = self.name();
+        self.rt.trim(0).unwrap_or_else(|e| panic!("[{n}] trim: {e}"));
+        self.rt.drain().unwrap_or_else(|e| panic!("[{n}] drain: {e}"));
+        let stats = self.rt.stats().unwrap();
+        assert_eq!((stats.cached_bytes, stats.pending_bytes), (0, 0), "[{n}] after trim + drain");
     }
 
     /// The CSV log so far (reap flushes the logging layer).
