@@ -152,6 +152,29 @@ impl AllocTag {
         }
         let name = &name[..end];
         thread_local! {
+            /// The last tag this thread named: callers mostly repeat one.
+            static LAST: std::cell::RefCell<(String, u32)> = const { std::cell::RefCell::new((String::new(), 0)) };
+        }
+        if let Some(id) = LAST.with(|l| {
+            let l = l.borrow();
+            (l.0 == name && l.1 != 0).then_some(l.1)
+        }) {
+            return AllocTag(id);
+        }
+        let tag = AllocTag::lookup(name);
+        LAST.with(|l| {
+            let mut l = l.borrow_mut();
+            l.0.clear();
+            l.0.push_str(name);
+            l.1 = tag.0;
+        });
+        tag
+    }
+
+    /// `new` past the one-entry cache: the per-thread table, then the
+    /// process-wide one.
+    fn lookup(name: &str) -> AllocTag {
+        thread_local! {
             static CACHE: std::cell::RefCell<crate::fast_hash::FastMap<Box<str>, u32>> =
                 std::cell::RefCell::new(Default::default());
         }
@@ -233,6 +256,10 @@ pub struct Usage {
     pub cross_stream_waits: u64,
     /// Events recorded by finish and reap (tracking only).
     pub events_recorded: u64,
+    /// Successful allocations and frees (counted where the resource keeps
+    /// its block records, so the hot path adds no shared counter).
+    pub allocations: u64,
+    pub deallocations: u64,
 }
 
 impl Usage {

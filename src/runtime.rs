@@ -60,10 +60,10 @@ pub struct CloseReport {
     pub still_shared: bool,
 }
 
+/// Refusals and failures; successes are counted by the resources, under
+/// the locks they take anyway.
 #[derive(Default)]
 struct Counters {
-    allocations: AtomicU64,
-    deallocations: AtomicU64,
     failed_allocations: AtomicU64,
 }
 
@@ -314,10 +314,7 @@ impl Runtime {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
         match self.stack.allocate(bytes, s, AllocTag::new(tag)) {
-            Ok(b) => {
-                self.counters.allocations.fetch_add(1, Ordering::Relaxed);
-                Ok(b)
-            }
+            Ok(b) => Ok(b),
             Err(e) => {
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
                 Err(e)
@@ -327,9 +324,7 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let b = self.stack.deallocate(block)?;
-        self.counters.deallocations.fetch_add(1, Ordering::Relaxed);
-        Ok(b)
+        self.stack.deallocate(block)
     }
 
     /// Check that `block` is live here.
@@ -413,8 +408,8 @@ impl Runtime {
             budget_remaining: remaining,
             live_blocks: u.live_blocks,
             pending_blocks: u.pending_blocks,
-            allocations: self.counters.allocations.load(Ordering::Relaxed),
-            deallocations: self.counters.deallocations.load(Ordering::Relaxed),
+            allocations: u.allocations,
+            deallocations: u.deallocations,
             failed_allocations: self.counters.failed_allocations.load(Ordering::Relaxed),
             cached_bytes: u.cached_bytes,
             cached_blocks: u.cached_blocks,

@@ -4,7 +4,7 @@
 //! issued by one runtime is unknown to every other. A released pooled
 //! stream goes back to the idle list and is handed out again under a new id.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::device::{Device, RawStream};
@@ -46,6 +46,29 @@ pub struct StreamPool {
     device: Arc<dyn Device>,
     capacity: u32,
     state: RwLock<PoolState>,
+    /// This pool's identity for the per-thread resolve cache.
+    unique: u64,
+    /// Bumped by every release and by shutdown: a cached resolution is
+    /// good only while it has not moved.
+    releases: AtomicU64,
+}
+
+/// Entries of the per-thread resolve cache.
+const RESOLVE_CACHE: usize = 4;
+
+#[derive(Copy, Clone)]
+struct Resolved {
+    pool: u64,
+    releases: u64,
+    id: StreamId,
+    raw: RawStream,
+}
+
+thread_local! {
+    /// The last streams this thread resolved: resolving is on every
+    /// allocate/prepare/finish, and a thread mostly works on a few streams.
+    static RESOLVED: std::cell::Cell<[Option<Resolved>; RESOLVE_CACHE]> =
+        const { std::cell::Cell::new([None; RESOLVE_CACHE]) };
 }
 
 /// What a pool holds, for stats and tests.
@@ -59,7 +82,9 @@ pub struct StreamPoolUsage {
 
 impl StreamPool {
     pub fn new(device: Arc<dyn Device>, capacity: u32) -> StreamPool {
-        StreamPool { device, capacity, state: RwLock::default() }
+        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+        let unique = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+        StreamPool { device, capacity, state: RwLock::default(), unique, releases: AtomicU64::new(0) }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, PoolState> {
@@ -102,6 +127,9 @@ impl StreamPool {
     pub fn release(&self, id: StreamId) -> ResourceResult<()> {
         let mut st = self.write();
         let entry = st.active.remove(&id).ok_or_else(|| ResourceError::unknown_stream(id))?;
+        // Under the write lock: a resolve that read the old count also saw
+        // the id active; one that reads the new count sees it gone.
+        self.releases.fetch_add(1, Ordering::AcqRel);
         match entry.origin {
             Origin::Pooled => {
                 st.idle.push(entry.raw);
@@ -133,10 +161,27 @@ impl StreamPool {
 
     /// Resolve a live id to the stream resources order work on.
     pub fn resolve(&self, id: StreamId) -> ResourceResult<StreamRef> {
-        match self.read().active.get(&id) {
-            Some(e) => Ok(StreamRef { id, raw: e.raw }),
-            None => Err(ResourceError::unknown_stream(id)),
+        let releases = self.releases.load(Ordering::Acquire);
+        let hit = RESOLVED.with(|c| {
+            c.get().iter().flatten().find(|r| r.id == id && r.pool == self.unique && r.releases == releases).map(|r| r.raw)
+        });
+        if let Some(raw) = hit {
+            return Ok(StreamRef { id, raw });
         }
+        let st = self.read();
+        let raw = match st.active.get(&id) {
+            Some(e) => e.raw,
+            None => return Err(ResourceError::unknown_stream(id)),
+        };
+        let releases = self.releases.load(Ordering::Acquire);
+        drop(st);
+        RESOLVED.with(|c| {
+            let mut entries = c.get();
+            entries.rotate_right(1);
+            entries[0] = Some(Resolved { pool: self.unique, releases, id, raw });
+            c.set(entries);
+        });
+        Ok(StreamRef { id, raw })
     }
 
     /// Whether `id` is a live imported (foreign) stream.
@@ -173,6 +218,7 @@ impl StreamPool {
     pub fn shutdown(&self) -> ResourceResult<()> {
         let created = {
             let mut st = self.write();
+            self.releases.fetch_add(1, Ordering::AcqRel);
             st.active.clear();
             st.imported.clear();
             st.idle.clear();

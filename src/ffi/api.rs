@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use super::types::*;
-use super::{boundary, boundary_value, out_ptr, register_runtime, runtime_of, unregister_runtime};
+use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runtime};
 use crate::config::{AllocatorKind, Config};
 use crate::device::sim::FaultKind;
 use crate::device::Backend;
@@ -264,8 +264,7 @@ fn with_runtime(
     rt: *mut xlog_runtime,
     f: impl FnOnce(&Runtime) -> Result<(), ResourceError>,
 ) -> Result<(), ResourceError> {
-    let runtime = runtime_of(rt)?;
-    f(&runtime)
+    super::with_runtime_ref(rt, f)
 }
 
 // ===================================================================== //

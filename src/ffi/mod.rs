@@ -8,7 +8,7 @@ pub mod types;
 use std::cell::RefCell;
 use crate::fast_hash::FastMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::ResourceError;
@@ -140,19 +140,87 @@ pub(crate) fn runtime_of(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, Reso
     })
 }
 
+/// Bumped by every unregister: a handle resolved on a thread stays good
+/// for that thread only while this has not moved.
+static HANDLE_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+struct ResolvedRuntime {
+    handle: usize,
+    epoch: u64,
+    runtime: Arc<Runtime>,
+}
+
+thread_local! {
+    /// The runtime this thread resolved last, so that a call on it needs
+    /// neither the handle table's lock nor a reference-count change.
+    static LAST_RUNTIME: std::cell::RefCell<Option<ResolvedRuntime>> = const { std::cell::RefCell::new(None) };
+    /// Calls of `with_runtime_ref` in progress on this thread: while one
+    /// is, `LAST_RUNTIME` is not replaced (it backs the reference in use).
+    static IN_USE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Run `f` on the runtime of `handle`, through this thread's last
+/// resolution when it is still valid.
+pub(crate) fn with_runtime_ref<T>(
+    handle: *mut xlog_runtime,
+    f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
+) -> Result<T, ResourceError> {
+    let epoch = HANDLE_EPOCH.load(Ordering::Acquire);
+    let cached = LAST_RUNTIME.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|r| r.handle == handle as usize && r.epoch == epoch)
+            .map(|r| Arc::as_ptr(&r.runtime))
+    });
+    if let Some(ptr) = cached {
+        IN_USE.with(|n| n.set(n.get() + 1));
+        struct Release;
+        impl Drop for Release {
+            fn drop(&mut self) {
+                IN_USE.with(|n| n.set(n.get() - 1));
+            }
+        }
+        let _release = Release;
+        // SAFETY: `ptr` comes from the Arc held in this thread's
+        // LAST_RUNTIME, which is not replaced or dropped while IN_USE is
+        // non-zero (see below), so the Runtime outlives this call.
+        return f(unsafe { &*ptr });
+    }
+    let runtime = runtime_of(handle)?;
+    if IN_USE.with(|n| n.get()) == 0 {
+        let old = LAST_RUNTIME.with(|c| {
+            c.borrow_mut().replace(ResolvedRuntime { handle: handle as usize, epoch, runtime: runtime.clone() })
+        });
+        drop(old);
+    }
+    f(&runtime)
+}
+
 pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
     if handle.is_null() {
         return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
     }
-    handles()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(handle as usize))
-        .ok_or_else(|| {
-            ResourceError::InvalidArgument(format!(
-                "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
-            ))
-        })
+    let removed = handles().write().unwrap_or_else(|p| p.into_inner()).remove(&(handle as usize));
+    // After the removal: a resolution cached under the old epoch is dead,
+    // and one made from now on cannot find the handle.
+    HANDLE_EPOCH.fetch_add(1, Ordering::AcqRel);
+    // This thread lets go of it now (other threads do at their next call).
+    if IN_USE.with(|n| n.get()) == 0 {
+        let mine = LAST_RUNTIME.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.as_ref().is_some_and(|r| r.handle == handle as usize) {
+                c.take()
+            } else {
+                None
+            }
+        });
+        drop(mine);
+    }
+    removed.ok_or_else(|| {
+        ResourceError::InvalidArgument(format!(
+            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
+        ))
+    })
 }
 
 /// Require a non-NULL out-pointer.

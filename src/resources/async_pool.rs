@@ -42,7 +42,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::stream_cache::{size_class, CachedBlock, StreamCaches};
+use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::resource::{
@@ -201,24 +201,46 @@ struct PendingFrees {
     blocks: u64,
 }
 
-/// Shards of the block table: threads allocating at once pick shards by
-/// generation, so they rarely meet on one lock.
+/// Shards of the pool's state. A block's record and the cache its memory
+/// goes to when freed live in the shard of its allocation stream id, so an
+/// allocation or a free takes one lock, and threads on different streams
+/// (stream ids are handed out in sequence) rarely share one.
 const TABLE_SHARDS: usize = 32;
 
 #[derive(Default)]
 struct TableShard {
     blocks: FastMap<Generation, BlockRecord>,
+    cache: CacheShard,
+    allocations: u64,
+    deallocations: u64,
 }
 
-fn shard_index(g: Generation) -> usize {
-    (g.0 as usize) % TABLE_SHARDS
+/// Live device bytes of one shard, on a cache line of its own. Written only
+/// while holding that shard's lock (a plain store: no read-modify-write on
+/// the hot path), read without it by the hoarding bound.
+#[repr(align(64))]
+#[derive(Default)]
+struct ShardLive(AtomicU64);
+
+impl ShardLive {
+    /// Only under the lock of the shard this counts.
+    fn add(&self, delta: i64) {
+        let now = self.0.load(Ordering::Relaxed);
+        self.0.store(now.wrapping_add_signed(delta), Ordering::Relaxed);
+    }
+}
+
+fn shard_index(stream: StreamId) -> usize {
+    stream.0 as usize % TABLE_SHARDS
 }
 
 impl TableShard {
-    fn record(&self, id: &BlockId, ordinal: u32) -> ResourceResult<&BlockRecord> {
-        let rec = self.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
-        check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal)?;
-        Ok(rec)
+    /// The record of a handle whose shard this is; `None` when the
+    /// generation is not here (the caller then works out why, see
+    /// `AsyncPool::not_live`).
+    fn record(&self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&BlockRecord>> {
+        let rec = self.blocks.get(&id.generation)?;
+        Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
     }
 }
 
@@ -278,12 +300,11 @@ pub struct AsyncPool {
     ordinal: u32,
     options: PoolOptions,
     table: Box<[Mutex<TableShard>]>,
+    shard_live: Box<[ShardLive]>,
     events: Mutex<Events>,
-    caches: StreamCaches,
     pending: Mutex<PendingFrees>,
     /// live + cached + pending.
     held: AtomicU64,
-    live_bytes: AtomicU64,
     pending_bytes: AtomicU64,
     peak_held: AtomicU64,
     /// Highest live total seen at a miss (the hoarding bound's base).
@@ -304,11 +325,10 @@ impl AsyncPool {
             ordinal,
             options,
             table: (0..TABLE_SHARDS).map(|_| Mutex::default()).collect(),
+            shard_live: (0..TABLE_SHARDS).map(|_| ShardLive::default()).collect(),
             events: Mutex::default(),
-            caches: StreamCaches::default(),
             pending: Mutex::default(),
             held: AtomicU64::new(0),
-            live_bytes: AtomicU64::new(0),
             pending_bytes: AtomicU64::new(0),
             peak_held: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
@@ -320,8 +340,61 @@ impl AsyncPool {
         self.options
     }
 
-    fn shard(&self, g: Generation) -> MutexGuard<'_, TableShard> {
-        lock(&self.table[shard_index(g)])
+    fn shard(&self, stream: StreamId) -> MutexGuard<'_, TableShard> {
+        lock(&self.table[shard_index(stream)])
+    }
+
+    /// Why a handle was not found in its shard: a live generation under
+    /// another stream (a forged or corrupted handle), or a dead one. Takes
+    /// the shard locks one at a time; call it holding none.
+    fn not_live(&self, id: &BlockId) -> ResourceError {
+        for shard in self.table.iter() {
+            if let Some(Err(e)) = lock(shard).record(id, self.ordinal) {
+                return e;
+            }
+        }
+        stale(id)
+    }
+
+    /// Live device bytes, summed over the shards without their locks.
+    fn live_now(&self) -> u64 {
+        // A sum taken while blocks move is approximate, which is all the
+        // hoarding bound needs.
+        self.shard_live.iter().map(|l| l.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Totals of every shard's cache.
+    fn cache_totals(&self) -> CacheTotals {
+        let mut t = CacheTotals::default();
+        for shard in self.table.iter() {
+            t.add(&lock(shard).cache.totals());
+        }
+        t
+    }
+
+    /// The largest cached block of any stream, taken out of its cache.
+    fn take_largest(&self) -> Option<(RawStream, CachedBlock)> {
+        loop {
+            let mut best: Option<(usize, RawStream, CachedBlock)> = None;
+            for (i, shard) in self.table.iter().enumerate() {
+                if let Some((s, b)) = lock(shard).cache.largest() {
+                    if best.as_ref().map_or(true, |(_, _, cur)| b.bytes > cur.bytes) {
+                        best = Some((i, s, b));
+                    }
+                }
+            }
+            let (i, stream, block) = best?;
+            // Another thread may have taken it meanwhile: look again then.
+            if lock(&self.table[i]).cache.remove(stream, &block) {
+                return Some((stream, block));
+            }
+        }
+    }
+
+    /// The coldest block cached on `stream` (in any shard), taken out.
+    fn take_coldest(&self, stream: RawStream, home: usize) -> Option<CachedBlock> {
+        let order = std::iter::once(home).chain((0..TABLE_SHARDS).filter(|&i| i != home));
+        order.into_iter().find_map(|i| lock(&self.table[i]).cache.take_coldest(stream))
     }
 
     /// Queue on `stream` a wait for each event (already deduplicated).
@@ -344,15 +417,21 @@ impl AsyncPool {
         Ok(())
     }
 
-    /// Enter a block just handed out (by a cache or the driver) in the table.
-    fn register(&self, ptr: u64, bytes: u64, held: u64, stream: StreamRef, tag: AllocTag) -> DeviceBlock {
+    /// Enter a block just handed out (by a cache or the driver) in `shard`,
+    /// the shard of its stream.
+    fn register_in(
+        &self,
+        shard: &mut TableShard,
+        ptr: u64,
+        bytes: u64,
+        held: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+    ) -> DeviceBlock {
         let generation = Generation::next();
-        self.shard(generation)
-            .blocks
-            .insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
-        if held > 0 {
-            self.live_bytes.fetch_add(held, Ordering::Relaxed);
-        }
+        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
+        self.shard_live[shard_index(stream.id)].add(held as i64);
+        shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
     }
@@ -372,11 +451,11 @@ impl AsyncPool {
 
     /// Give a block taken out of the cache back to the driver; on failure
     /// it goes back into the cache, unchanged.
-    fn release_cached(&self, stream: RawStream, block: CachedBlock) -> ResourceResult<u64> {
+    fn release_cached(&self, stream: RawStream, block: CachedBlock, home: usize) -> ResourceResult<u64> {
         match self.free_to_driver(stream, block.ptr, block.bytes) {
             Ok(()) => Ok(block.bytes),
             Err(e) => {
-                self.caches.put(stream, block.ptr, block.bytes);
+                lock(&self.table[home]).cache.put(stream, block.ptr, block.bytes);
                 Err(e)
             }
         }
@@ -387,8 +466,8 @@ impl AsyncPool {
     fn release_largest(&self, need: u64) -> ResourceResult<u64> {
         let mut released = 0;
         while released < need {
-            let Some((stream, block)) = self.caches.take_largest() else { break };
-            released += self.release_cached(stream, block)?;
+            let Some((stream, block)) = self.take_largest() else { break };
+            released += self.release_cached(stream, block, 0)?;
         }
         Ok(released)
     }
@@ -445,8 +524,8 @@ impl AsyncPool {
     /// The hoarding bound (module docs): before growing by `class` on
     /// `stream`, give back cold cached blocks if held would pass the live
     /// peak plus slack.
-    fn bound_hoard(&self, class: u64, stream: RawStream) {
-        let live = self.live_bytes.load(Ordering::Relaxed);
+    fn bound_hoard(&self, class: u64, stream: StreamRef) {
+        let live = self.live_now();
         let want = live.saturating_add(class);
         let peak_live = self.peak_live.fetch_max(want, Ordering::Relaxed).max(want);
         let cap = peak_live.saturating_add(peak_live / HOARD_SLACK_DIV);
@@ -457,13 +536,14 @@ impl AsyncPool {
             return;
         }
         let mut excess = in_use - cap;
+        let home = shard_index(stream.id);
         while excess > 0 {
-            let taken = match self.caches.take_coldest(stream) {
-                Some(b) => Some((stream, b)),
-                None => self.caches.take_largest(),
+            let taken = match self.take_coldest(stream.raw, home) {
+                Some(b) => Some((stream.raw, b)),
+                None => self.take_largest(),
             };
             let Some((owner, block)) = taken else { break };
-            match self.release_cached(owner, block) {
+            match self.release_cached(owner, block, home) {
                 Ok(bytes) => excess = excess.saturating_sub(bytes),
                 Err(_) => break,
             }
@@ -474,11 +554,12 @@ impl AsyncPool {
     /// the driver gives the whole cache back and retries; with
     /// `wait_on_pressure` it then waits for pending frees and retries once
     /// more.
-    fn allocate_new(&self, class: u64, stream: RawStream, gate: &dyn ChargeGate) -> ResourceResult<u64> {
+    fn allocate_new(&self, class: u64, stream: StreamRef, gate: &dyn ChargeGate) -> ResourceResult<u64> {
         self.reap_into(gate);
         if self.options.cache {
             self.bound_hoard(class, stream);
         }
+        let stream = stream.raw;
         gate.try_charge(class)?;
         let mut attempt = 0;
         let ptr = loop {
@@ -508,34 +589,63 @@ impl AsyncPool {
         Ok(ptr)
     }
 
-    /// A fitting block from another stream's cache, with `stream` ordered
-    /// after its free on the stream it came from.
-    fn take_from_other_stream(&self, stream: RawStream, class: u64) -> ResourceResult<Option<CachedBlock>> {
-        let Some((owner, block)) = self.caches.take_other(stream, class) else { return Ok(None) };
-        let mut events = lock(&self.events);
-        let fenced = events.record(&*self.device, owner).and_then(|ev| {
-            let r = self.device.stream_wait_event(stream, events.raw(ev));
-            events.release(ev);
-            r.map_err(ResourceError::from)
-        });
-        drop(events);
-        match fenced {
-            Ok(()) => {
-                self.waits.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(block))
-            }
-            Err(e) => {
-                self.caches.put_back(owner, block);
-                Err(e)
+    /// A fitting block from any other shard's cache, with `stream` ordered
+    /// after its free on the stream it came from (no wait when that is
+    /// `stream` itself under another id).
+    fn take_from_other_shards(&self, stream: StreamRef, class: u64) -> ResourceResult<Option<CachedBlock>> {
+        let home = shard_index(stream.id);
+        for i in (0..TABLE_SHARDS).filter(|&i| i != home) {
+            let found = lock(&self.table[i]).cache.take_any(stream.raw, class);
+            if let Some((owner, block)) = found {
+                if owner == stream.raw {
+                    return Ok(Some(block));
+                }
+                return match self.fence_after(owner, stream.raw) {
+                    Ok(()) => Ok(Some(block)),
+                    Err(e) => {
+                        lock(&self.table[i]).cache.put_back(owner, block);
+                        Err(e)
+                    }
+                };
             }
         }
+        Ok(None)
+    }
+
+    /// A fitting block cached on another stream: first in this stream's own
+    /// shard (streams that share it), then in the others.
+    fn take_from_other_shards_or_home(&self, stream: StreamRef, class: u64) -> ResourceResult<Option<CachedBlock>> {
+        let home = shard_index(stream.id);
+        let found = lock(&self.table[home]).cache.take_any(stream.raw, class);
+        if let Some((owner, block)) = found {
+            return match self.fence_after(owner, stream.raw) {
+                Ok(()) => Ok(Some(block)),
+                Err(e) => {
+                    lock(&self.table[home]).cache.put_back(owner, block);
+                    Err(e)
+                }
+            };
+        }
+        self.take_from_other_shards(stream, class)
+    }
+
+    /// Make `stream` wait (on the GPU) for everything queued on `owner` so
+    /// far: one event recorded on `owner`, one wait.
+    fn fence_after(&self, owner: RawStream, stream: RawStream) -> ResourceResult<()> {
+        let mut events = lock(&self.events);
+        let ev = events.record(&*self.device, owner)?;
+        let waited = self.device.stream_wait_event(stream, events.raw(ev));
+        events.release(ev);
+        waited?;
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Lock the table shards that `uses` touch, in ascending order.
     fn lock_shards(&self, uses: &[BlockUse]) -> [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] {
         let mut mask = 0u64;
         for u in uses {
-            mask |= 1 << shard_index(u.block.generation);
+            mask |= 1 << shard_index(u.block.alloc_stream);
         }
         let mut guards: [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] = Default::default();
         for (i, slot) in guards.iter_mut().enumerate() {
@@ -570,9 +680,9 @@ impl Drop for AsyncPool {
 
 fn guard_of<'a, 'g>(
     guards: &'a mut [Option<MutexGuard<'g, TableShard>>; TABLE_SHARDS],
-    g: Generation,
+    id: &BlockId,
 ) -> &'a mut TableShard {
-    guards[shard_index(g)].as_mut().expect("shard locked by lock_shards")
+    guards[shard_index(id.alloc_stream)].as_mut().expect("shard locked by lock_shards")
 }
 
 impl DeviceMemoryResource for AsyncPool {
@@ -584,7 +694,7 @@ impl DeviceMemoryResource for AsyncPool {
         gate: &dyn ChargeGate,
     ) -> ResourceResult<DeviceBlock> {
         if bytes == 0 {
-            return Ok(self.register(0, 0, 0, stream, tag));
+            return Ok(self.register_in(&mut self.shard(stream.id), 0, 0, 0, stream, tag));
         }
         // Cached blocks are rounded to size classes so that they can be
         // reused; without the cache a block takes the device's granularity.
@@ -595,22 +705,28 @@ impl DeviceMemoryResource for AsyncPool {
         };
         let Some(class) = rounded else { return Err(too_big(bytes, gate)) };
         if self.options.cache {
-            if let Some(block) = self.caches.take_own(stream.raw, class) {
-                return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
-            }
-            if let Some(block) = self.take_from_other_stream(stream.raw, class)? {
-                return Ok(self.register(block.ptr, bytes, block.bytes, stream, tag));
+            // The hot path: one lock for the cache and the block record.
+            let mut shard = self.shard(stream.id);
+            let shard = &mut *shard;
+            if let Some(block) = shard.cache.take_own(stream.raw, class) {
+                return Ok(self.register_in(shard, block.ptr, bytes, block.bytes, stream, tag));
             }
         }
-        let ptr = self.allocate_new(class, stream.raw, gate).map_err(|e| match e {
+        if self.options.cache {
+            if let Some(block) = self.take_from_other_shards_or_home(stream, class)? {
+                return Ok(self.register_in(&mut self.shard(stream.id), block.ptr, bytes, block.bytes, stream, tag));
+            }
+        }
+        let ptr = self.allocate_new(class, stream, gate).map_err(|e| match e {
             // Name the caller's request; the detail has the device's numbers.
             ResourceError::OutOfMemory { detail, .. } => ResourceError::OutOfMemory { requested: bytes, detail },
             other => other,
         })?;
+        let mut shard = self.shard(stream.id);
         if self.options.cache {
-            self.caches.note_miss(stream.raw);
+            shard.cache.note_miss();
         }
-        Ok(self.register(ptr, bytes, class, stream, tag))
+        Ok(self.register_in(&mut shard, ptr, bytes, class, stream, tag))
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
@@ -632,11 +748,15 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn usage(&self) -> Usage {
-        let mut live_blocks = 0;
+        let (mut live_blocks, mut allocations, mut deallocations) = (0, 0, 0);
+        let mut cache = CacheTotals::default();
         for shard in self.table.iter() {
-            live_blocks += lock(shard).blocks.len() as u64;
+            let shard = lock(shard);
+            live_blocks += shard.blocks.len() as u64;
+            allocations += shard.allocations;
+            deallocations += shard.deallocations;
+            cache.add(&shard.cache.totals());
         }
-        let cache = self.caches.totals();
         let pending_blocks = lock(&self.pending).blocks;
         let recorded = lock(&self.events).recorded;
         // One consistent sum: while other threads move blocks between live
@@ -659,13 +779,20 @@ impl DeviceMemoryResource for AsyncPool {
             peak_outstanding_bytes: self.peak_held.load(Ordering::Relaxed),
             cross_stream_waits: self.waits.load(Ordering::Relaxed),
             events_recorded: recorded,
+            allocations,
+            deallocations,
         }
     }
 
     fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let shard = self.shard(id.generation);
-        let rec = shard.record(id, self.ordinal)?;
-        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
+        let shard = self.shard(id.alloc_stream);
+        match shard.record(id, self.ordinal) {
+            Some(rec) => rec.map(|rec| DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held }),
+            None => {
+                drop(shard);
+                Err(self.not_live(id))
+            }
+        }
     }
 
     fn live_blocks(&self) -> Vec<LeakedBlock> {
@@ -716,7 +843,7 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
-        let cached = self.caches.totals().bytes;
+        let cached = self.cache_totals().bytes;
         let released = self.release_largest(cached.saturating_sub(keep_bytes))?;
         if released > 0 {
             self.wait_pending()?;
@@ -736,9 +863,12 @@ impl DeviceMemoryResource for AsyncPool {
 
     fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
         let mut first_error = None;
-        for block in self.caches.take_stream(stream) {
-            if let Err(e) = self.release_cached(stream, block) {
-                first_error.get_or_insert(e);
+        for home in 0..TABLE_SHARDS {
+            let blocks = lock(&self.table[home]).cache.take_stream(stream);
+            for block in blocks {
+                if let Err(e) = self.release_cached(stream, block, home) {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         // Seal what is pending there while the stream still exists.
@@ -781,7 +911,13 @@ impl DeviceMemoryResource for AsyncPool {
         // queued there), so the first foreign use must wait for that stream.
         let mut first_use_streams: Vec<RawStream> = Vec::new();
         for u in uses {
-            let rec = guard_of(&mut guards, u.block.generation).record(&u.block, self.ordinal)?;
+            let rec = match guard_of(&mut guards, &u.block).record(&u.block, self.ordinal) {
+                Some(rec) => rec?,
+                None => {
+                    drop(guards);
+                    return Err(self.not_live(&u.block));
+                }
+            };
             if rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != stream.raw {
                 first_use_streams.push(rec.stream.raw);
             }
@@ -807,7 +943,7 @@ impl DeviceMemoryResource for AsyncPool {
         }
         let mut waits: Vec<Ev> = Vec::new();
         for u in uses {
-            let rec = guard_of(&mut guards, u.block.generation)
+            let rec = guard_of(&mut guards, &u.block)
                 .blocks
                 .get_mut(&u.block.generation)
                 .expect("validated above");
@@ -834,7 +970,15 @@ impl DeviceMemoryResource for AsyncPool {
     fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
         let mut guards = self.lock_shards(uses);
         for u in uses {
-            guard_of(&mut guards, u.block.generation).record(&u.block, self.ordinal)?;
+            match guard_of(&mut guards, &u.block).record(&u.block, self.ordinal) {
+                Some(rec) => {
+                    rec?;
+                }
+                None => {
+                    drop(guards);
+                    return Err(self.not_live(&u.block));
+                }
+            }
         }
         if uses.is_empty() {
             return Ok(());
@@ -842,7 +986,7 @@ impl DeviceMemoryResource for AsyncPool {
         let mut events = lock(&self.events);
         let event = events.record(&*self.device, stream.raw)?;
         for u in uses {
-            let rec = guard_of(&mut guards, u.block.generation)
+            let rec = guard_of(&mut guards, &u.block)
                 .blocks
                 .get_mut(&u.block.generation)
                 .expect("validated above");
@@ -858,8 +1002,15 @@ impl AsyncPool {
     /// driver. On any error nothing changed (waits already queued are
     /// harmless: they only delay the stream).
     fn free_block(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let mut shard = self.shard(id.generation);
-        let rec = shard.record(id, self.ordinal)?;
+        let mut guard = self.shard(id.alloc_stream);
+        let shard = &mut *guard;
+        let rec = match shard.record(id, self.ordinal) {
+            Some(rec) => rec?,
+            None => {
+                drop(guard);
+                return Err(self.not_live(id));
+            }
+        };
         let (stream, tag, held, ptr) = (rec.stream.raw, rec.tag, rec.held, rec.ptr);
         if held > 0 {
             if rec.tracking.is_some() {
@@ -879,18 +1030,19 @@ impl AsyncPool {
                 rec.release_tracking(&mut lock(&self.events));
             }
         }
-        drop(shard);
+        self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));
+        shard.deallocations += 1;
         let state = if held == 0 {
             BlockState::Retired
         } else {
-            self.live_bytes.fetch_sub(held, Ordering::Relaxed);
             if self.options.cache {
-                self.caches.put(stream, ptr, held);
+                shard.cache.put(stream, ptr, held);
                 BlockState::Cached
             } else {
                 BlockState::Pending
             }
         };
+        drop(guard);
         Ok(DeviceBlock { id: *id, tag, state, held })
     }
 }

@@ -31,6 +31,8 @@ struct DirectState {
     blocks: FastMap<Generation, Record>,
     live_bytes: u64,
     peak: u64,
+    allocations: u64,
+    deallocations: u64,
 }
 
 pub struct Direct {
@@ -84,6 +86,7 @@ impl DeviceMemoryResource for Direct {
         st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag });
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
+        st.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
@@ -97,6 +100,7 @@ impl DeviceMemoryResource for Direct {
         }
         st.blocks.remove(&id.generation);
         st.live_bytes -= held;
+        st.deallocations += 1;
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
 
@@ -123,6 +127,8 @@ impl DeviceMemoryResource for Direct {
             live_blocks: st.blocks.len() as u64,
             pending_blocks: 0,
             peak_outstanding_bytes: st.peak,
+            allocations: st.allocations,
+            deallocations: st.deallocations,
             ..Usage::default()
         }
     }

@@ -9,8 +9,8 @@
 //!   free), so any later work on S may reuse the memory with no wait at
 //!   all: stream order is the only fence needed. Work on another stream T
 //!   must first wait (on the GPU) for an event recorded on S after the free;
-//!   [`StreamCaches::take_other`] hands such a block out together with its
-//!   stream so the pool can queue that wait.
+//!   [`CacheShard::take_any`] hands a block out together with its stream so
+//!   the pool can queue that wait.
 //! - Sizes are rounded up to size classes ([`size_class`]): 512-byte steps
 //!   up to 8 KiB, then sixteen classes per power of two, so rounding wastes
 //!   at most 1/16 of a block. A request takes the smallest cached class that
@@ -18,16 +18,16 @@
 //! - Within a class the most recently cached block is reused first (warm in
 //!   L2, and it keeps the coldest blocks at the front for release).
 //! - Releasing to the driver takes blocks out largest first, coldest first
-//!   within a size ([`StreamCaches::take_largest`]), or the coldest of one
-//!   stream ([`StreamCaches::take_coldest`]).
+//!   within a size ([`CacheShard::largest`]), or the coldest of one stream
+//!   ([`CacheShard::take_coldest`]).
 //!
-//! Concurrency: streams are spread over a fixed set of shards, each behind
-//! its own lock, so threads working on different streams rarely meet on a
-//! lock; no lock here is held while calling a driver. Byte and block counts
-//! and hit/miss counters live in the shards and are summed on demand.
+//! Concurrency: a [`CacheShard`] holds the caches of the streams that map
+//! to one shard of the pool's block table and lives under that shard's
+//! lock, so threads working on different streams rarely meet on a lock and
+//! an allocation takes one lock for its cache and its block record. Byte
+//! and block counts and hit/miss counters are per shard, summed on demand.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
 
 use crate::device::RawStream;
 use crate::fast_hash::FastMap;
@@ -39,8 +39,6 @@ const CLASSES_PER_OCTAVE: u64 = 16;
 /// A cached class serves a request when class ≤ request class × 9/8.
 pub(crate) const MAX_FIT_NUM: u64 = 9;
 pub(crate) const MAX_FIT_DEN: u64 = 8;
-
-const SHARDS: usize = 16;
 
 /// The bytes a request of `bytes` is rounded up to (0 stays 0; `None` when
 /// the rounding would overflow).
@@ -105,8 +103,11 @@ impl StreamCache {
     }
 }
 
+/// The cached blocks of the streams that map to one shard of the pool's
+/// table, kept under that shard's lock (the pool shards by stream, so an
+/// allocation or free takes one lock for its block record and its cache).
 #[derive(Default)]
-struct Shard {
+pub struct CacheShard {
     streams: FastMap<RawStream, StreamCache>,
     seq: u64,
     bytes: u64,
@@ -124,159 +125,112 @@ pub struct CacheTotals {
     pub misses: u64,
 }
 
-pub struct StreamCaches {
-    shards: Box<[Mutex<Shard>]>,
-}
-
-impl Default for StreamCaches {
-    fn default() -> Self {
-        StreamCaches { shards: (0..SHARDS).map(|_| Mutex::default()).collect() }
+impl CacheTotals {
+    pub fn add(&mut self, other: &CacheTotals) {
+        self.bytes += other.bytes;
+        self.blocks += other.blocks;
+        self.hits += other.hits;
+        self.misses += other.misses;
     }
 }
 
-fn shard_of(stream: RawStream) -> usize {
-    // Stream handles are pointers (CUDA) or small indices (sim): mix the
-    // bits so both spread over the shards.
-    (stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize % SHARDS
-}
-
-impl StreamCaches {
-    fn lock(&self, i: usize) -> MutexGuard<'_, Shard> {
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
+impl CacheShard {
     /// Keep `ptr` (of class `bytes`) for reuse on `stream`.
-    pub fn put(&self, stream: RawStream, ptr: u64, bytes: u64) {
-        let mut shard = self.lock(shard_of(stream));
-        shard.seq += 1;
-        let seq = shard.seq;
-        shard.bytes += bytes;
-        shard.blocks += 1;
-        let cache = shard.streams.entry(stream).or_default();
+    pub fn put(&mut self, stream: RawStream, ptr: u64, bytes: u64) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.bytes += bytes;
+        self.blocks += 1;
+        let cache = self.streams.entry(stream).or_default();
         cache.classes.entry(bytes).or_default().push(CachedBlock { ptr, bytes, seq });
         cache.bytes += bytes;
         cache.blocks += 1;
     }
 
+    fn took(&mut self, b: &CachedBlock) {
+        self.bytes -= b.bytes;
+        self.blocks -= 1;
+    }
+
     /// A block of `stream`'s own cache that fits a request of class
     /// `class` (counted as a hit).
-    pub fn take_own(&self, stream: RawStream, class: u64) -> Option<CachedBlock> {
-        let mut shard = self.lock(shard_of(stream));
-        let found = shard.streams.get_mut(&stream).and_then(|c| c.take_fit(class));
-        if let Some(b) = found {
-            shard.bytes -= b.bytes;
-            shard.blocks -= 1;
-            shard.hits += 1;
+    pub fn take_own(&mut self, stream: RawStream, class: u64) -> Option<CachedBlock> {
+        let found = self.streams.get_mut(&stream).and_then(|c| c.take_fit(class))?;
+        self.took(&found);
+        self.hits += 1;
+        Some(found)
+    }
+
+    /// A fitting block of any stream here, preferring `stream`'s own, with
+    /// the stream it belongs to (counted as a hit).
+    pub fn take_any(&mut self, stream: RawStream, class: u64) -> Option<(RawStream, CachedBlock)> {
+        if self.blocks == 0 {
+            return None;
         }
-        found
+        let found = match self.streams.get_mut(&stream).and_then(|c| c.take_fit(class)) {
+            Some(b) => (stream, b),
+            None => self.streams.iter_mut().find_map(|(s, c)| c.take_fit(class).map(|b| (*s, b)))?,
+        };
+        self.took(&found.1);
+        self.hits += 1;
+        Some(found)
+    }
+
+    /// Put back a block taken by `take_own`/`take_any` whose hand-out
+    /// failed, and undo the hit it counted.
+    pub fn put_back(&mut self, stream: RawStream, block: CachedBlock) {
+        self.put(stream, block.ptr, block.bytes);
+        self.hits = self.hits.saturating_sub(1);
     }
 
     /// Count a request that no cache could serve.
-    pub fn note_miss(&self, stream: RawStream) {
-        self.lock(shard_of(stream)).misses += 1;
+    pub fn note_miss(&mut self) {
+        self.misses += 1;
     }
 
-    /// A fitting block cached on a stream other than `stream`, with the
-    /// stream it belongs to (the caller orders `stream` after it). Counted
-    /// as a hit.
-    pub fn take_other(&self, stream: RawStream, class: u64) -> Option<(RawStream, CachedBlock)> {
-        for i in 0..SHARDS {
-            let mut shard = self.lock(i);
-            if shard.blocks == 0 {
-                continue;
-            }
-            let found = shard
-                .streams
-                .iter_mut()
-                .filter(|(s, _)| **s != stream)
-                .find_map(|(s, c)| c.take_fit(class).map(|b| (*s, b)));
-            if let Some((owner, b)) = found {
-                shard.bytes -= b.bytes;
-                shard.blocks -= 1;
-                shard.hits += 1;
-                return Some((owner, b));
-            }
-        }
-        None
-    }
-
-    /// Put back a block taken by `take_own`/`take_other` whose hand-out
-    /// failed, and undo the hit it counted.
-    pub fn put_back(&self, stream: RawStream, block: CachedBlock) {
-        self.put(stream, block.ptr, block.bytes);
-        let mut shard = self.lock(shard_of(stream));
-        shard.hits = shard.hits.saturating_sub(1);
-    }
-
-    /// The largest cached block of any stream (coldest among equals), taken
-    /// out of the cache.
-    pub fn take_largest(&self) -> Option<(RawStream, CachedBlock)> {
-        loop {
-            let mut best: Option<(usize, RawStream, CachedBlock)> = None;
-            for i in 0..SHARDS {
-                let shard = self.lock(i);
-                for (s, c) in shard.streams.iter() {
-                    if let Some(b) = c.largest() {
-                        let better = match &best {
-                            None => true,
-                            Some((_, _, cur)) => b.bytes > cur.bytes,
-                        };
-                        if better {
-                            best = Some((i, *s, b));
-                        }
-                    }
+    /// The largest block here (coldest among equals), not taken.
+    pub fn largest(&self) -> Option<(RawStream, CachedBlock)> {
+        let mut best: Option<(RawStream, CachedBlock)> = None;
+        for (s, c) in &self.streams {
+            if let Some(b) = c.largest() {
+                if best.as_ref().map_or(true, |(_, cur)| b.bytes > cur.bytes || (b.bytes == cur.bytes && b.seq < cur.seq)) {
+                    best = Some((*s, b));
                 }
             }
-            let (i, stream, block) = best?;
-            // Another thread may have taken it meanwhile: look again then.
-            let mut shard = self.lock(i);
-            let Some(cache) = shard.streams.get_mut(&stream) else { continue };
-            let before = cache.blocks;
-            cache.remove_front(&block);
-            if cache.blocks < before {
-                shard.bytes -= block.bytes;
-                shard.blocks -= 1;
-                return Some((stream, block));
-            }
         }
+        best
     }
 
-    /// The coldest cached block of `stream`, taken out of the cache.
-    pub fn take_coldest(&self, stream: RawStream) -> Option<CachedBlock> {
-        let mut shard = self.lock(shard_of(stream));
-        let cache = shard.streams.get_mut(&stream)?;
-        let block = cache.coldest()?;
-        cache.remove_front(&block);
-        shard.bytes -= block.bytes;
-        shard.blocks -= 1;
-        Some(block)
+    /// Take out a block found by `largest` or `coldest`; false if it is no
+    /// longer there.
+    pub fn remove(&mut self, stream: RawStream, block: &CachedBlock) -> bool {
+        let Some(cache) = self.streams.get_mut(&stream) else { return false };
+        let before = cache.blocks;
+        cache.remove_front(block);
+        if cache.blocks < before {
+            self.took(block);
+            return true;
+        }
+        false
     }
 
-    /// Every block cached on `stream`, taken out (the stream is going away).
-    pub fn take_stream(&self, stream: RawStream) -> Vec<CachedBlock> {
-        let mut shard = self.lock(shard_of(stream));
-        let Some(cache) = shard.streams.remove(&stream) else { return Vec::new() };
-        shard.bytes -= cache.bytes;
-        shard.blocks -= cache.blocks;
+    /// The coldest block cached on `stream` here, taken out.
+    pub fn take_coldest(&mut self, stream: RawStream) -> Option<CachedBlock> {
+        let block = self.streams.get(&stream)?.coldest()?;
+        self.remove(stream, &block).then_some(block)
+    }
+
+    /// Every block cached on `stream` here, taken out (the stream is going
+    /// away).
+    pub fn take_stream(&mut self, stream: RawStream) -> Vec<CachedBlock> {
+        let Some(cache) = self.streams.remove(&stream) else { return Vec::new() };
+        self.bytes -= cache.bytes;
+        self.blocks -= cache.blocks;
         cache.classes.into_values().flatten().collect()
     }
 
-    /// Bytes cached on `stream`.
-    pub fn stream_bytes(&self, stream: RawStream) -> u64 {
-        let shard = self.lock(shard_of(stream));
-        shard.streams.get(&stream).map_or(0, |c| c.bytes)
-    }
-
     pub fn totals(&self) -> CacheTotals {
-        let mut t = CacheTotals::default();
-        for i in 0..SHARDS {
-            let shard = self.lock(i);
-            t.bytes += shard.bytes;
-            t.blocks += shard.blocks;
-            t.hits += shard.hits;
-            t.misses += shard.misses;
-        }
-        t
+        CacheTotals { bytes: self.bytes, blocks: self.blocks, hits: self.hits, misses: self.misses }
     }
 }
 
@@ -305,35 +259,37 @@ mod tests {
 
     #[test]
     fn own_stream_fit_prefers_the_smallest_fitting_class_and_the_warmest_block() {
-        let c = StreamCaches::default();
+        let mut c = CacheShard::default();
         c.put(7, 0x1000, 4096);
         c.put(7, 0x2000, 4096);
         c.put(7, 0x3000, 8192);
         assert_eq!(c.take_own(7, 4096).map(|b| b.ptr), Some(0x2000), "warmest of the class");
         assert_eq!(c.take_own(7, 4096).map(|b| b.ptr), Some(0x1000));
         assert_eq!(c.take_own(7, 4096), None, "8 KiB is more than 9/8 of 4 KiB");
-        c.note_miss(7);
+        c.note_miss();
         assert_eq!(c.take_own(8, 8192), None, "another stream's block is not taken by take_own");
         let t = c.totals();
         assert_eq!((t.bytes, t.blocks, t.hits, t.misses), (8192, 1, 2, 1));
-        assert_eq!(c.take_other(8, 8192).map(|(s, b)| (s, b.ptr)), Some((7, 0x3000)));
+        assert_eq!(c.take_any(8, 8192).map(|(s, b)| (s, b.ptr)), Some((7, 0x3000)));
         assert_eq!(c.totals().bytes, 0);
     }
 
     #[test]
     fn release_order_is_largest_then_coldest() {
-        let c = StreamCaches::default();
+        let mut c = CacheShard::default();
         c.put(1, 0xa, 1024);
         c.put(2, 0xb, 65536);
         c.put(3, 0xc, 65536);
         c.put(1, 0xd, 2048);
-        let (s, b) = c.take_largest().unwrap();
-        assert_eq!(b.bytes, 65536);
-        assert!(s == 2 || s == 3);
-        assert_eq!(c.take_largest().unwrap().1.bytes, 65536);
+        let (s, b) = c.largest().unwrap();
+        assert_eq!((s, b.ptr), (2, 0xb), "the coldest of the largest");
+        assert!(c.remove(s, &b));
+        assert!(!c.remove(s, &b), "already gone");
+        assert_eq!(c.largest().unwrap().1.ptr, 0xc);
         assert_eq!(c.take_coldest(1).map(|b| b.ptr), Some(0xa));
         assert_eq!(c.take_stream(1).iter().map(|b| b.ptr).collect::<Vec<_>>(), vec![0xd]);
-        assert_eq!(c.take_largest(), None);
+        assert_eq!(c.take_stream(3).len(), 1);
+        assert_eq!(c.largest(), None);
         assert_eq!(c.totals(), CacheTotals { bytes: 0, blocks: 0, hits: 0, misses: 0 });
     }
 }
