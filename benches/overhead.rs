@@ -104,11 +104,50 @@ fn pairs(rt: &Runtime, n: u64) -> f64 {
     ns
 }
 
+/// The same pair through the C ABI (xlog_allocate / xlog_deallocate) on a
+/// sim runtime: after the first, every allocation is a cache hit, so no
+/// device work is timed either.
+fn c_abi_pairs(n: u64) -> f64 {
+    use xlog_cuda::ffi::api::*;
+    use xlog_cuda::ffi::types::*;
+    let mut cfg = std::mem::MaybeUninit::<xlog_config>::uninit();
+    // SAFETY: xlog_config_init fills the whole struct.
+    let mut cfg = unsafe {
+        xlog_config_init(cfg.as_mut_ptr());
+        cfg.assume_init()
+    };
+    cfg.backend = XLOG_BACKEND_SIM;
+    cfg.budget_bytes = 1 << 30;
+    let mut rt = std::ptr::null_mut();
+    // SAFETY: valid pointers to locals.
+    assert_eq!(unsafe { xlog_runtime_open(0, &cfg, &mut rt) }, XLOG_OK);
+    let mut s = 0;
+    assert_eq!(xlog_stream_acquire(rt, &mut s), XLOG_OK);
+    let tag = c"w1";
+    let mut block = std::mem::MaybeUninit::<xlog_block>::uninit();
+    let t0 = Instant::now();
+    for i in 0..n {
+        // SAFETY: valid runtime, tag and out-pointer.
+        let st = unsafe { xlog_allocate(rt, 1 << 20, s, tag.as_ptr(), block.as_mut_ptr()) };
+        assert_eq!(st, XLOG_OK);
+        // SAFETY: written by the successful call above.
+        assert_eq!(xlog_deallocate(rt, unsafe { block.assume_init() }), XLOG_OK);
+        if i % 64 == 63 {
+            xlog_reap(rt, std::ptr::null_mut());
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+    ns
+}
+
 fn main() {
     let n = 2_000_000u64;
     let rt = runtime();
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
+    c_abi_pairs(n / 10);
+    println!("pair through the C ABI:        {:7.1} ns", c_abi_pairs(n));
     if std::env::args().any(|a| a == "--pairs-only") {
         return;
     }

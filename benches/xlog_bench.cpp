@@ -425,8 +425,8 @@ class CudaMallocPeer : public Peer {
 // open at once.
 class XlogPeer : public Peer {
  public:
-  XlogPeer(std::string name, xlog_allocator allocator, bool budget, bool wait_on_pressure)
-      : name_(std::move(name)), allocator_(allocator), budget_(budget), wait_(wait_on_pressure) {}
+  XlogPeer(std::string name, xlog_allocator allocator, bool budget, bool wait_on_pressure, bool cache = true)
+      : name_(std::move(name)), allocator_(allocator), budget_(budget), wait_(wait_on_pressure), cache_(cache) {}
 
   std::string name() const override { return name_; }
   bool stream_ordered() const override { return allocator_ == XLOG_ALLOCATOR_ASYNC; }
@@ -449,6 +449,7 @@ class XlogPeer : public Peer {
     c.budget_bytes = budget_ ? (limit_bytes ? limit_bytes : cfg.budget) : 0;
     c.log_path = nullptr;
     c.wait_on_pressure = wait_ ? 1 : 0;
+    c.cache = cache_ ? 1 : 0;
     c.sim_capacity_bytes = cfg.sim_capacity;
     if (c.stream_pool_size < 16) c.stream_pool_size = 16;
     check_xlog(xlog_runtime_open(0, &c, &rt_), "xlog_runtime_open");
@@ -514,6 +515,7 @@ class XlogPeer : public Peer {
   xlog_allocator allocator_;
   bool budget_;
   bool wait_;
+  bool cache_;
   xlog_runtime* rt_ = nullptr;
 };
 
@@ -676,6 +678,8 @@ Registry make_registry() {
   }
   reg.peers.push_back(std::make_unique<XlogPeer>("xlog", XLOG_ALLOCATOR_ASYNC, true, false));
   reg.peers.push_back(std::make_unique<XlogPeer>("xlog-nobudget", XLOG_ALLOCATOR_ASYNC, false, false));
+  // The seed's behaviour: every free goes to the driver (cache off).
+  reg.peers.push_back(std::make_unique<XlogPeer>("xlog-nocache", XLOG_ALLOCATOR_ASYNC, true, false, false));
   reg.peers.push_back(std::make_unique<XlogPeer>("xlog-direct", XLOG_ALLOCATOR_DIRECT, true, false));
   if (!cfg.sim) {
     load_plugin(reg, "libxlog_bench_rmm.so", {"rmm-async", "rmm-limiting-async", "rmm-pool"},

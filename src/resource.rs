@@ -151,21 +151,36 @@ impl AllocTag {
             end -= 1;
         }
         let name = &name[..end];
+        AllocTag::from_bytes(name.as_bytes())
+    }
+
+    /// The tag of a name given as bytes (a C string's); invalid UTF-8 is
+    /// replaced. Repeating the last name this thread gave costs a compare.
+    pub fn from_bytes(name: &[u8]) -> AllocTag {
         thread_local! {
-            /// The last tag this thread named: callers mostly repeat one.
-            static LAST: std::cell::RefCell<(String, u32)> = const { std::cell::RefCell::new((String::new(), 0)) };
+            /// The last name this thread gave, as given: callers mostly
+            /// repeat one.
+            static LAST: std::cell::RefCell<(Vec<u8>, u32)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+        }
+        if name.is_empty() {
+            return AllocTag::UNTAGGED;
         }
         if let Some(id) = LAST.with(|l| {
             let l = l.borrow();
-            (l.0 == name && l.1 != 0).then_some(l.1)
+            (l.1 != 0 && l.0 == name).then_some(l.1)
         }) {
             return AllocTag(id);
         }
-        let tag = AllocTag::lookup(name);
+        let text = String::from_utf8_lossy(name);
+        let mut end = text.len().min(MAX_TAG_LEN);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let tag = AllocTag::lookup(&text[..end]);
         LAST.with(|l| {
             let mut l = l.borrow_mut();
             l.0.clear();
-            l.0.push_str(name);
+            l.0.extend_from_slice(name);
             l.1 = tag.0;
         });
         tag

@@ -311,9 +311,14 @@ impl Runtime {
     // ----- blocks -----
 
     pub fn allocate(&self, bytes: u64, stream: StreamId, tag: &str) -> ResourceResult<DeviceBlock> {
+        self.allocate_tagged(bytes, stream, AllocTag::new(tag))
+    }
+
+    /// `allocate` with the tag already interned.
+    pub fn allocate_tagged(&self, bytes: u64, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
-        match self.stack.allocate(bytes, s, AllocTag::new(tag)) {
+        match self.stack.allocate(bytes, s, tag) {
             Ok(b) => Ok(b),
             Err(e) => {
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);

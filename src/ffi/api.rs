@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use super::types::*;
+use crate::resource::AllocTag;
 use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runtime};
 use crate::config::{AllocatorKind, Config};
 use crate::device::sim::FaultKind;
@@ -544,14 +545,14 @@ pub unsafe extern "C" fn xlog_allocate(
 ) -> xlog_status {
     boundary("xlog_allocate", || {
         out_ptr(out, "out")?;
-        let tag_text = if tag.is_null() {
-            std::borrow::Cow::Borrowed("")
+        let tag = if tag.is_null() {
+            AllocTag::UNTAGGED
         } else {
             // SAFETY: non-NULL; the caller guarantees a NUL-terminated string.
-            unsafe { CStr::from_ptr(tag) }.to_string_lossy()
+            AllocTag::from_bytes(unsafe { CStr::from_ptr(tag) }.to_bytes())
         };
         with_runtime(rt, |r| {
-            let block = r.allocate(bytes, stream_id(stream)?, &tag_text)?;
+            let block = r.allocate_tagged(bytes, stream_id(stream)?, tag)?;
             write_out(out, block_of(&block));
             Ok(())
         })
@@ -559,8 +560,11 @@ pub unsafe extern "C" fn xlog_allocate(
 }
 
 /// Free a block: its allocation stream waits for every recorded use on
-/// other streams, then the free is queued there. The bytes stay charged to
-/// the budget (as pending) until `xlog_reap` sees the free complete.
+/// other streams; then the memory goes to that stream's cache (the default;
+/// reused by the next fitting allocation) or, with the cache off, its free
+/// is queued there. Either way the handle is dead at once, and the bytes
+/// stay charged to the budget (as cached or pending) until they are handed
+/// back to the driver and `xlog_reap` sees that complete.
 #[no_mangle]
 pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
     boundary("xlog_deallocate", || {

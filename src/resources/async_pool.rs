@@ -555,7 +555,9 @@ impl AsyncPool {
     /// `wait_on_pressure` it then waits for pending frees and retries once
     /// more.
     fn allocate_new(&self, class: u64, stream: StreamRef, gate: &dyn ChargeGate) -> ResourceResult<u64> {
-        self.reap_into(gate);
+        // No reap here: sealing pending frees records an event, too dear
+        // for every miss. The runtime's reap (which engines and the hooks
+        // call regularly) and the pressure paths retire them.
         if self.options.cache {
             self.bound_hoard(class, stream);
         }

@@ -27,8 +27,6 @@
 //! an allocation takes one lock for its cache and its block record. Byte
 //! and block counts and hit/miss counters are per shard, summed on demand.
 
-use std::collections::BTreeMap;
-
 use crate::device::RawStream;
 use crate::fast_hash::FastMap;
 
@@ -65,41 +63,116 @@ pub struct CachedBlock {
     seq: u64,
 }
 
+/// Number of size classes (indices of [`class_index`]).
+const CLASS_COUNT: usize = 16 + 51 * CLASSES_PER_OCTAVE as usize;
+const BITMAP_WORDS: usize = CLASS_COUNT.div_ceil(64);
+
+/// Dense index of a class (a non-zero value of [`size_class`]): the 512 B
+/// steps up to 8 KiB first, then sixteen per power of two.
+fn class_index(class: u64) -> usize {
+    if class <= 8192 {
+        return (class / MIN_CLASS_STEP - 1) as usize;
+    }
+    let e = 63 - class.leading_zeros() as u64;
+    let m = (class - (1 << e)) >> (e - 4);
+    (16 + (e - 13) * CLASSES_PER_OCTAVE + m) as usize
+}
+
+/// The class of an index (inverse of [`class_index`]).
+fn index_class(i: usize) -> u64 {
+    let i = i as u64;
+    if i < 16 {
+        return (i + 1) * MIN_CLASS_STEP;
+    }
+    let e = 13 + (i - 16) / CLASSES_PER_OCTAVE;
+    (1 << e) + ((i - 16) % CLASSES_PER_OCTAVE << (e - 4))
+}
+
 #[derive(Default)]
 struct StreamCache {
-    /// Class bytes → blocks, coldest first. Emptied classes stay (a
-    /// training loop empties and refills the same classes every step).
-    classes: BTreeMap<u64, Vec<CachedBlock>>,
+    /// Blocks by class index, coldest first. Emptied classes keep their
+    /// storage (a training loop empties and refills the same classes
+    /// every step); `occupied` marks the non-empty ones.
+    lists: Vec<Vec<CachedBlock>>,
+    occupied: [u64; BITMAP_WORDS],
     bytes: u64,
     blocks: u64,
 }
 
 impl StreamCache {
+    fn is_set(&self, i: usize) -> bool {
+        self.occupied[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn mark(&mut self, i: usize) {
+        let (w, bit) = (i / 64, 1u64 << (i % 64));
+        if self.lists[i].is_empty() {
+            self.occupied[w] &= !bit;
+        } else {
+            self.occupied[w] |= bit;
+        }
+    }
+
+    fn push(&mut self, block: CachedBlock) {
+        let i = class_index(block.bytes);
+        if self.lists.len() <= i {
+            self.lists.resize_with(i + 1, Vec::new);
+        }
+        self.lists[i].push(block);
+        self.mark(i);
+        self.bytes += block.bytes;
+        self.blocks += 1;
+    }
+
     fn take_fit(&mut self, class: u64) -> Option<CachedBlock> {
-        let (_, list) = self.classes.range_mut(class..=max_fit(class)).find(|(_, v)| !v.is_empty())?;
-        let block = list.pop()?;
+        let first = class_index(class);
+        let limit = max_fit(class);
+        // Classes are at least 1/16 apart: 9/8 of a class spans at most
+        // the next three indices (one of which may be the unused 16).
+        let last = (first + 3).min(self.lists.len().saturating_sub(1));
+        let i = (first..=last).find(|&i| self.is_set(i) && index_class(i) <= limit)?;
+        let block = self.lists[i].pop()?;
+        self.mark(i);
         self.bytes -= block.bytes;
         self.blocks -= 1;
         Some(block)
     }
 
+    /// Indices of the non-empty classes, largest first.
+    fn occupied_desc(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..BITMAP_WORDS).rev().flat_map(move |w| {
+            let mut word = self.occupied[w];
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let bit = 63 - word.leading_zeros() as usize;
+                    word &= !(1u64 << bit);
+                    w * 64 + bit
+                })
+            })
+        })
+    }
+
     fn largest(&self) -> Option<CachedBlock> {
-        self.classes.values().rev().find_map(|v| v.first().copied())
+        self.occupied_desc().next().and_then(|i| self.lists[i].first().copied())
     }
 
     fn coldest(&self) -> Option<CachedBlock> {
-        self.classes.values().filter_map(|v| v.first().copied()).min_by_key(|b| b.seq)
+        self.occupied_desc().filter_map(|i| self.lists[i].first().copied()).min_by_key(|b| b.seq)
     }
 
     /// Remove `block` (found by `largest`/`coldest`: the first of its class).
     fn remove_front(&mut self, block: &CachedBlock) {
-        if let Some(list) = self.classes.get_mut(&block.bytes) {
-            if list.first() == Some(block) {
-                list.remove(0);
-                self.bytes -= block.bytes;
-                self.blocks -= 1;
-            }
+        let i = class_index(block.bytes);
+        if self.lists.get(i).and_then(|l| l.first()) == Some(block) {
+            self.lists[i].remove(0);
+            self.mark(i);
+            self.bytes -= block.bytes;
+            self.blocks -= 1;
         }
+    }
+
+    fn drain(self) -> impl Iterator<Item = CachedBlock> {
+        self.lists.into_iter().flatten()
     }
 }
 
@@ -141,10 +214,7 @@ impl CacheShard {
         let seq = self.seq;
         self.bytes += bytes;
         self.blocks += 1;
-        let cache = self.streams.entry(stream).or_default();
-        cache.classes.entry(bytes).or_default().push(CachedBlock { ptr, bytes, seq });
-        cache.bytes += bytes;
-        cache.blocks += 1;
+        self.streams.entry(stream).or_default().push(CachedBlock { ptr, bytes, seq });
     }
 
     fn took(&mut self, b: &CachedBlock) {
@@ -226,7 +296,7 @@ impl CacheShard {
         let Some(cache) = self.streams.remove(&stream) else { return Vec::new() };
         self.bytes -= cache.bytes;
         self.blocks -= cache.blocks;
-        cache.classes.into_values().flatten().collect()
+        cache.drain().collect()
     }
 
     pub fn totals(&self) -> CacheTotals {
@@ -255,6 +325,24 @@ mod tests {
             assert!((c - bytes) * 16 <= c.max(8192 * 16), "{bytes} -> {c}");
             assert_eq!(size_class(c), Some(c), "a class is its own class");
         }
+    }
+
+    #[test]
+    fn class_indices_are_dense_and_invertible() {
+        let mut seen = std::collections::HashSet::new();
+        let mut bytes = 1u64;
+        while bytes < (1u64 << 62) {
+            let c = size_class(bytes).unwrap();
+            let i = class_index(c);
+            assert!(i < CLASS_COUNT, "{c} -> {i}");
+            assert_eq!(index_class(i), c, "{bytes} -> class {c} -> index {i}");
+            seen.insert(i);
+            bytes = c + 1;
+        }
+        assert!(!seen.contains(&16), "index 16 is the unused alias of 8 KiB");
+        let top = (1u64 << 63) + 15 * (1u64 << 59);
+        assert_eq!(size_class(top), Some(top), "the largest class");
+        assert_eq!(class_index(top), CLASS_COUNT - 1);
     }
 
     #[test]
