@@ -367,8 +367,11 @@ xlog_status xlog_allocate(struct xlog_runtime *rt, uint64_t bytes, xlog_stream s
 
 /*
  Free a block: its allocation stream waits for every recorded use on
- other streams, then the free is queued there. The bytes stay charged to
- the budget (as pending) until `xlog_reap` sees the free complete.
+ other streams; then the memory goes to that stream's cache (the default;
+ reused by the next fitting allocation) or, with the cache off, its free
+ is queued there. Either way the handle is dead at once, and the bytes
+ stay charged to the budget (as cached or pending) until they are handed
+ back to the driver and `xlog_reap` sees that complete.
  */
 xlog_status xlog_deallocate(struct xlog_runtime *rt, struct xlog_block block);
 
