@@ -141,8 +141,54 @@ fn c_abi_pairs(n: u64) -> f64 {
     ns
 }
 
+/// W2's trace (allocation probability 1 - live/1000, sizes uniform in
+/// [1, 4 MiB]) on the null device: ns per operation and the cache's hit
+/// rate, which decides how often a real device would be called.
+fn replay(rt: &Runtime, ops: u64) {
+    let s = rt.acquire_stream().unwrap();
+    let mut rng = 0x2026_1122_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut live: Vec<xlog_cuda::BlockId> = Vec::new();
+    let before = rt.stats().unwrap();
+    let t0 = Instant::now();
+    for _ in 0..ops {
+        let p_alloc = 1.0 - live.len() as f64 / 1000.0;
+        if live.is_empty() || (live.len() < 1000 && (next() % 1_000_000) as f64 / 1e6 < p_alloc) {
+            live.push(rt.allocate(1 + next() % (4 << 20), s, "w2").unwrap().id);
+        } else {
+            let j = (next() % live.len() as u64) as usize;
+            rt.deallocate(&live.swap_remove(j)).unwrap();
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / ops as f64;
+    let st = rt.stats().unwrap();
+    let (hits, misses) = (st.cache_hits - before.cache_hits, st.cache_misses - before.cache_misses);
+    println!(
+        "W2 replay: {ns:7.1} ns/op, hit rate {:.3}, live {} MiB, cached {} MiB, peak held {} MiB",
+        hits as f64 / (hits + misses) as f64,
+        st.live_bytes >> 20,
+        st.cached_bytes >> 20,
+        st.peak_outstanding_bytes >> 20
+    );
+    for id in live {
+        rt.deallocate(&id).unwrap();
+    }
+    rt.release_stream(s).unwrap();
+}
+
 fn main() {
     let n = 2_000_000u64;
+    if std::env::args().any(|a| a == "--replay") {
+        let rt = runtime();
+        replay(&rt, 20_000);
+        replay(&rt, 200_000);
+        return;
+    }
     let rt = runtime();
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));

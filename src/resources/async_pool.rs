@@ -295,6 +295,10 @@ const UNCACHED_GRANULARITY: u64 = 256;
 /// Slack of the hoarding bound: held may pass the live peak by 1/16.
 const HOARD_SLACK_DIV: u64 = 16;
 
+/// A miss reaps when pending frees exceed this fraction (1/16) of what is
+/// held, so that bytes the driver already has back are not charged long.
+const PENDING_REAP_DIV: u64 = 16;
+
 pub struct AsyncPool {
     device: Arc<dyn Device>,
     ordinal: u32,
@@ -555,9 +559,14 @@ impl AsyncPool {
     /// `wait_on_pressure` it then waits for pending frees and retries once
     /// more.
     fn allocate_new(&self, class: u64, stream: StreamRef, gate: &dyn ChargeGate) -> ResourceResult<u64> {
-        // No reap here: sealing pending frees records an event, too dear
-        // for every miss. The runtime's reap (which engines and the hooks
-        // call regularly) and the pressure paths retire them.
+        // Reap only once pending frees are a noticeable share of what is
+        // held (sealing them records an event, too dear for every miss);
+        // otherwise the runtime's reap, which engines and the hooks call
+        // regularly, and the pressure paths retire them.
+        let held = self.held.load(Ordering::Relaxed);
+        if self.pending_bytes.load(Ordering::Relaxed) > held / PENDING_REAP_DIV {
+            self.reap_into(gate);
+        }
         if self.options.cache {
             self.bound_hoard(class, stream);
         }
