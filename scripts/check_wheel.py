@@ -22,7 +22,9 @@
    wheel's config and that pkg-config finds the wheel's xlog-cuda.pc.
 
 On a machine without Rust (the GPU machine), pass --wheel with a wheel
-built here: steps 3 to 5 are the same check. Exit 0 when everything
+built here (ctest leaves it in build/package_test/wheel/repaired/): steps
+3 to 5 are the same check, and --gpu adds an allocation on the CUDA
+backend through the installed package. Exit 0 when everything
 passed, 1 on a failure, 77 (skipped) when the build backend
 (scikit-build-core) is not installed and no --wheel was given.
 """
@@ -85,6 +87,9 @@ def build_wheel(python: str, work: str) -> str:
 
 
 def retag(python: str, wheel: str, work: str) -> str:
+    if "-manylinux_" in os.path.basename(wheel):
+        log(f"{os.path.basename(wheel)} is tagged manylinux already")
+        return wheel
     if shutil.which("auditwheel") is None and subprocess.run(
             [python, "-c", "import auditwheel"], capture_output=True).returncode != 0:
         log("auditwheel is not installed: the wheel keeps its linux_x86_64 tag (not installable from an index "
@@ -142,6 +147,21 @@ print(json.dumps({"package": os.path.realpath(xlog_cuda.__file__), "library": xl
 """
 
 
+GPU_PROBE = r"""
+import xlog_cuda as xc
+with xc.Runtime(0, backend="cuda", budget_bytes="64MiB") as rt:
+    assert rt.backend == "cuda", rt.backend
+    with rt.acquire_stream() as s:
+        b = rt.allocate(1 << 20, s, tag="wheel-check")
+        assert b.ptr and b.size == 1 << 20
+        b.free()
+        released = rt.drain()
+    st = rt.stats()
+    assert st.live_bytes == 0 and st.allocations == 1, st
+print(f"allocated and freed 1 MiB on the CUDA backend through {xc.library_path()}")
+"""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True, help="scratch directory (emptied first)")
@@ -149,6 +169,7 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable, help="interpreter that builds and makes the venv")
     ap.add_argument("--cmake", default=shutil.which("cmake") or "cmake")
     ap.add_argument("--generator", default="Ninja" if shutil.which("ninja") else "Unix Makefiles")
+    ap.add_argument("--gpu", action="store_true", help="also allocate on the CUDA backend (a GPU machine)")
     args = ap.parse_args()
 
     work = os.path.abspath(args.work)
@@ -161,18 +182,30 @@ def main() -> int:
     check_contents(wheel)
 
     venv = os.path.join(work, "venv")
-    run([args.python, "-m", "venv", venv])
-    py = os.path.join(venv, "bin", "python")
-    run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], env=clean_env())
-    log(f"installed into a fresh venv ({venv})")
+    made = subprocess.run([args.python, "-m", "venv", venv], capture_output=True, text=True)
+    if made.returncode == 0:
+        py = os.path.join(venv, "bin", "python")
+        run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel], env=clean_env())
+        env = clean_env()
+        log(f"installed into a fresh venv ({venv})")
+    else:
+        # An interpreter without ensurepip (Debian/Ubuntu without
+        # python3-venv): install into a fresh directory instead.
+        target = os.path.join(work, "site")
+        run([args.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", target, wheel],
+            env=clean_env())
+        py = args.python
+        env = clean_env({"PYTHONPATH": target})
+        venv = target
+        log(f"no venv module ({made.stderr.strip().splitlines()[-1] if made.stderr.strip() else made.returncode}); "
+            f"installed with pip --target {target}")
 
     outside = os.path.join(work, "elsewhere")
     os.makedirs(outside)
-    env = clean_env()
     import json
 
     probe = json.loads(run([py, "-c", PROBE], cwd=outside, env=env).stdout.strip().splitlines()[-1])
-    site = os.path.realpath(os.path.join(venv, "lib"))
+    site = os.path.realpath(venv)
     if not probe["package"].startswith(site):
         fail(f"import xlog_cuda took {probe['package']}, not the venv's copy under {site}")
     if not (probe["prefix"] and probe["library"].startswith(os.path.realpath(probe["prefix"]))):
@@ -211,6 +244,10 @@ def main() -> int:
         if f"{program} OK" not in out:
             fail(f"{program} did not report success: {out}")
     log(f"cpp_tests/consumer built against {found[0]} and ran (consumer_c, consumer_cpp)")
+
+    if args.gpu:
+        out = run([py, "-c", GPU_PROBE], cwd=outside, env={**env, "XLOG_BACKEND": "cuda"}).stdout.strip()
+        log(f"on the GPU: {out.splitlines()[-1]}")
 
     if shutil.which("pkg-config"):
         cflags = run(["pkg-config", "--cflags", "--libs", "xlog-cuda"],
