@@ -191,3 +191,17 @@ def test_a_million_lines_render_in_ten_seconds(tmp_path):
     size = os.path.getsize(tmp_path / "big.html")
     assert size < 3 << 20, f"the page is {size} bytes: the series was not downsampled"
     assert len(data["series"]["t"]) == report.DEFAULT_POINTS
+
+
+def test_an_rmm_log_reads_too(tmp_path):
+    """RMM's logging adaptor's own log: six columns (no Tag), "(nil)" for a
+    failed allocation's pointer, the HH:MM:SS:us time RMM's parser documents."""
+    log = _write(tmp_path, (
+        "140234,10:00:00:000001,allocate,0x7f00,256,0\n"
+        "140234,10:00:00:000101,allocate failure,(nil),99999999,0\n"
+        "140234,10:00:00:000201,free,0x7f00,256,0\n"
+    ), header="Thread,Time,Action,Pointer,Size,Stream\n")
+    d = report.analyze(log)
+    assert d["counts"] == {"allocate": 1, "free": 1, "leak": 0, "refusal": 1}
+    assert d["peak"]["bytes"] == 256 and abs(d["duration_s"] - 0.0002) < 1e-9
+    assert d["tag_labels"] == ["(no tag)"] and d["refusals"]["listed"][0]["size"] == 99999999
