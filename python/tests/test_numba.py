@@ -55,6 +55,12 @@ SCENARIO = textwrap.dedent(
     assert st.live_bytes - base.live_bytes == 4096 and st.live_blocks - base.live_blocks == 1, st
     assert mm.get_memory_info() == cuda.MemoryInfo(free=MiB - 4096, total=MiB)
 
+    # Zero bytes: a NULL pointer, nothing charged, freed like any other.
+    z = mm.memalloc(0)
+    assert z.size == 0 and not z.device_pointer_value
+    assert xn.stats(DEV).live_bytes - base.live_bytes == 4096
+    del z
+
     # One budget with the PyTorch/CuPy hooks of the same device.
     lib = xlog_cuda.load_library()
     t = lib.xlog_torch_malloc(600 << 10, DEV, None)

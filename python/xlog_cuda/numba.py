@@ -264,11 +264,12 @@ def _oom_code(nb_driver) -> Any:
 
 def _device_pointer(nb_driver, ptr: int):
     """The pointer in the form this Numba's MemoryPointer takes."""
-    if getattr(nb_driver, "USE_NV_BINDING", None) is True:
-        return nb_driver.binding.CUdeviceptr(ptr)
     if getattr(nb_driver, "USE_NV_BINDING", None) is False:
-        return ctypes.c_uint64(ptr)
-    return ctypes.c_void_p(ptr)  # numba-cuda: converted to a CUdeviceptr by MemoryPointer
+        return ctypes.c_uint64(ptr)  # older Numba on its ctypes binding
+    binding = getattr(nb_driver, "binding", None)
+    if binding is not None and hasattr(binding, "CUdeviceptr"):
+        return binding.CUdeviceptr(ptr)  # numba-cuda (NVIDIA's bindings); fine for 0 too
+    return ctypes.c_void_p(ptr)
 
 
 def __getattr__(name: str):
