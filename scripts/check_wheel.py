@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,13 +131,19 @@ def check_contents(wheel: str) -> None:
     missing = [n for n in want if n not in names]
     if missing:
         fail(f"{os.path.basename(wheel)} lacks {missing}")
+    licenses = [n for n in names if re.fullmatch(r"xlog_cuda-[^/]+\.dist-info/licenses/LICENSE", n)]
+    if not licenses:
+        fail(f"{os.path.basename(wheel)} carries no LICENSE in its dist-info")
+    with zipfile.ZipFile(wheel) as z:
+        if b"Apache License" not in z.read(licenses[0]):
+            fail(f"{licenses[0]} is not the Apache-2.0 text")
     debug = [n for n in names if n.endswith(".debug")]
     if debug:
         fail(f"the wheel carries debug files {debug}")
     size = infos["xlog_cuda/lib/libxlog_cuda.so.0"].file_size
     if size > 4 << 20:
         fail(f"libxlog_cuda.so.0 in the wheel is {size} bytes: not stripped?")
-    log(f"contents ok: library {size} bytes (stripped), headers, CMake package, pkg-config file")
+    log(f"contents ok: library {size} bytes (stripped), headers, CMake package, pkg-config file, LICENSE")
 
 
 PROBE = r"""
