@@ -74,6 +74,33 @@ elseif(MODE STREQUAL "install_tree")
       message(FATAL_ERROR "XlogPackageTest (${MODE}): ${libdir}/${link} -> '${points_to}', expected '${target}'")
     endif()
   endforeach()
+  # With XLOG_STRIP (the default), the installed library is stripped: no debug sections, a
+  # .gnu_debuglink naming its .debug file, which `--component debug`
+  # installs beside it with the debug info.
+  if(STRIPPED)
+    xlog_run("readelf -S" "${READELF}" -S -W "${libdir}/${LIBRARY_FILE_NAME}")
+    if(xlog_run_output MATCHES "\\.debug_info")
+      message(FATAL_ERROR "XlogPackageTest (${MODE}): the installed ${LIBRARY_FILE_NAME} carries debug info")
+    endif()
+    if(NOT xlog_run_output MATCHES "\\.gnu_debuglink")
+      message(FATAL_ERROR "XlogPackageTest (${MODE}): the installed ${LIBRARY_FILE_NAME} has no .gnu_debuglink")
+    endif()
+    if(EXISTS "${libdir}/${LIBRARY_FILE_NAME}.debug")
+      message(FATAL_ERROR "XlogPackageTest (${MODE}): the .debug file was installed without --component debug")
+    endif()
+    xlog_run("cmake --install --component debug"
+      "${CMAKE_COMMAND}" --install "${XLOG_BINARY_DIR}" --prefix "${prefix}" --component debug)
+    if(NOT EXISTS "${libdir}/${LIBRARY_FILE_NAME}.debug")
+      message(FATAL_ERROR "XlogPackageTest (${MODE}): --component debug installed no ${LIBRARY_FILE_NAME}.debug")
+    endif()
+    xlog_run("readelf -S (debug file)" "${READELF}" -S -W "${libdir}/${LIBRARY_FILE_NAME}.debug")
+    if(NOT xlog_run_output MATCHES "\\.debug_info")
+      message(FATAL_ERROR "XlogPackageTest (${MODE}): ${LIBRARY_FILE_NAME}.debug holds no .debug_info")
+    endif()
+    file(SIZE "${libdir}/${LIBRARY_FILE_NAME}" stripped_size)
+    message(STATUS "installed ${LIBRARY_FILE_NAME}: ${stripped_size} bytes, stripped; debug info in the debug component")
+  endif()
+
   # The installed config must not point back into the build or source tree.
   file(READ "${prefix}/${INSTALL_CMAKEDIR}/XlogCudaConfig.cmake" installed_config)
   string(FIND "${installed_config}" "${XLOG_BINARY_DIR}" build_path_at)

@@ -23,6 +23,16 @@ Scenarios:
                 budget and fits once PyTorch frees.
   time_default  the training loop on PyTorch's own caching allocator
   time_xlog     the same loop on xlog (no log): mean step times and ratio.
+  numba         Numba through xlog_cuda.numba, enabled by
+                NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba under a 256 MiB
+                budget from the environment: a kernel over xlog-backed
+                arrays gives the right result, stats count the arrays, an
+                over-budget array raises Numba's out-of-memory error with
+                xlog's reason, freed arrays give their bytes back, and
+                (with PyTorch) Numba and PyTorch share the budget.
+
+The train scenario also writes a memory report of its log
+(train-report.html, and train-report.png with matplotlib).
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -52,7 +62,11 @@ STEPS = 300
 TIMED_STEPS = 300
 WARMUP_STEPS = 30
 SCENARIO_TIMEOUT_S = 150
-ORDER = ["train", "oom", "shared", "time_default", "time_xlog"]
+NUMBA_BUDGET = 256 * MiB
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba"]
+# What each scenario imports (the driver skips when one is missing).
+NEEDS = {"train": ["torch"], "oom": ["torch"], "shared": ["torch", "cupy"], "time_default": ["torch"],
+         "time_xlog": ["torch"], "numba": ["numba.cuda", "numpy"]}
 SKIP = 77
 
 
@@ -198,6 +212,36 @@ def scenario_train(r: Result, workdir: str) -> None:
     torch.cuda.synchronize()
     xi.drain(0)
     r.info("left at the end", f"{xt.stats(0).live_blocks} blocks still live (PyTorch keeps its cuBLAS workspace)")
+
+    # The memory report of this run (python -m xlog_cuda.report).
+    from xlog_cuda import report
+
+    page = os.path.join(workdir, "train-report.html")
+    try:
+        import matplotlib  # noqa: F401
+
+        png: Optional[str] = os.path.join(workdir, "train-report.png")
+    except ImportError:
+        png = None
+    t0 = time.perf_counter()
+    data = report.write_report(log_path, page, png, title="gpu-frameworks train: PyTorch MLP on xlog")
+    took = time.perf_counter() - t0
+    final = xt.stats(0)
+    r.metrics["report"] = {"html": page, "png": png, "seconds": round(took, 3), "lines": data["lines"],
+                           "peak_live_bytes": data["peak"]["bytes"]}
+    r.check(
+        "memory report written",
+        os.path.getsize(page) > 10_000 and data["counts"]["allocate"] == final.allocations,
+        f"{page} ({os.path.getsize(page)} B, {took:.2f} s): {data['counts']['allocate']} allocations read "
+        f"(stats {final.allocations}), peak live {data['peak']['bytes']} B at {data['peak']['t']:.3f} s"
+        + (f"; {png}" if png else "; no PNG (matplotlib missing)"),
+    )
+    r.check(
+        "report peak <= runtime peak",
+        0 < data["peak"]["bytes"] <= final.peak_outstanding_bytes,
+        f"log's live peak {data['peak']['bytes']} B, runtime's peak outstanding {final.peak_outstanding_bytes} B "
+        "(outstanding also counts freed-but-pending bytes)",
+    )
 
 
 def scenario_oom(r: Result, workdir: str) -> None:
@@ -461,12 +505,123 @@ def scenario_time_xlog(r: Result, workdir: str) -> None:
     _timed(r, use_xlog=True)
 
 
+def scenario_numba(r: Result, workdir: str) -> None:
+    """Enabled by NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba (set by the
+    driver, with XLOG_BACKEND=cuda, XLOG_BUDGET_BYTES=256MiB and a log)."""
+    import numpy as np
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as nb_driver
+
+    import xlog_cuda.interop as xi
+    import xlog_cuda.numba as xn
+
+    try:
+        from importlib.metadata import version
+
+        r.metrics["numba_cuda_version"] = version("numba-cuda")
+    except Exception:  # noqa: BLE001 - informational
+        pass
+    r.metrics["numba_version"] = __import__("numba").__version__
+
+    @cuda.jit
+    def axpy(a, x, y, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i] + y[i]
+
+    ctx = cuda.current_context()  # creates the context: binds the plug-in
+    manager = type(ctx.memory_manager)
+    r.check("Numba uses the xlog plug-in", manager.__name__ == "XlogNumbaManager",
+            f"{manager.__module__}.{manager.__name__}")
+    base = xn.stats(0)
+    r.check("budget from XLOG_BUDGET_BYTES", base.budget_limit == NUMBA_BUDGET, f"budget_limit {base.budget_limit}")
+
+    n = 1 << 22  # 16 MiB per float32 array
+    x_host = np.arange(n, dtype=np.float32)
+    x = cuda.to_device(x_host)
+    y = cuda.to_device(np.ones(n, dtype=np.float32))
+    out = cuda.device_array(n, dtype=np.float32)
+    now = xn.stats(0)
+    r.check(
+        "stats count Numba's arrays",
+        now.live_bytes - base.live_bytes == 3 * n * 4 and now.live_blocks - base.live_blocks == 3,
+        f"live_bytes +{now.live_bytes - base.live_bytes} (3 arrays of {n * 4} B), live_blocks +{now.live_blocks - base.live_blocks}",
+    )
+    axpy[(n + 255) // 256, 256](np.float32(2.0), x, y, out)
+    cuda.synchronize()
+    got = out.copy_to_host()
+    want = 2.0 * x_host + 1.0
+    r.check("a kernel over xlog-backed arrays", bool(np.array_equal(got, want)),
+            f"out[:3] = {got[:3].tolist()}, out[-1] = {float(got[-1])} (expected {float(want[-1])})")
+    info = ctx.get_memory_info()
+    remaining = xn.stats(0).budget_remaining
+    r.check("get_memory_info is the budget", info.total == NUMBA_BUDGET and info.free == remaining,
+            f"{info}, budget_remaining {remaining}")
+
+    # A refusal: Numba's out-of-memory error, with xlog's reason.
+    try:
+        cuda.device_array(NUMBA_BUDGET // 4, dtype=np.float32)
+        r.check("over-budget array refused", False, "cuda.device_array(256 MiB) succeeded under a 256 MiB budget")
+    except nb_driver.CudaAPIError as e:
+        message = str(e)
+        r.check(
+            "over-budget array raises Numba's out-of-memory error with xlog's reason",
+            "OUT_OF_MEMORY" in repr(e.code).upper() or int(e.code) == 2,
+            f"{type(e).__name__}: {message[:240]}",
+        )
+        r.check("the message names the numbers", "out of budget" in message and f"limit {NUMBA_BUDGET}" in message,
+                message[:240])
+    r.check("refusal counted", xn.stats(0).failed_allocations > base.failed_allocations,
+            f"failed_allocations {base.failed_allocations} -> {xn.stats(0).failed_allocations}")
+
+    # Freed arrays give their bytes back.
+    del x, y, out
+    gc.collect()
+    cuda.synchronize()
+    xi.drain(0)
+    after = xn.stats(0)
+    r.check("freed arrays give their bytes back", after.live_bytes == base.live_bytes and after.pending_bytes == 0,
+            f"live_bytes {after.live_bytes} (before the arrays {base.live_bytes}), pending {after.pending_bytes}")
+
+    # One budget with PyTorch, when it is there.
+    try:
+        import xlog_cuda.torch as xt
+
+        xt.enable()  # joins the hooks Numba opened from the environment
+        import torch
+    except ImportError as e:
+        r.skip("Numba and PyTorch share the budget", f"PyTorch not importable: {e}")
+    else:
+        big = torch.empty(200 * MiB, dtype=torch.uint8, device="cuda")
+        try:
+            cuda.device_array(100 * MiB, dtype=np.uint8)
+            r.check("Numba refused while PyTorch holds the budget", False, "cuda.device_array(100 MiB) succeeded")
+        except nb_driver.CudaAPIError as e:
+            r.check("Numba refused while PyTorch holds the budget", "out of budget" in str(e), str(e)[:200])
+        del big
+        torch.cuda.synchronize()
+        try:
+            fits = cuda.device_array(100 * MiB, dtype=np.uint8)
+            r.check("Numba fits once PyTorch frees", fits.nbytes == 100 * MiB, "cuda.device_array(100 MiB) after del")
+            del fits
+        except nb_driver.CudaAPIError as e:
+            r.check("Numba fits once PyTorch frees", False, str(e)[:200])
+    xi.drain(0)
+    log = os.environ.get("XLOG_LOG_PATH")
+    if log and os.path.exists(log):
+        rows = list(csv.reader(open(log, newline="")))
+        numba_rows = sum(1 for row in rows[1:] if row[-1] == "numba")
+        r.check("Numba's allocations are in the log, tagged numba", numba_rows >= 6, f"{numba_rows} rows tagged numba in {log}")
+    r.metrics["stats"] = stats_dict(xn.stats(0))
+
+
 SCENARIOS = {
     "train": scenario_train,
     "oom": scenario_oom,
     "shared": scenario_shared,
     "time_default": scenario_time_default,
     "time_xlog": scenario_time_xlog,
+    "numba": scenario_numba,
 }
 
 
@@ -489,19 +644,25 @@ def run_scenario(name: str, result_path: str, workdir: str) -> int:
 # ---------------------------------------------------------------------------
 
 
-def preflight(env: Dict[str, str]) -> Optional[str]:
-    """None if PyTorch, CuPy and a CUDA device are there, else why not."""
+def preflight(env: Dict[str, str], only: List[str]) -> Optional[str]:
+    """None if what the chosen scenarios import, and a CUDA device, are
+    there; else why not."""
+    modules = sorted({m for name in only for m in NEEDS[name]})
     code = (
-        "import torch, cupy\n"
-        "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__)\n"
-        "import sys\n"
-        "sys.exit(0 if torch.cuda.is_available() else 3)\n"
+        "import importlib, sys\n"
+        f"mods = {modules!r}\n"
+        "got = {m: importlib.import_module(m) for m in mods}\n"
+        "print(' '.join(f'{m} {getattr(got[m], \"__version__\", \"\")}' for m in mods))\n"
+        "if 'torch' in got:\n"
+        "    sys.exit(0 if got['torch'].cuda.is_available() else 3)\n"
+        "if 'numba.cuda' in got:\n"
+        "    sys.exit(0 if got['numba.cuda'].is_available() else 3)\n"
     )
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     if p.returncode == 3:
-        return "PyTorch sees no CUDA device: " + p.stdout.strip()
+        return "no CUDA device is visible: " + p.stdout.strip()
     if p.returncode != 0:
-        return "PyTorch or CuPy is not importable: " + (p.stderr.strip().splitlines() or ["?"])[-1]
+        return f"one of {modules} is not importable: " + (p.stderr.strip().splitlines() or ["?"])[-1]
     print("gpu-frameworks:", p.stdout.strip(), flush=True)
     return None
 
@@ -512,13 +673,18 @@ def scenario_env(name: str, workdir: str) -> Dict[str, str]:
         env["XLOG_BACKEND"] = "cuda"
         env["XLOG_BUDGET_BYTES"] = "2GiB"
         env["XLOG_LOG_PATH"] = os.path.join(workdir, "train-log.csv")
+    if name == "numba":
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = "xlog_cuda.numba"
+        env["XLOG_BACKEND"] = "cuda"
+        env["XLOG_BUDGET_BYTES"] = "256MiB"
+        env["XLOG_LOG_PATH"] = os.path.join(workdir, "numba-log.csv")
     return env
 
 
 def drive(out_dir: str, only: List[str]) -> int:
     os.makedirs(out_dir, exist_ok=True)
     started = time.monotonic()
-    why_not = preflight(dict(os.environ))
+    why_not = preflight(dict(os.environ), only)
     if why_not is not None:
         print(f"gpu-frameworks: SKIP: {why_not}", flush=True)
         with open(os.path.join(out_dir, "summary.txt"), "w") as f:

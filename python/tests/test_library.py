@@ -138,3 +138,45 @@ def test_every_prototype_is_declared_on_the_loaded_library():
     for name, (restype, argtypes) in _library.PROTOTYPES.items():
         fn = getattr(lib, name)
         assert fn.restype is restype and list(fn.argtypes) == list(argtypes), name
+
+
+def test_bundled_copy_comes_after_the_env_var_and_before_the_build_trees(scratch):
+    """A wheel puts the library inside the package (xlog_cuda/lib); it is
+    loaded with no variable set, and ahead of any build tree."""
+    real = xc.library_path()
+    _place(real, scratch / "target" / "release" / "libxlog_cuda.so")
+    bundled = scratch / "python" / "xlog_cuda" / "lib" / "libxlog_cuda.so.0"
+    _place(real, bundled)
+    assert _probe(scratch / "python")["path"] == str(bundled)
+    chosen = scratch / "elsewhere" / "libxlog_cuda.so.0.1.0"
+    _place(real, chosen)
+    assert _probe(scratch / "python", env_library=chosen)["path"] == str(chosen)
+
+
+def _main(package_root, *args):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLOG_CUDA_LIBRARY", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(package_root)
+    return subprocess.run([sys.executable, "-m", "xlog_cuda", *args], env=env, capture_output=True, text=True,
+                          timeout=60, cwd=str(package_root))
+
+
+def test_main_prints_the_bundled_dirs(scratch):
+    pkg = scratch / "python" / "xlog_cuda"
+    _place(xc.library_path(), pkg / "lib" / "libxlog_cuda.so.0")
+    for sub in ("lib/cmake/XlogCuda", "lib/pkgconfig", "include"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+    expected = {"--cmake-dir": pkg / "lib" / "cmake" / "XlogCuda", "--include-dir": pkg / "include",
+                "--lib-dir": pkg / "lib", "--pkgconfig-dir": pkg / "lib" / "pkgconfig", "--prefix": pkg,
+                "--library": pkg / "lib" / "libxlog_cuda.so.0"}
+    for flag, path in expected.items():
+        out = _main(scratch / "python", flag)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(path), flag
+
+
+def test_main_in_a_source_checkout_says_why_it_has_no_dirs(scratch):
+    out = _main(scratch / "python", "--cmake-dir")
+    assert out.returncode == 1 and out.stdout == ""
+    assert "source checkout" in out.stderr and "pip install ." in out.stderr
+    with pytest.raises(xc._paths.NotBundledError):
+        xc.get_cmake_dir()

@@ -8,8 +8,11 @@ CUDA device-memory runtime.
             xc.launch(rt, s, [(b, xc.Access.WRITE)], lambda: s.enqueue_host(lambda: b.write(b"hi")))
             s.synchronize()
 
-The shared library is found through $XLOG_CUDA_LIBRARY, then the build
-trees of this checkout, then the system loader; see `library_path()`.
+The shared library is found through $XLOG_CUDA_LIBRARY, then the copy a
+wheel installed inside this package, then the build trees of this
+checkout, then the system loader; see `library_path()`. From a wheel,
+`python -m xlog_cuda --cmake-dir` (or `get_cmake_dir()`) gives the CMake
+package of that same copy.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ._errors import (
     status_name,
 )
 from ._library import LibraryNotFoundError, library_path
+from ._paths import get_cmake_dir, get_include_dir, get_lib_dir, get_pkgconfig_dir
 from ._library import load as load_library
 from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, launch
 
@@ -61,6 +65,10 @@ __all__ = [
     "UseAfterFreeError",
     "XlogError",
     "error_for",
+    "get_cmake_dir",
+    "get_include_dir",
+    "get_lib_dir",
+    "get_pkgconfig_dir",
     "last_error",
     "launch",
     "library_path",

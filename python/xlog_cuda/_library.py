@@ -146,8 +146,26 @@ PROTOTYPES = {
 
 ENV_VAR = "XLOG_CUDA_LIBRARY"
 _SONAME = "libxlog_cuda.so.0"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # python/xlog_cuda/ -> the repository root, where the build trees live.
-_REPO_ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+_REPO_ROOT = os.path.normpath(os.path.join(_PACKAGE_DIR, "..", ".."))
+
+
+def bundled_prefix() -> Optional[str]:
+    """The install prefix inside this package when it came from a wheel
+    (`pip install .`): xlog_cuda/lib/libxlog_cuda.so*, xlog_cuda/include,
+    xlog_cuda/lib/cmake/XlogCuda, xlog_cuda/lib/pkgconfig. None in a source
+    checkout, where the package holds only Python files."""
+    if os.path.isfile(os.path.join(_PACKAGE_DIR, "lib", _SONAME)):
+        return _PACKAGE_DIR
+    return None
+
+
+def _bundled_candidate() -> str:
+    # The SONAME file: what a C++ program built against the bundled CMake
+    # package loads too (its DT_NEEDED), so the two share one copy, and with
+    # it one set of hook runtimes, in a process that uses both.
+    return os.path.join(_PACKAGE_DIR, "lib", _SONAME)
 
 
 class LibraryNotFoundError(ImportError):
@@ -174,6 +192,8 @@ def _build_tree_candidates() -> List[str]:
     versioned = sorted(p for p in glob.glob(os.path.join(cmake_dir, "libxlog_cuda.so*")) if p != exact)
     out.append(exact)
     out.extend(versioned)
+    # Where the CMake build stages it (scripts/demo, scripts/test).
+    out.append(os.path.join(cmake_dir, "lib", "libxlog_cuda.so"))
     out.append(os.path.join(_REPO_ROOT, "target", "release", "libxlog_cuda.so"))
     out.append(os.path.join(_REPO_ROOT, "target", "debug", "libxlog_cuda.so"))
     return out
@@ -232,8 +252,10 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
 
     Order: `path` if given; else $XLOG_CUDA_LIBRARY (used alone: a set but
     wrong variable is an error, never silently replaced by another copy);
-    else the build trees of this checkout (build/libxlog_cuda.so*,
-    target/release, target/debug); else the system loader.
+    else the copy bundled in this package (installed from a wheel:
+    xlog_cuda/lib/libxlog_cuda.so.0); else the build trees of this checkout
+    (build/libxlog_cuda.so*, build/lib, target/release, target/debug); else
+    the system loader.
     """
     global _lib, _lib_path
     with _lock:
@@ -260,7 +282,7 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
             return _lib
 
         tried.append((f"${ENV_VAR}", "not set"))
-        for candidate in _build_tree_candidates():
+        for candidate in [_bundled_candidate()] + _build_tree_candidates():
             if not os.path.isfile(candidate):
                 tried.append((candidate, "no such file"))
                 continue

@@ -60,7 +60,7 @@ def import_framework(name: str, who: str):
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        pretty = {"torch": "PyTorch", "cupy": "CuPy"}.get(name, name)
+        pretty = {"torch": "PyTorch", "cupy": "CuPy", "numba.cuda": "Numba (numba-cuda)"}.get(name, name)
         raise FrameworkMissingError(
             f"{who} needs {pretty}, but `import {name}` failed: {e}. Install {pretty} "
             f"(with CUDA support) in this environment; the rest of xlog_cuda works without it."

@@ -1,0 +1,207 @@
+"""The memory report (xlog_cuda.report): what it reads from a log, and
+that a 1,000,000-line log renders in time."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from xlog_cuda import report
+
+from conftest import PYTHON_DIR
+
+HEADER = "Thread,Time,Action,Pointer,Size,Stream,Tag\n"
+
+
+def _write(tmp_path, body: str, header: str = HEADER):
+    path = tmp_path / "log.csv"
+    path.write_text(header + body)
+    return str(path)
+
+
+def _embedded(page: str) -> dict:
+    m = re.search(r'<script id="report-data" type="application/json">(.*?)</script>', page, re.S)
+    assert m, "no embedded data"
+    return json.loads(m.group(1))
+
+
+def test_live_bytes_peak_and_blocks_at_the_peak(tmp_path):
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0x100,1000,1,weights\n"
+        "1,10:00:00.100000,allocate,0x200,300,2,act\n"
+        "1,10:00:00.200000,allocate,0x300,700,1,act\n"   # peak: 2000 bytes
+        "1,10:00:00.300000,free,0x200,300,2,act\n"
+        "1,10:00:00.400000,allocate,0x400,100,2,scratch\n"
+        "1,10:00:00.500000,free,0x300,700,1,act\n"
+        "1,10:00:00.600000,free,0x400,100,2,scratch\n"
+    ))
+    d = report.analyze(log, points=50)
+    assert d["counts"] == {"allocate": 4, "free": 3, "leak": 0, "refusal": 0}
+    assert d["peak"]["bytes"] == 2000 and d["peak"]["clock"] == "10:00:00.200000"
+    assert abs(d["peak"]["t"] - 0.2) < 1e-9
+    assert [(b["tag"], b["size"]) for b in d["peak"]["listed"]] == [("weights", 1000), ("act", 700), ("act", 300)]
+    assert sorted(d["peak"]["by_tag"]) == [["act", 2, 1000], ["weights", 1, 1000]]
+    assert d["live_at_end"] == {"bytes": 1000, "blocks": 1}
+    s = d["series"]
+    assert max(s["total"]) == 2000 and s["total"][-1] == 1000
+    # Stacked by tag and by stream, the parts add up to the total everywhere.
+    for i in range(len(s["t"])):
+        assert sum(v[i] for v in s["by_tag"]) == s["total"][i]
+        assert sum(v[i] for v in s["by_stream"]) == s["total"][i]
+    tags = {t["tag"]: t for t in d["tags"]}
+    assert tags["act"]["allocations"] == 2 and tags["act"]["peak_live"] == 1000 and tags["act"]["live_at_end"] == 0
+    assert {b["lo"]: b["count"] for b in d["histogram"]} == {64: 1, 256: 1, 512: 2}
+
+
+def test_leaks_refusals_and_unknown_actions(tmp_path):
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0xa0,4096,1,kept\n"
+        "1,10:00:00.000010,allocate,0xb0,512,1,\"odd, tag\"\n"
+        "2,10:00:00.000020,allocate failure,0x0,99999,1,big,xlog_allocate: out of budget: requested 99999 bytes\n"
+        "2,10:00:00.000025,refused,0x0,12345,3,other\n"
+        "1,10:00:00.000030,release,0xb0,512,1,\"odd, tag\"\n"   # a future action: not an event
+        "1,10:00:00.000040,free,0xb0,512,1,\"odd, tag\"\n"
+        "1,10:00:00.000050,free,0xdead,64,1,unknown\n"         # never allocated in this log
+        "1,10:00:00.000060,allocate,0xc0,256,1,cache\n"
+        "garbage line\n"
+        "1,10:00:00.000070,leak,0xc0,256,1,cache\n"
+        "1,10:00:00.000080,free,0xc0,256,1,cache\n"            # close frees what it reported
+        "1,10:00:00.000090,leak,0xe0,8,1,before-the-log\n"
+    ))
+    d = report.analyze(log)
+    assert d["peak"]["bytes"] == 4096 + 512
+    assert d["other_actions"] == {"release": 1}
+    assert d["unmatched_frees"] == {"count": 1, "bytes": 64}
+    assert d["bad_rows"]["count"] == 1 and d["bad_rows"]["first"][0]["line"] == 10
+    r = d["refusals"]
+    assert r["count"] == 2 and r["bytes"] == 99999 + 12345
+    assert r["listed"][0]["message"] == "xlog_allocate: out of budget: requested 99999 bytes"
+    assert r["listed"][1]["action"] == "refused" and r["listed"][1]["message"] == ""
+    L = d["leaks"]
+    assert (L["never_freed"], L["never_freed_bytes"], L["reported_rows"]) == (1, 4096, 2)
+    assert [(b["tag"], b["reported"], b["freed_in_log"]) for b in L["listed"]] == [("kept", False, False), ("cache", True, True)]
+    assert [x["tag"] for x in L["reported_not_allocated_in_log"]] == ["before-the-log"]
+    assert {t["tag"] for t in d["tags"]} == {"kept", "odd, tag", "cache"}
+
+
+def test_times_wrap_at_midnight_and_a_missing_clock_falls_back_to_event_order(tmp_path):
+    log = _write(tmp_path, (
+        "1,23:59:59.500000,allocate,0x1,10,1,a\n"
+        "1,00:00:00.250000,allocate,0x2,20,1,a\n"
+        "1,00:00:01.000000,free,0x1,10,1,a\n"
+    ))
+    d = report.analyze(log)
+    assert abs(d["duration_s"] - 1.5) < 1e-6 and abs(d["peak"]["t"] - 0.75) < 1e-6
+    assert d["series"]["axis"] == "time"
+    flat = _write(tmp_path, "".join(f"1,12:00:00.000000,allocate,{i:#x},8,1,a\n" for i in range(1, 5)))
+    assert report.analyze(flat)["series"]["axis"] == "event"
+
+
+def test_not_a_log_is_a_clear_error(tmp_path):
+    with pytest.raises(report.ReportError, match="lacks Action, Pointer, Size"):
+        report.analyze(_write(tmp_path, "", header="a,b,c\n"))
+    with pytest.raises(report.ReportError, match="empty"):
+        report.analyze(_write(tmp_path, "", header=""))
+    with pytest.raises(report.ReportError, match="cannot open"):
+        report.analyze(str(tmp_path / "missing.csv"))
+
+
+def test_the_page_is_self_contained_and_tags_cannot_escape_the_script(tmp_path):
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,10,1,</script><img src=x onerror=alert(1)>\n")
+    page = report.render_html(report.analyze(log))
+    assert page.count("</script>") == 3  # the error hook, the data, the code
+    assert "<img" not in page
+    assert _embedded(page)["tags"][0]["tag"] == "</script><img src=x onerror=alert(1)>"
+    assert not re.search(r"(src|href)=\"https?:", page) and "cdn" not in page.lower()
+
+
+def _run(args, cwd):
+    env = {**os.environ, "PYTHONPATH": PYTHON_DIR}
+    return subprocess.run([sys.executable, "-m", "xlog_cuda.report", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def test_cli_writes_the_page(tmp_path):
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,4096,1,t\n")
+    out = _run([log, "-o", str(tmp_path / "r.html")], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "1 allocations, peak 4,096 bytes" in out.stdout
+    assert _embedded((tmp_path / "r.html").read_text())["peak"]["bytes"] == 4096
+    bad = _run([str(tmp_path / "nope.csv")], tmp_path)
+    assert bad.returncode == 2 and "cannot open" in bad.stderr
+
+
+def test_png_needs_matplotlib(tmp_path):
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,4096,1,t\n1,10:00:00.100000,free,0x1,4096,1,t\n")
+    out = _run([log, "-o", str(tmp_path / "r.html"), "--png", str(tmp_path / "r.png")], tmp_path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert out.returncode == 2
+        assert "--png needs matplotlib" in out.stderr and "pip install matplotlib" in out.stderr
+        assert not (tmp_path / "r.html").exists()  # refused before doing the work
+        return
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _big_log(path, lines: int) -> None:
+    """`lines` rows of a plausible log: a churn of allocations and frees
+    over 40 tags and 4 streams, times crossing midnight."""
+    rng = random.Random(7)
+    tags = [f"tag{i}" for i in range(40)]
+    live = []
+    t = 86400 - 30.0
+    ptr = 0x7F0000000000
+    out = [HEADER]
+    for _ in range(lines - 1):
+        t += rng.random() * 1e-4
+        s = t % 86400
+        clock = "%02d:%02d:%09.6f" % (s // 3600, s // 60 % 60, s % 60)
+        if live and (len(live) > 3000 or rng.random() < 0.5):
+            p, size, st, tag = live.pop(rng.randrange(len(live)))
+            out.append(f"1,{clock},free,{p:#x},{size},{st},{tag}\n")
+        else:
+            size = rng.choice((256, 4096, 65536, 1 << 20)) * rng.randint(1, 8)
+            ptr += size + 256
+            item = (ptr, size, rng.randint(1, 4), rng.choice(tags))
+            live.append(item)
+            out.append(f"1,{clock},allocate,{item[0]:#x},{item[1]},{item[2]},{item[3]}\n")
+    with open(path, "w") as f:
+        f.writelines(out)
+
+
+def test_a_million_lines_render_in_ten_seconds(tmp_path):
+    log = tmp_path / "big.csv"
+    _big_log(log, 1_000_000)
+    started = time.perf_counter()
+    data = report.write_report(str(log), str(tmp_path / "big.html"))
+    took = time.perf_counter() - started
+    limit = float(os.environ.get("XLOG_REPORT_MAX_SECONDS", "10"))
+    print(f"1,000,000 lines: {took:.2f} s")
+    assert data["lines"] == 1_000_000 and data["counts"]["allocate"] + data["counts"]["free"] == 999_999
+    assert took <= limit, f"{took:.2f} s for 1,000,000 lines (limit {limit} s)"
+    size = os.path.getsize(tmp_path / "big.html")
+    assert size < 3 << 20, f"the page is {size} bytes: the series was not downsampled"
+    assert len(data["series"]["t"]) == report.DEFAULT_POINTS
+
+
+def test_an_rmm_log_reads_too(tmp_path):
+    """RMM's logging adaptor's own log: six columns (no Tag), "(nil)" for a
+    failed allocation's pointer, the HH:MM:SS:us time RMM's parser documents."""
+    log = _write(tmp_path, (
+        "140234,10:00:00:000001,allocate,0x7f00,256,0\n"
+        "140234,10:00:00:000101,allocate failure,(nil),99999999,0\n"
+        "140234,10:00:00:000201,free,0x7f00,256,0\n"
+    ), header="Thread,Time,Action,Pointer,Size,Stream\n")
+    d = report.analyze(log)
+    assert d["counts"] == {"allocate": 1, "free": 1, "leak": 0, "refusal": 1}
+    assert d["peak"]["bytes"] == 256 and abs(d["duration_s"] - 0.0002) < 1e-9
+    assert d["tag_labels"] == ["(no tag)"] and d["refusals"]["listed"][0]["size"] == 99999999
