@@ -25,7 +25,7 @@ from ._config import Backend, SizeLike
 from ._errors import InvalidArgumentError
 from ._runtime import Stats
 
-__all__ = ["enable", "is_enabled", "stats", "record_stream", "oom_shim"]
+__all__ = ["enable", "is_enabled", "stats", "trim", "record_stream", "oom_shim"]
 
 _WHO = "xlog_cuda.torch.enable"
 
@@ -54,15 +54,21 @@ def enable(
     backend: Optional[Union[str, Backend, int]] = None,
     device: int = 0,
     wait_on_pressure: bool = True,
+    cache: Optional[bool] = None,
+    pool_release_threshold: Optional[SizeLike] = None,
 ) -> None:
     """Route PyTorch's CUDA allocations through libxlog_cuda.
 
     `budget` (bytes, or a size string such as "8GiB"; 0 = none), `log_path`
-    (a CSV log of every allocate/free; "" = none) and `backend` ('auto', 'cuda', 'sim')
-    configure the hook runtime of `device`; each one left None comes from
-    XLOG_BUDGET_BYTES / XLOG_LOG_PATH / XLOG_BACKEND. With
-    `wait_on_pressure`, an allocation over budget first waits for frees
-    still in flight on the GPU before it is refused.
+    (a CSV log of every allocate/free; "" = none), `backend` ('auto', 'cuda',
+    'sim'), `cache` (keep freed blocks per stream for reuse; default on) and
+    `pool_release_threshold` (bytes, a size string or "max") configure the
+    hook runtime of `device`; each one left None comes from
+    XLOG_BUDGET_BYTES / XLOG_LOG_PATH / XLOG_BACKEND / XLOG_CACHE /
+    XLOG_POOL_RELEASE_THRESHOLD. With `wait_on_pressure`, an allocation over
+    budget first waits for frees still in flight on the GPU before it is
+    refused. `trim()` gives cached memory back (the role of
+    `torch.cuda.empty_cache()`).
 
     Must run before PyTorch initialises CUDA in this process (PyTorch cannot
     swap allocators afterwards): RuntimeError otherwise, and nothing is
@@ -75,7 +81,10 @@ def enable(
     torch = _torch(_WHO)
     with _lock:
         if _state is not None:
-            interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
+            interop.setup_hooks(
+                device, budget, log_path, backend, wait_on_pressure,
+                cache=cache, pool_release_threshold=pool_release_threshold, by=_WHO,
+            )
             _state.devices.add(device)
             return
         if torch.cuda.is_initialized():
@@ -84,7 +93,10 @@ def enable(
                 "caching allocator, which cannot be swapped afterwards. Call enable() first, before "
                 "any CUDA tensor, model or torch.cuda call (at the top of the main script)."
             )
-        interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
+        interop.setup_hooks(
+            device, budget, log_path, backend, wait_on_pressure,
+            cache=cache, pool_release_threshold=pool_release_threshold, by=_WHO,
+        )
         path = _library.library_path()
         shim, problem = _oom_shim(torch)
         if shim is not None:
@@ -161,6 +173,16 @@ def stats(device: int = 0) -> Stats:
     `xlog_cuda.cupy`) and any other user of the hooks of this device are
     counted in it too. Opens the hook runtime if nothing has yet."""
     return interop.stats(device)
+
+
+def trim(device: int = 0, keep_bytes: int = 0) -> int:
+    """Give the memory cached by `device`'s hook runtime back to the driver,
+    keeping at most `keep_bytes` cached; returns the bytes released. The
+    counterpart of `torch.cuda.empty_cache()`, which does not reach a
+    pluggable allocator. The hook runtime is shared, so blocks CuPy freed
+    through the hooks of `device` are released too. PyTorch is not needed;
+    0 if the hooks were never used."""
+    return interop.trim(device, keep_bytes)
 
 
 def record_stream(tensor: Any, stream: Any) -> None:
