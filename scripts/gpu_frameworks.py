@@ -23,6 +23,10 @@ Scenarios:
                 budget and fits once PyTorch frees.
   time_default  the training loop on PyTorch's own caching allocator
   time_xlog     the same loop on xlog (no log): mean step times and ratio.
+  enable_cost   xlog_cuda.torch.enable() in two fresh processes sharing an
+                empty shim cache: the first builds the OOM shim, the second
+                must load it (<= 0.5 s for enable(), no cpp_extension) and
+                still raise torch.OutOfMemoryError on a refusal.
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -52,7 +56,8 @@ STEPS = 300
 TIMED_STEPS = 300
 WARMUP_STEPS = 30
 SCENARIO_TIMEOUT_S = 150
-ORDER = ["train", "oom", "shared", "time_default", "time_xlog"]
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "enable_cost"]
+ENABLE_TARGET_S = 0.5
 SKIP = 77
 
 
@@ -461,12 +466,88 @@ def scenario_time_xlog(r: Result, workdir: str) -> None:
     _timed(r, use_xlog=True)
 
 
+ENABLE_PROCESS = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import xlog_cuda, xlog_cuda.torch as xt
+t2 = time.perf_counter()
+xt.enable(budget="64MiB", backend="cuda")
+t3 = time.perf_counter()
+info = xt.enable_info()
+x = torch.ones(1 << 20, device="cuda")
+ok = float(x.sum()) == float(1 << 20)
+t4 = time.perf_counter()
+raised = ""
+try:
+    torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError as e:
+    raised = "torch.OutOfMemoryError"
+except BaseException as e:
+    raised = type(e).__module__ + "." + type(e).__name__
+print(json.dumps({
+    "import_torch_s": t1 - t0, "import_xlog_s": t2 - t1, "enable_s": t3 - t2,
+    "first_tensor_s": t4 - t3, "tensor_ok": ok, "refusal_raises": raised,
+    "reason": xlog_cuda.last_error(),
+    "shim": info.get("shim"), "shim_origin": info.get("shim_origin"), "shim_problem": info.get("shim_problem"),
+    "steps_s": info.get("seconds"),
+    "cpp_extension_imported": "torch.utils.cpp_extension" in sys.modules,
+}))
+"""
+
+
+def scenario_enable_cost(r: Result, workdir: str) -> None:
+    """Two fresh processes call enable() against one empty shim cache."""
+    cache = os.path.join(workdir, f"shim-cache-{os.getpid()}")
+    env = dict(os.environ, XLOG_CUDA_CACHE_DIR=cache)
+    runs: List[Dict[str, Any]] = []
+    for which in ("first", "second"):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", ENABLE_PROCESS], env=env, capture_output=True, text=True, timeout=120)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            r.check(f"{which} process ran", False, f"exit {p.returncode}: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            return
+        run = json.loads(p.stdout.strip().splitlines()[-1])
+        run["process_s"] = wall
+        runs.append(run)
+        r.info(
+            f"{which} process",
+            f"enable() {run['enable_s']:.3f} s (shim {run['shim_origin'] or 'none'}; steps "
+            + ", ".join(f"{k} {v:.3f}" for k, v in (run["steps_s"] or {}).items())
+            + f"), import torch {run['import_torch_s']:.2f} s, whole process {wall:.2f} s",
+        )
+    first, second = runs
+    r.metrics["enable_first_s"] = first["enable_s"]
+    r.metrics["enable_second_s"] = second["enable_s"]
+    r.metrics["enable_runs"] = runs
+    r.check("first process built the shim", first["shim_origin"] == "built", first["shim_problem"] or first["shim_origin"])
+    r.check(
+        "second process loaded it from the cache",
+        second["shim_origin"] == "cached" and second["shim"] == first["shim"] and not second["cpp_extension_imported"],
+        f"origin {second['shim_origin']!r}, cpp_extension imported: {second['cpp_extension_imported']}",
+    )
+    r.check(
+        f"enable() in the second process <= {ENABLE_TARGET_S} s",
+        second["enable_s"] <= ENABLE_TARGET_S,
+        f"{second['enable_s']:.3f} s (first: {first['enable_s']:.3f} s)",
+    )
+    for which, run in (("first", first), ("second", second)):
+        r.check(
+            f"refusal raises torch.OutOfMemoryError ({which} process)",
+            run["refusal_raises"] == "torch.OutOfMemoryError" and run["tensor_ok"],
+            f"{run['refusal_raises'] or 'nothing raised'}; reason: {run['reason'][:160]}",
+        )
+
+
 SCENARIOS = {
     "train": scenario_train,
     "oom": scenario_oom,
     "shared": scenario_shared,
     "time_default": scenario_time_default,
     "time_xlog": scenario_time_xlog,
+    "enable_cost": scenario_enable_cost,
 }
 
 
@@ -592,6 +673,13 @@ def drive(out_dir: str, only: List[str]) -> int:
             detail = c["detail"].replace("\n", " ")
             lines.append(f"{name:<13} {c['status']:<6} {c['name'][:58]:<58} {detail[:160]}")
     lines.append("")
+    cost = results.get("enable_cost", {}).get("metrics", {})
+    if "enable_second_s" in cost:
+        lines.append(
+            f"xlog_cuda.torch.enable(): first process {cost['enable_first_s']:.3f} s (builds the OOM shim), "
+            f"second process {cost['enable_second_s']:.3f} s (cached shim; target <= {ENABLE_TARGET_S} s)"
+        )
+        lines.append("")
     if comparison:
         lines.append("step time (MLP 256-1024-1024-10, batch 512, Adam; loss.item() each step):")
         lines.append(f"  {'allocator':<18} {'mean ms':>9} {'median ms':>10}")
