@@ -25,7 +25,8 @@ class CApiErrors : public SimRuntimeTest {};
 TEST_F(CApiErrors, NullRuntimeLifecycleCalls) {
   const xlog_stats before = StatsOf(rt_);
   xlog_backend backend = 77;
-  xlog_stats stats;
+  xlog_stats stats{};
+  stats.struct_size = sizeof stats;
   std::uint64_t blocks = 7, bytes = 7;
   XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_close(nullptr));
   XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_close_report(nullptr, &blocks, &bytes));
@@ -90,7 +91,8 @@ TEST_F(CApiErrors, NeverOpenedForgedRuntimeHandles) {
   };
   for (xlog_runtime* f : forged) {
     SCOPED_TRACE(reinterpret_cast<std::uintptr_t>(f));
-    xlog_stats s;
+    xlog_stats s{};
+    s.struct_size = sizeof s;
     xlog_stream id = 0;
     xlog_block b;
     XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_get_stats(f, &s));
@@ -113,7 +115,8 @@ TEST(CApiClosedRuntime, EveryCallOnAClosedHandleIsRejected) {
   XLOG_ASSERT_OK(xlog_deallocate(rt, b));
   XLOG_ASSERT_OK(xlog_runtime_close(rt));
 
-  xlog_stats stats;
+  xlog_stats stats{};
+  stats.struct_size = sizeof stats;
   xlog_backend backend;
   xlog_stream out_stream;
   void* native;
@@ -165,6 +168,52 @@ TEST_F(CApiNullOut, QueriesWithNullOut) {
   XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_get_stats(rt_, nullptr));
   XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_stream_native(rt_, stream_, nullptr));
   ExpectStatsUnchanged(before, StatsOf(rt_));
+}
+
+// xlog_stats is versioned by the caller's struct_size: too small (or left
+// 0) is refused before anything is written; an older caller's shorter struct
+// gets exactly its own fields.
+TEST_F(CApiNullOut, StatsStructSizeIsTheCallers) {
+  const xlog_stats before = StatsOf(rt_);
+  xlog_stats s;
+  for (std::uint32_t bad : {0u, 4u, 95u}) {
+    SCOPED_TRACE(bad);
+    std::memset(&s, 0xAB, sizeof s);
+    s.struct_size = bad;
+    XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_get_stats(rt_, &s));
+    EXPECT_TRUE(Contains(LastError(), "struct_size")) << LastError();
+    EXPECT_EQ(s.struct_size, bad);
+    EXPECT_EQ(s.live_bytes, 0xABABABABABABABABull) << "a refused call wrote the struct";
+  }
+  // The smallest layout the library accepts ends with failed_allocations
+  // (the fields before the cache counters): 96 bytes.
+  const std::size_t v1 = offsetof(xlog_stats, failed_allocations) + sizeof(std::uint64_t);
+  ASSERT_EQ(v1, 96u);
+  std::memset(&s, 0xAB, sizeof s);
+  s.struct_size = static_cast<std::uint32_t>(v1);
+  XLOG_ASSERT_OK(xlog_get_stats(rt_, &s));
+  EXPECT_EQ(s.struct_size, v1);
+  EXPECT_EQ(s.allocations, before.allocations);
+  EXPECT_EQ(s.budget_remaining, before.budget_remaining);
+  EXPECT_EQ(s.cached_bytes, 0xABABABABABABABABull) << "wrote past the caller's struct_size";
+  EXPECT_EQ(s.reserved_bytes, 0xABABABABABABABABull) << "wrote past the caller's struct_size";
+  ExpectStatsUnchanged(before, StatsOf(rt_));
+}
+
+TEST_F(CApiNullOut, TrimTakesANullOutAndRejectsBadHandles) {
+  const xlog_stats before = StatsOf(rt_);
+  std::uint64_t released = 7;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_trim(nullptr, 0, &released));
+  EXPECT_EQ(released, 7u);
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, nullptr));
+  XLOG_ASSERT_OK(xlog_trim(rt_, UINT64_MAX, &released));
+  EXPECT_EQ(released, 0u);
+  ExpectStatsUnchanged(before, StatsOf(rt_));
+  // The hooks of a device never used: nothing to trim, and NULL is fine.
+  released = 7;
+  XLOG_ASSERT_OK(xlog_interop_trim(7777, 0, &released));
+  EXPECT_EQ(released, 0u);
+  XLOG_ASSERT_OK(xlog_interop_trim(7777, 0, nullptr));
 }
 
 TEST_F(CApiNullOut, AcquireAndImportWithNullOutTakeNoStream) {

@@ -14,7 +14,10 @@
  *   - an observer thread never sees outstanding_bytes > budget_limit;
  *   - no two live blocks overlap (live ranges tracked under a mutex), and
  *     canaries written into each block survive until its free;
- *   - afterwards the counters add up, and after xlog_drain outstanding == 0.
+ *   - outstanding == live + cached + pending in every snapshot (the cache
+ *     is on: freed blocks wait in their stream's cache, charged);
+ *   - afterwards the counters add up, and after xlog_trim + xlog_drain
+ *     outstanding == 0.
  * Exit status 0 on success, 1 on failure.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -263,6 +266,7 @@ struct observer {
   unsigned long samples;
   uint64_t max_outstanding;
   uint64_t max_pending;
+  uint64_t max_cached;
 };
 
 static void *observer_main(void *arg) {
@@ -274,7 +278,9 @@ static void *observer_main(void *arg) {
   for (;;) {
     xlog_stats s;
     int done;
-    xlog_status st = xlog_get_stats(g_rt, &s);
+    xlog_status st;
+    s.struct_size = sizeof s;
+    st = xlog_get_stats(g_rt, &s);
     if (st != XLOG_OK) {
       fail("observer: get_stats: %s: %s", xlog_status_name(st), last_error(msg, sizeof msg));
       return NULL;
@@ -282,14 +288,15 @@ static void *observer_main(void *arg) {
     ++o->samples;
     if (s.outstanding_bytes > o->max_outstanding) o->max_outstanding = s.outstanding_bytes;
     if (s.pending_bytes > o->max_pending) o->max_pending = s.pending_bytes;
+    if (s.cached_bytes > o->max_cached) o->max_cached = s.cached_bytes;
     if (s.budget_limit != BUDGET_BYTES) fail("observer: budget_limit %lu", (unsigned long)s.budget_limit);
     if (s.outstanding_bytes > s.budget_limit) {
       fail("observer: outstanding %lu bytes exceeds the budget %lu", (unsigned long)s.outstanding_bytes,
            (unsigned long)s.budget_limit);
     }
-    if (s.outstanding_bytes != s.live_bytes + s.pending_bytes) {
-      fail("observer: outstanding %lu != live %lu + pending %lu", (unsigned long)s.outstanding_bytes,
-           (unsigned long)s.live_bytes, (unsigned long)s.pending_bytes);
+    if (s.outstanding_bytes != s.live_bytes + s.cached_bytes + s.pending_bytes) {
+      fail("observer: outstanding %lu != live %lu + cached %lu + pending %lu", (unsigned long)s.outstanding_bytes,
+           (unsigned long)s.live_bytes, (unsigned long)s.cached_bytes, (unsigned long)s.pending_bytes);
     }
     if (s.peak_outstanding_bytes > s.budget_limit) {
       fail("observer: peak %lu exceeds the budget", (unsigned long)s.peak_outstanding_bytes);
@@ -328,12 +335,13 @@ int main(void) {
   struct observer obs;
   xlog_stats s;
   unsigned long allocations = 1, out_of_budget = 0, frees = 0;
-  uint64_t drained = 0, leaked_blocks = 99, leaked_bytes = 99;
+  uint64_t drained = 0, trimmed = 0, leaked_blocks = 99, leaked_bytes = 99;
   int i;
 
   unsetenv("XLOG_BACKEND");
   unsetenv("XLOG_BUDGET_BYTES");
   unsetenv("XLOG_LOG_PATH");
+  unsetenv("XLOG_CACHE");
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
   cfg.budget_bytes = BUDGET_BYTES;
@@ -370,9 +378,10 @@ int main(void) {
     frees += workers[i].frees;
   }
   printf("threads %d x %d iterations: %lu allocations, %lu OUT_OF_BUDGET, %lu frees; "
-         "observer: %lu samples, max outstanding %lu of %u, max pending %lu\n",
+         "observer: %lu samples, max outstanding %lu of %u, max pending %lu, max cached %lu\n",
          THREADS, ITERATIONS, allocations - 1, out_of_budget, frees, obs.samples,
-         (unsigned long)obs.max_outstanding, BUDGET_BYTES, (unsigned long)obs.max_pending);
+         (unsigned long)obs.max_outstanding, BUDGET_BYTES, (unsigned long)obs.max_pending,
+         (unsigned long)obs.max_cached);
 
   /* Budget pressure really happened, so the budget checks were not idle. */
   CHECK(out_of_budget > 0);
@@ -380,8 +389,18 @@ int main(void) {
   CHECK(frees == allocations - 1);
 
   CHECK_OK(xlog_deallocate(g_rt, shared));
+  CHECK_OK(xlog_trim(g_rt, 0, &trimmed));
   CHECK_OK(xlog_drain(g_rt, &drained));
+  s.struct_size = sizeof s;
   CHECK_OK(xlog_get_stats(g_rt, &s));
+  printf("after trim %lu + drain %lu: allocations %lu, failed %lu, cache hits %lu, misses %lu\n",
+         (unsigned long)trimmed, (unsigned long)drained, (unsigned long)s.allocations,
+         (unsigned long)s.failed_allocations, (unsigned long)s.cache_hits, (unsigned long)s.cache_misses);
+  CHECK(obs.max_cached > 0);
+  CHECK(s.cached_bytes == 0);
+  CHECK(s.cached_blocks == 0);
+  CHECK(s.cache_hits > 0);
+  CHECK(s.cache_hits + s.cache_misses <= s.allocations + s.failed_allocations);
   CHECK(s.outstanding_bytes == 0);
   CHECK(s.live_bytes == 0);
   CHECK(s.pending_bytes == 0);

@@ -1,7 +1,8 @@
 /*
  * A plain C99 program using the C API the way a C engine would: configure,
  * open a sim runtime, allocate a block, touch it from a stream-ordered host
- * callback, record the use, free it, drain, check the books, close.
+ * callback, record the use, free it (into its stream's cache), take it
+ * back from the cache, trim, check the books, close.
  * Exit status 0 on success, 1 on the first failure.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -58,20 +59,27 @@ int main(void) {
   xlog_block block;
   xlog_use use;
   xlog_stats stats;
+  xlog_block again;
   xlog_backend backend = 0;
   struct fill_job job;
   unsigned long expected_sum = 0;
   uint64_t reclaimed = 0, leaked_blocks = 99, leaked_bytes = 99;
   char msg[256];
   size_t len, i;
-  const size_t bytes = 10000;
+  /* A size the allocator hands out as it is (10 KiB: a multiple of its
+     512-byte steps), so device bytes equal requested bytes below. */
+  const size_t bytes = 10240;
 
   unsetenv("XLOG_BACKEND");
   unsetenv("XLOG_BUDGET_BYTES");
   unsetenv("XLOG_LOG_PATH");
+  unsetenv("XLOG_CACHE");
+  unsetenv("XLOG_POOL_RELEASE_THRESHOLD");
 
   CHECK_STATUS(XLOG_OK, xlog_config_from_env(&cfg));
   CHECK(cfg.struct_size == sizeof(xlog_config));
+  CHECK(cfg.cache == 1);
+  CHECK(cfg.pool_release_threshold == UINT64_MAX);
   cfg.backend = XLOG_BACKEND_SIM;
   cfg.budget_bytes = 64 * 1024;
   CHECK_STATUS(XLOG_OK, xlog_runtime_open(0, &cfg, &rt));
@@ -90,7 +98,12 @@ int main(void) {
   CHECK(block.device == 0);
   CHECK_STATUS(XLOG_OK, xlog_block_validate(rt, block));
 
+  /* The caller sets struct_size; without it the call is refused. */
+  memset(&stats, 0, sizeof stats);
+  CHECK_STATUS(XLOG_ERR_INVALID_ARGUMENT, xlog_get_stats(rt, &stats));
+  stats.struct_size = sizeof stats;
   CHECK_STATUS(XLOG_OK, xlog_get_stats(rt, &stats));
+  CHECK(stats.struct_size == sizeof stats);
   CHECK(stats.live_bytes == bytes);
   CHECK(stats.live_blocks == 1);
   CHECK(stats.budget_limit == 64 * 1024);
@@ -110,10 +123,14 @@ int main(void) {
   CHECK(job.sum == expected_sum);
   CHECK(((unsigned char *)block.ptr)[bytes - 1] == (unsigned char)((bytes - 1) % 251));
 
+  /* The free puts the block in its stream's cache: still charged. */
   CHECK_STATUS(XLOG_OK, xlog_deallocate(rt, block));
   CHECK_STATUS(XLOG_OK, xlog_get_stats(rt, &stats));
   CHECK(stats.live_bytes == 0);
-  CHECK(stats.pending_bytes == bytes);
+  CHECK(stats.cached_bytes == bytes);
+  CHECK(stats.cached_blocks == 1);
+  CHECK(stats.pending_bytes == 0);
+  CHECK(stats.outstanding_bytes == bytes);
   CHECK(stats.budget_remaining == 64 * 1024 - bytes);
 
   /* A second free of the same handle is refused with a message. */
@@ -123,13 +140,27 @@ int main(void) {
   CHECK(strstr(msg, "xlog_deallocate") != NULL);
   CHECK(strcmp(xlog_status_name(XLOG_ERR_USE_AFTER_FREE), "XLOG_ERR_USE_AFTER_FREE") == 0);
 
-  CHECK_STATUS(XLOG_OK, xlog_drain(rt, &reclaimed));
+  /* The next allocation of that size on that stream is a cache hit: the
+     same memory under a new generation; the old handle stays stale. */
+  CHECK_STATUS(XLOG_OK, xlog_allocate(rt, bytes, stream, "c_roundtrip_again", &again));
+  CHECK(again.ptr == block.ptr);
+  CHECK(again.generation > block.generation);
+  CHECK_STATUS(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt, block));
+  CHECK_STATUS(XLOG_OK, xlog_deallocate(rt, again));
+
+  /* trim hands the cached memory back and waits for it. */
+  CHECK_STATUS(XLOG_OK, xlog_trim(rt, 0, &reclaimed));
   CHECK(reclaimed == bytes);
   CHECK_STATUS(XLOG_OK, xlog_get_stats(rt, &stats));
   CHECK(stats.outstanding_bytes == 0);
+  CHECK(stats.cached_bytes == 0);
   CHECK(stats.budget_remaining == 64 * 1024);
-  CHECK(stats.allocations == 1);
-  CHECK(stats.deallocations == 1);
+  CHECK(stats.allocations == 2);
+  CHECK(stats.deallocations == 2);
+  CHECK(stats.cache_hits == 1);
+  CHECK(stats.cache_misses == 1);
+  CHECK_STATUS(XLOG_OK, xlog_drain(rt, &reclaimed));
+  CHECK(reclaimed == 0);
 
   CHECK_STATUS(XLOG_OK, xlog_stream_release(rt, stream));
   CHECK_STATUS(XLOG_OK, xlog_runtime_close_report(rt, &leaked_blocks, &leaked_bytes));

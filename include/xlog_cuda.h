@@ -452,6 +452,16 @@ xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg
 xlog_status xlog_interop_runtime(int32_t device, struct xlog_runtime **out);
 
 /*
+ Give the cached memory of `device`'s hook runtime back to the driver
+ until at most `keep_bytes` stay cached (`keep_bytes = 0`: all of it, the
+ role of `torch.cuda.empty_cache()`), as `xlog_trim` does.
+ `released_bytes` (may be NULL) receives the bytes handed back. Hooks
+ never used (or not open) have nothing cached: 0 is reported and they are
+ not opened, so their config can still be set.
+ */
+xlog_status xlog_interop_trim(int32_t device, uint64_t keep_bytes, uint64_t *released_bytes);
+
+/*
  Blocks the hooks of `device` currently hold (0 if never used).
  */
 uint64_t xlog_interop_live_blocks(int32_t device);

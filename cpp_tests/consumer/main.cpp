@@ -22,7 +22,7 @@ void expect(bool condition, const char* what) {
 int main() {
   try {
     constexpr std::uint64_t kBudget = 1 << 20;
-    xlog::Runtime rt{xlog::Config().backend(XLOG_BACKEND_SIM).budget_bytes(kBudget)};
+    xlog::Runtime rt{xlog::Config().backend(XLOG_BACKEND_SIM).budget_bytes(kBudget).cache(true)};
     expect(rt.backend() == XLOG_BACKEND_SIM, "backend is sim");
     {
       xlog::Stream stream = rt.acquire_stream();
@@ -52,9 +52,13 @@ int main() {
       }
       expect(refused, "over-budget allocation throws XLOG_ERR_OUT_OF_BUDGET");
     }
-    expect(rt.drain() == 1024, "drain reclaims the freed block");
+    expect(rt.stats().cached_bytes == 1024, "the freed block waits in its stream's cache");
+    expect(rt.trim() == 1024, "trim hands the cached block back");
+    expect(rt.drain() == 0, "nothing left pending after trim");
     const xlog::Stats stats = rt.stats();
-    expect(stats.live_bytes == 0 && stats.pending_bytes == 0, "nothing outstanding");
+    expect(stats.struct_size == sizeof(xlog::Stats), "stats() sets struct_size");
+    expect(stats.live_bytes == 0 && stats.pending_bytes == 0 && stats.outstanding_bytes == 0,
+           "nothing outstanding");
     expect(stats.allocations == 1 && stats.failed_allocations == 1, "allocation counters");
     const xlog::CloseReport report = rt.close();
     expect(report.leaked_blocks == 0, "no leaks");

@@ -232,6 +232,7 @@ inline Stream acquire(xlog_runtime* rt) {
 
 inline xlog_stats stats(xlog_runtime* rt) {
   xlog_stats s{};
+  s.struct_size = sizeof s;
   XLOG_OR_DIE(xlog_get_stats(rt, &s));
   return s;
 }

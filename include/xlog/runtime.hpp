@@ -134,6 +134,15 @@ class Config {
   }
   Config& sim_capacity_bytes(std::uint64_t value) noexcept { config_.sim_capacity_bytes = value; return *this; }
   Config& wait_on_pressure(bool value) noexcept { config_.wait_on_pressure = value ? 1 : 0; return *this; }
+  /// Keep freed blocks in per-stream caches for reuse (the default); false
+  /// frees every block to the driver.
+  Config& cache(bool value) noexcept { config_.cache = value ? 1 : 0; return *this; }
+  /// Freed bytes xlog's driver pool keeps mapped at synchronisation points
+  /// (UINT64_MAX, the default, keeps all).
+  Config& pool_release_threshold(std::uint64_t value) noexcept {
+    config_.pool_release_threshold = value;
+    return *this;
+  }
 
   /// The C struct to pass to xlog_runtime_open. Its log_path points into
   /// this object (or at the library's interned environment value): valid
@@ -366,8 +375,10 @@ class Runtime {
     return out;
   }
 
+  /// A snapshot of the counters (struct_size is set here for the caller).
   Stats stats() const {
     Stats out{};
+    out.struct_size = sizeof(Stats);
     check(xlog_get_stats(rt_, &out), "xlog_get_stats");
     return out;
   }
@@ -377,6 +388,14 @@ class Runtime {
     std::uint64_t reclaimed = 0;
     check(xlog_reap(rt_, &reclaimed), "xlog_reap");
     return reclaimed;
+  }
+
+  /// Give cached memory back to the driver until at most `keep_bytes` stay
+  /// cached (0: all of it); returns the bytes released.
+  std::uint64_t trim(std::uint64_t keep_bytes = 0) {
+    std::uint64_t released = 0;
+    check(xlog_trim(rt_, keep_bytes, &released), "xlog_trim");
+    return released;
   }
 
   /// Wait for every free queued so far, then reap; returns the bytes released.

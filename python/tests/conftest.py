@@ -21,7 +21,7 @@ if PYTHON_DIR not in sys.path:
 
 import xlog_cuda as xc  # noqa: E402
 
-XLOG_ENV = ("XLOG_BACKEND", "XLOG_BUDGET_BYTES", "XLOG_LOG_PATH")
+XLOG_ENV = ("XLOG_BACKEND", "XLOG_BUDGET_BYTES", "XLOG_LOG_PATH", "XLOG_CACHE", "XLOG_POOL_RELEASE_THRESHOLD")
 
 
 @pytest.fixture(autouse=True)

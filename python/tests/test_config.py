@@ -95,7 +95,8 @@ def test_backend_and_log_path_from_env(monkeypatch, tmp_path):
 def test_defaults_match_the_library():
     assert xc.Config.from_env() == xc.Config()
     assert xc.Config() == xc.Config(backend="auto", allocator="async", budget_bytes=0, stream_pool_size=16,
-                                    log_path=None, sim_capacity_bytes=1 << 30, wait_on_pressure=False)
+                                    log_path=None, sim_capacity_bytes=1 << 30, wait_on_pressure=False,
+                                    cache=True, pool_release_threshold=(1 << 64) - 1)
 
 
 def test_runtime_without_config_uses_env(monkeypatch):
@@ -117,11 +118,14 @@ def test_explicit_config_ignores_env(monkeypatch):
 
 def test_config_round_trips_through_c():
     cfg = xc.Config(backend=xc.Backend.SIM, allocator="DIRECT", budget_bytes="1GB", stream_pool_size=3,
-                    log_path="/tmp/x.csv", sim_capacity_bytes="64MiB", wait_on_pressure=True)
+                    log_path="/tmp/x.csv", sim_capacity_bytes="64MiB", wait_on_pressure=True,
+                    cache=False, pool_release_threshold="2GiB")
     raw = cfg.to_c()
     assert (raw.struct_size, raw.backend, raw.allocator, raw.budget_bytes) == (ctypes.sizeof(raw), 2, 1, 10**9)
     assert (raw.stream_pool_size, raw.log_path, raw.sim_capacity_bytes, raw.wait_on_pressure) == (
         3, b"/tmp/x.csv", 64 << 20, 1)
+    assert (raw.cache, raw.pool_release_threshold) == (0, 2 << 30)
     assert xc.Config._from_c(raw) == xc.Config(backend="sim", allocator="direct", budget_bytes=10**9,
                                                stream_pool_size=3, log_path="/tmp/x.csv",
-                                               sim_capacity_bytes=64 << 20, wait_on_pressure=True)
+                                               sim_capacity_bytes=64 << 20, wait_on_pressure=True,
+                                               cache=False, pool_release_threshold=2 << 30)

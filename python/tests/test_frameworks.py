@@ -218,12 +218,17 @@ def fake_cupy(monkeypatch):
     return cupy
 
 
-def refusal(hook, requested, live, pending, limit):
-    remaining = limit - live - pending
+def refusal(hook, requested, live, pending, limit, cached=0):
+    remaining = limit - live - cached - pending
     return (
-        f"{hook}: out of budget: requested {requested} bytes, live {live}, pending {pending}, "
-        f"limit {limit}, remaining {remaining}"
+        f"{hook}: out of budget: requested {requested} bytes, live {live}, cached {cached}, "
+        f"pending {pending}, limit {limit}, remaining {remaining}"
     )
+
+
+# Sizes whose exact byte counts are asserted are ones the allocator hands
+# out unrounded (multiples of 512 up to 8 KiB, of 1/16 of the power of two
+# below them above that), so the numbers do not depend on its size classes.
 
 
 # ---------------------------------------------------------------------------
@@ -267,16 +272,21 @@ def test_torch_enable_installs_the_hooks_of_this_library(fake_torch, dev):
 
     st = xt.stats(dev)
     assert (st.budget_limit, st.live_bytes, st.allocations) == (3 * MiB, 0, 0)
-    a = fake_torch.Tensor(1000, dev)
+    a = fake_torch.Tensor(1024, dev)
+    assert xt.stats(dev).live_bytes == 1024
     b = fake_torch.Tensor(0, dev)  # torch may ask for 0 bytes: a real, distinct pointer
     assert a.ptr and b.ptr and a.ptr != b.ptr
     st = xt.stats(dev)
-    assert (st.live_bytes, st.live_blocks, st.allocations) == (1001, 2, 2)
+    assert (st.live_blocks, st.allocations) == (2, 2) and st.live_bytes > 1024
     assert xi.live_blocks(dev) == 2
     a.free()
     b.free()
-    st = xt.stats(dev)
-    assert (st.live_bytes, st.live_blocks, st.deallocations) == (0, 0, 2)
+    after = xt.stats(dev)
+    assert (after.live_bytes, after.live_blocks, after.deallocations) == (0, 0, 2)
+    # Freed memory stays cached for the next step (charged) until trimmed.
+    assert (after.cached_bytes, after.cached_blocks) == (st.live_bytes, 2)
+    assert xt.trim(dev) == st.live_bytes
+    assert xt.stats(dev).outstanding_bytes == 0
 
 
 def test_torch_enable_is_idempotent_and_refuses_other_settings(fake_torch, dev):
@@ -352,8 +362,8 @@ def test_enable_from_environment_and_csv_log(fake_torch, dev, monkeypatch, tmp_p
     monkeypatch.setenv("XLOG_LOG_PATH", str(log))
     xt.enable(device=dev)
     assert xt.stats(dev).budget_limit == 5 * MiB
-    a = fake_torch.Tensor(1000, dev)
-    b = fake_torch.Tensor(3000, dev, stream=0x3000)  # a foreign stream, imported on sight
+    a = fake_torch.Tensor(1024, dev)
+    b = fake_torch.Tensor(3072, dev, stream=0x3000)  # a foreign stream, imported on sight
     a.free()
     b.free()
     xi.drain(dev)  # retires the frees and flushes the log
@@ -361,10 +371,10 @@ def test_enable_from_environment_and_csv_log(fake_torch, dev, monkeypatch, tmp_p
     assert rows[0] == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag"]
     actions = [(r[2], int(r[3], 16), int(r[4]), r[6]) for r in rows[1:]]
     assert actions == [
-        ("allocate", a.ptr, 1000, "torch"),
-        ("allocate", b.ptr, 3000, "torch"),
-        ("free", a.ptr, 1000, "torch"),
-        ("free", b.ptr, 3000, "torch"),
+        ("allocate", a.ptr, 1024, "torch"),
+        ("allocate", b.ptr, 3072, "torch"),
+        ("free", a.ptr, 1024, "torch"),
+        ("free", b.ptr, 3072, "torch"),
     ]
     streams = {int(r[5]) for r in rows[1:]}
     assert len(streams) == 2  # the legacy default stream and the imported one
@@ -391,21 +401,26 @@ def test_malformed_environment_is_an_error_naming_the_variable(fake_torch, dev, 
 def test_refusal_returns_null_with_the_numbers_and_recovers(fake_torch, dev):
     xt.enable(budget="1MiB", backend="sim", device=dev)
     alloc = fake_torch._fake.current
-    a = alloc.malloc(700 * KiB, dev, None)
+    a = alloc.malloc(704 * KiB, dev, None)
     assert a
     assert alloc.malloc(400 * KiB, dev, None) is None  # NULL: PyTorch's signal of failure
-    assert xc.last_error() == refusal("xlog_torch_malloc", 400 * KiB, 700 * KiB, 0, MiB)
+    assert xc.last_error() == refusal("xlog_torch_malloc", 400 * KiB, 704 * KiB, 0, MiB)
     st = xt.stats(dev)
-    assert (st.failed_allocations, st.live_bytes, st.allocations) == (1, 700 * KiB, 1)
-    alloc.free(a, 700 * KiB, dev, None)
-    b = alloc.malloc(400 * KiB, dev, None)  # fits once the first block is gone
+    assert (st.failed_allocations, st.live_bytes, st.allocations) == (1, 704 * KiB, 1)
+    alloc.free(a, 704 * KiB, dev, None)
+    assert xt.stats(dev).cached_bytes == 704 * KiB
+    # Fits once the first block is gone: its cached memory goes back to the
+    # driver under pressure instead of the allocation being refused.
+    b = alloc.malloc(400 * KiB, dev, None)
     assert b and xc.last_error() == ""
+    st = xt.stats(dev)
+    assert (st.failed_allocations, st.live_bytes, st.cached_bytes) == (1, 400 * KiB, 0)
     alloc.free(b, 400 * KiB, dev, None)
     assert xi.live_blocks(dev) == 0
 
 
 def test_record_stream_fences_the_free_on_the_other_stream(fake_torch, dev):
-    xt.enable(backend="sim", device=dev)
+    xt.enable(backend="sim", device=dev, cache=False)
     other = 0x7000  # a foreign native stream, as torch.cuda.Stream().cuda_stream
     gate = threading.Event()
     with xi.runtime(dev) as rt:
@@ -414,9 +429,9 @@ def test_record_stream_fences_the_free_on_the_other_stream(fake_torch, dev):
         busy.enqueue_host(lambda: gate.wait(10))  # `other` is busy until the gate opens
         try:
             # Control: without record_stream the free does not wait for `other`.
-            plain = fake_torch.Tensor(1000, dev)
+            plain = fake_torch.Tensor(1024, dev)
             plain.free()
-            assert rt.drain() == 1000
+            assert rt.drain() == 1024
 
             t = fake_torch.Tensor(4096, dev)
             xt.record_stream(t, fake_torch.cuda.Stream(other))
@@ -429,6 +444,37 @@ def test_record_stream_fences_the_free_on_the_other_stream(fake_torch, dev):
             gate.set()
         assert rt.drain() == 4096
         assert rt.stats().pending_bytes == 0
+
+
+def test_record_stream_fences_the_next_owner_of_a_cached_block(fake_torch, dev):
+    """With the cache the freed block is handed out again at once, but the
+    next owner's work on the allocation stream runs only after the work
+    queued on the recorded stream."""
+    xt.enable(backend="sim", device=dev)
+    other = 0x7200
+    gate = threading.Event()
+    order = []
+    with xi.runtime(dev) as rt:
+        busy = rt.import_stream(other)
+        busy.enqueue_host(lambda: (gate.wait(10), order.append("other's work")))
+        home = rt.import_stream(0)  # the hooks' stream for a NULL cudaStream_t
+        try:
+            t = fake_torch.Tensor(4096, dev)
+            xt.record_stream(t, fake_torch.cuda.Stream(other))
+            t.free()
+            assert rt.stats().cached_bytes == 4096  # cached, not waiting on the host
+            start = time.monotonic()
+            again = fake_torch.Tensor(4096, dev)  # the next owner, served from the cache
+            assert time.monotonic() - start < 0.5
+            assert again.ptr == t.ptr and rt.stats().cache_hits == 1
+            home.enqueue_host(lambda: order.append("next owner's work"))
+            time.sleep(0.1)
+            assert order == []  # held behind `other`
+        finally:
+            gate.set()
+        home.synchronize()
+        assert order == ["other's work", "next owner's work"]
+        again.free()
 
 
 def test_record_stream_arguments(fake_torch, dev):
@@ -461,13 +507,13 @@ def test_cupy_refusal_raises_cupy_out_of_memory_with_our_reason(fake_cupy, dev):
     assert allocator.malloc_address == xi.hook_address("xlog_cupy_malloc")
     assert allocator.free_address == xi.hook_address("xlog_cupy_free")
 
-    m = fake_cupy.cuda.memory.alloc(900 * KiB)
+    m = fake_cupy.cuda.memory.alloc(896 * KiB)
     assert m.ptr
     with pytest.raises(fake_cupy.cuda.memory.OutOfMemoryError) as info:
         fake_cupy.cuda.memory.alloc(200 * KiB)
-    reason = refusal("xlog_cupy_malloc", 200 * KiB, 900 * KiB, 0, MiB)
+    reason = refusal("xlog_cupy_malloc", 200 * KiB, 896 * KiB, 0, MiB)
     assert str(info.value) == (
-        "Out of memory allocating 204,800 bytes (allocated so far: 921,600 bytes, "
+        "Out of memory allocating 204,800 bytes (allocated so far: 917,504 bytes, "
         f"limit set to: 1,048,576 bytes). [xlog: {reason}]"
     )
     assert info.value.xlog_message == reason
@@ -503,10 +549,11 @@ def test_torch_and_cupy_share_one_budget_and_one_set_of_stats(fake_torch, fake_c
 
     tensors = [fake_torch.Tensor(n, dev) for n in (1000, 0, 4096)]
     arrays = [fake_cupy.cuda.memory.alloc(n) for n in (12345, 7)]
-    held = 1000 + 1 + 4096 + 12345 + 7  # the hooks give 0 bytes a 1-byte block
     st = xt.stats(dev)
     assert st == xcp.stats(dev)
-    assert (st.live_bytes, st.live_blocks, st.allocations, st.budget_limit) == (held, 5, 5, 4 * MiB)
+    held = st.live_bytes  # device bytes: each request rounded up to its allocator size
+    assert 1000 + 1 + 4096 + 12345 + 7 <= held <= 1024 + 512 + 4096 + 12800 + 512
+    assert (st.live_blocks, st.allocations, st.budget_limit) == (5, 5, 4 * MiB)
     assert xi.live_blocks(dev) == 5
 
     alloc = fake_torch._fake.current
@@ -521,7 +568,9 @@ def test_torch_and_cupy_share_one_budget_and_one_set_of_stats(fake_torch, fake_c
     del arrays[:]
     st = xt.stats(dev)
     assert (st.live_bytes, st.live_blocks, st.deallocations) == (0, 0, 5)
-    xi.drain(dev)
+    # One cache for both frameworks: either module's trim empties it.
+    assert st.cached_bytes == held
+    assert xcp.trim(dev, keep_bytes=4096) + xt.trim(dev) == held
     assert xt.stats(dev).outstanding_bytes == 0
 
 
@@ -539,44 +588,74 @@ def _block_the_default_stream(rt, gate):
 def test_allocation_waits_for_pending_frees_under_pressure(lib, dev, monkeypatch, how):
     monkeypatch.setenv("XLOG_BACKEND", "sim")
     monkeypatch.setenv("XLOG_BUDGET_BYTES", "1MiB")
+    monkeypatch.setenv("XLOG_CACHE", "0")  # every free goes to the driver (pending)
     if how == "setup_hooks":
         xi.setup_hooks(dev)
     elif how == "configure_null":
         xi.configure(dev)  # NULL config: the environment, waiting on pressure
-    a = lib.xlog_torch_malloc(700 * KiB, dev, None)
+    a = lib.xlog_torch_malloc(704 * KiB, dev, None)
     assert a
     gate = threading.Event()
     with xi.runtime(dev) as rt:
         _block_the_default_stream(rt, gate)
-        lib.xlog_torch_free(a, 700 * KiB, dev, None)
-        assert rt.stats().pending_bytes == 700 * KiB  # queued behind the blocked stream
+        lib.xlog_torch_free(a, 704 * KiB, dev, None)
+        assert rt.stats().pending_bytes == 704 * KiB  # queued behind the blocked stream
         opener = threading.Timer(0.3, gate.set)
         opener.start()
         start = time.monotonic()
-        b = lib.xlog_torch_malloc(700 * KiB, dev, None)
+        b = lib.xlog_torch_malloc(704 * KiB, dev, None)
         waited = time.monotonic() - start
         opener.join()
         assert b, xc.last_error()
         assert waited >= 0.25
-        lib.xlog_torch_free(b, 700 * KiB, dev, None)
+        lib.xlog_torch_free(b, 704 * KiB, dev, None)
 
 
 def test_without_wait_on_pressure_pending_frees_refuse_at_once(lib, dev):
-    xi.setup_hooks(dev, budget="1MiB", backend="sim", wait_on_pressure=False)
-    a = lib.xlog_torch_malloc(700 * KiB, dev, None)
+    xi.setup_hooks(dev, budget="1MiB", backend="sim", wait_on_pressure=False, cache=False)
+    a = lib.xlog_torch_malloc(704 * KiB, dev, None)
     gate = threading.Event()
     with xi.runtime(dev) as rt:
         _block_the_default_stream(rt, gate)
-        lib.xlog_torch_free(a, 700 * KiB, dev, None)
+        lib.xlog_torch_free(a, 704 * KiB, dev, None)
         try:
-            assert lib.xlog_torch_malloc(700 * KiB, dev, None) is None
-            assert xc.last_error() == refusal("xlog_torch_malloc", 700 * KiB, 0, 700 * KiB, MiB)
+            assert lib.xlog_torch_malloc(704 * KiB, dev, None) is None
+            assert xc.last_error() == refusal("xlog_torch_malloc", 704 * KiB, 0, 704 * KiB, MiB)
         finally:
             gate.set()
-        assert rt.drain() == 700 * KiB
-    b = lib.xlog_torch_malloc(700 * KiB, dev, None)
+        assert rt.drain() == 704 * KiB
+    b = lib.xlog_torch_malloc(704 * KiB, dev, None)
     assert b
-    lib.xlog_torch_free(b, 700 * KiB, dev, None)
+    lib.xlog_torch_free(b, 704 * KiB, dev, None)
+
+
+def test_cached_block_goes_to_another_stream_without_a_host_wait(lib, dev):
+    """Cache on: a block freed on a busy stream is handed to an allocation
+    on another stream at once; that stream waits on the GPU (here: the sim
+    worker), not the caller."""
+    xi.setup_hooks(dev, budget="1MiB", backend="sim")
+    a = lib.xlog_torch_malloc(704 * KiB, dev, None)
+    gate = threading.Event()
+    order = []
+    with xi.runtime(dev) as rt:
+        _block_the_default_stream(rt, gate)
+        rt.import_stream(0).enqueue_host(lambda: order.append("old owner"))
+        lib.xlog_torch_free(a, 704 * KiB, dev, None)
+        try:
+            start = time.monotonic()
+            b = lib.xlog_torch_malloc(704 * KiB, dev, ctypes.c_void_p(0x3100))
+            assert time.monotonic() - start < 0.5
+            assert b == a, xc.last_error()
+            st = rt.stats()
+            assert (st.cache_hits, st.failed_allocations, st.pending_bytes) == (1, 0, 0)
+            rt.import_stream(0x3100).enqueue_host(lambda: order.append("new owner"))
+            time.sleep(0.1)
+            assert order == []
+        finally:
+            gate.set()
+        rt.import_stream(0x3100).synchronize()
+        assert order == ["old owner", "new owner"]
+    lib.xlog_torch_free(b, 704 * KiB, dev, ctypes.c_void_p(0x3100))
 
 
 def test_setup_hooks_joins_hooks_already_opened_from_the_environment(lib, dev, monkeypatch):
@@ -617,9 +696,9 @@ def test_log_is_flushed_at_interpreter_exit(tmp_path):
         import xlog_cuda as xc, xlog_cuda.interop as xi
         xi.setup_hooks(5, backend="sim", log_path={str(log)!r})
         lib = xc.load_library()
-        ptrs = [lib.xlog_torch_malloc(100 + i, 5, None) for i in range(3)]
+        ptrs = [lib.xlog_torch_malloc(512 * (i + 1), 5, None) for i in range(3)]
         for i, p in enumerate(ptrs):
-            lib.xlog_torch_free(p, 100 + i, 5, None)
+            lib.xlog_torch_free(p, 512 * (i + 1), 5, None)
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLOG_") or k == "XLOG_CUDA_LIBRARY"}
@@ -628,12 +707,12 @@ def test_log_is_flushed_at_interpreter_exit(tmp_path):
     rows = list(csv.reader(log.open()))
     assert rows[0][:3] == ["Thread", "Time", "Action"]
     assert [(r[2], r[4]) for r in rows[1:]] == [
-        ("allocate", "100"),
-        ("allocate", "101"),
-        ("allocate", "102"),
-        ("free", "100"),
-        ("free", "101"),
-        ("free", "102"),
+        ("allocate", "512"),
+        ("allocate", "1024"),
+        ("allocate", "1536"),
+        ("free", "512"),
+        ("free", "1024"),
+        ("free", "1536"),
     ]
 
 

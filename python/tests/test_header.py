@@ -224,11 +224,17 @@ def test_struct_sizes_known_values_lp64():
     # Measured with gcc against the header (see the compiled test below).
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
-    assert ctypes.sizeof(_library.XlogStats) == 88
-    assert ctypes.sizeof(_library.XlogConfig) == 56
+    assert ctypes.sizeof(_library.XlogStats) == 136
+    assert ctypes.sizeof(_library.XlogConfig) == 64
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32
     assert _library.XlogConfig.wait_on_pressure.offset == 48
+    assert _library.XlogConfig.cache.offset == 49
+    assert _library.XlogConfig.pool_release_threshold.offset == 56
+    # struct_size leads (a u32, then padding), so later fields can be added.
+    assert _library.XlogStats.struct_size.offset == 0
+    assert _library.XlogStats.live_bytes.offset == 8
+    assert _library.XlogStats.reserved_bytes.offset == 128
 
 
 def test_struct_layout_matches_gcc(tmp_path):

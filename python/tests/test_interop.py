@@ -30,7 +30,9 @@ def test_torch_hooks_share_one_runtime(lib, capfd):
     with xi.runtime(dev) as rt:
         assert rt.backend == "sim"
         st = rt.stats()
-        assert (st.live_blocks, st.live_bytes, st.budget_limit) == (2, 4097, 1 << 20)
+        # The 0-byte request holds a real (rounded up) block too.
+        assert (st.live_blocks, st.budget_limit) == (2, 1 << 20)
+        assert 4096 + 1 <= st.live_bytes <= 4096 + 4096
         # The hooks' stream ids come from the same runtime.
         with rt.acquire_stream() as s, rt.allocate(1000, s) as blk:
             assert rt.stats().live_blocks == 3
@@ -47,6 +49,14 @@ def test_torch_hooks_share_one_runtime(lib, capfd):
     lib.xlog_torch_free(p, 4096, dev, None)
     lib.xlog_torch_free(q, 0, dev, None)
     assert xi.live_blocks(dev) == 0
+    # The freed blocks wait in the cache, charged, until trimmed.
+    with xi.runtime(dev) as rt:
+        st = rt.stats()
+        assert st.live_bytes == 0 and st.outstanding_bytes == st.cached_bytes + st.pending_bytes
+        assert st.cached_bytes > 4096 and st.cached_blocks == 2
+        assert xi.trim(dev) == st.cached_bytes
+        rt.drain()  # the block of the stream released above, if still pending
+        assert (rt.stats().cached_bytes, rt.stats().outstanding_bytes) == (0, 0)
     lib.xlog_torch_free(p, 4096, dev, None)  # double free: reported, not fatal
     assert "not allocated through the xlog framework hooks" in xc.last_error()
     assert "xlog_torch_free" in capfd.readouterr().err
@@ -91,6 +101,35 @@ def test_configure_from_env(monkeypatch, lib):
 
 def test_live_blocks_of_unused_device():
     assert xi.live_blocks(99) == 0
+
+
+def test_trim_of_unused_hooks_is_zero_and_leaves_them_unopened(lib):
+    dev = 26
+    assert xi.trim(dev) == 0
+    released = ctypes.c_uint64(123)
+    assert lib.xlog_interop_trim(dev, 0, ctypes.byref(released)) == xc.Status.OK
+    assert released.value == 0
+    assert lib.xlog_interop_trim(dev, 0, None) == xc.Status.OK
+    # Not opened: the hooks can still be configured.
+    xi.configure(dev, backend="sim", budget_bytes="1MiB")
+    with pytest.raises(xc.InvalidArgumentError, match="keep_bytes"):
+        xi.trim(dev, -1)
+
+
+def test_trim_keeps_at_most_keep_bytes_cached(lib):
+    dev = 27
+    xi.configure(dev, backend="sim")
+    # 64 KiB and 256 KiB: sizes the allocator hands out unrounded.
+    small, big = lib.xlog_torch_malloc(64 << 10, dev, None), lib.xlog_torch_malloc(256 << 10, dev, None)
+    lib.xlog_torch_free(small, 64 << 10, dev, None)
+    lib.xlog_torch_free(big, 256 << 10, dev, None)
+    assert xi.stats(dev).cached_bytes == 320 << 10
+    assert xi.trim(dev, keep_bytes=320 << 10) == 0
+    assert xi.trim(dev, keep_bytes=100 << 10) == 256 << 10  # the larger block goes first
+    st = xi.stats(dev)
+    assert (st.cached_bytes, st.cached_blocks, st.outstanding_bytes) == (64 << 10, 1, 64 << 10)
+    assert xi.trim(dev) == 64 << 10
+    assert xi.stats(dev).outstanding_bytes == 0
 
 
 

@@ -56,21 +56,29 @@ def test_calls_on_closed_runtime_raise_invalid_argument(make_runtime):
         pass
 
 
-def test_stats_track_allocate_free_reap_drain(rt, stream):
-    s0 = rt.stats()
-    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0)
+# Sizes below are multiples of 4 KiB, which every allocator hands out as
+# they are (device bytes = requested bytes), so the counters are exact.
 
-    a = rt.allocate(1000, stream, tag="a")
-    b = rt.allocate(3000, stream, tag="b")
+
+def test_stats_track_allocate_free_reap_drain_without_the_cache(make_runtime):
+    """cache=False: the seed's behaviour, a free goes to the driver (pending)."""
+    rt = make_runtime(cache=False)
+    stream = rt.acquire_stream()
+    s0 = rt.stats()
+    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    a = rt.allocate(4096, stream, tag="a")
+    b = rt.allocate(12288, stream, tag="b")
     s1 = rt.stats()
-    assert (s1.live_bytes, s1.live_blocks, s1.pending_bytes, s1.pending_blocks) == (4000, 2, 0, 0)
-    assert (s1.outstanding_bytes, s1.peak_outstanding_bytes, s1.allocations) == (4000, 4000, 2)
+    assert (s1.live_bytes, s1.live_blocks, s1.pending_bytes, s1.pending_blocks) == (16384, 2, 0, 0)
+    assert (s1.outstanding_bytes, s1.peak_outstanding_bytes, s1.allocations) == (16384, 16384, 2)
+    assert (s1.cached_bytes, s1.cache_hits, s1.reserved_bytes) == (0, 0, 16384)
 
     a.free()
     s2 = rt.stats()
     # Freed bytes stay outstanding (pending) until a reap sees the free done.
-    assert (s2.live_bytes, s2.live_blocks, s2.pending_bytes, s2.pending_blocks) == (3000, 1, 1000, 1)
-    assert (s2.outstanding_bytes, s2.deallocations) == (4000, 1)
+    assert (s2.live_bytes, s2.live_blocks, s2.pending_bytes, s2.pending_blocks) == (12288, 1, 4096, 1)
+    assert (s2.outstanding_bytes, s2.deallocations, s2.cached_bytes) == (16384, 1, 0)
 
     # reap never blocks; the first one seals the batch. Poll until it retires.
     reclaimed, deadline = 0, time.monotonic() + 10
@@ -78,24 +86,87 @@ def test_stats_track_allocate_free_reap_drain(rt, stream):
         reclaimed = rt.reap()
         if reclaimed == 0:
             time.sleep(0.001)
-    assert reclaimed == 1000
+    assert reclaimed == 4096
     s3 = rt.stats()
-    assert (s3.pending_bytes, s3.pending_blocks, s3.outstanding_bytes) == (0, 0, 3000)
+    assert (s3.pending_bytes, s3.pending_blocks, s3.outstanding_bytes) == (0, 0, 12288)
     assert rt.reap() == 0
 
     b.free()
-    assert rt.drain() == 3000
+    assert rt.stats().cached_bytes == 0
+    assert rt.drain() == 12288
+    assert rt.trim() == 0  # nothing is ever cached
     s4 = rt.stats()
     assert (s4.live_bytes, s4.pending_bytes, s4.outstanding_bytes, s4.live_blocks) == (0, 0, 0, 0)
-    assert (s4.peak_outstanding_bytes, s4.allocations, s4.deallocations, s4.failed_allocations) == (4000, 2, 2, 0)
+    assert (s4.peak_outstanding_bytes, s4.allocations, s4.deallocations, s4.failed_allocations) == (16384, 2, 2, 0)
+    assert (s4.cache_hits, s4.cache_misses, s4.cached_blocks) == (0, 0, 0)
     assert rt.drain() == 0
+
+
+def test_stats_track_allocate_free_reuse_trim_with_the_cache(rt, stream):
+    """The default: a free goes to its stream's cache and stays charged;
+    trim hands it back to the driver."""
+    s0 = rt.stats()
+    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    a = rt.allocate(4096, stream, tag="a")
+    b = rt.allocate(12288, stream, tag="b")
+    s1 = rt.stats()
+    assert (s1.live_bytes, s1.outstanding_bytes, s1.cache_hits, s1.cache_misses) == (16384, 16384, 0, 2)
+
+    a.free()
+    b.free()
+    s2 = rt.stats()
+    assert (s2.live_bytes, s2.pending_bytes, s2.cached_bytes, s2.cached_blocks) == (0, 0, 16384, 2)
+    # Cached memory is still held from the driver: outstanding = live + cached + pending.
+    assert (s2.outstanding_bytes, s2.reserved_bytes, s2.deallocations) == (16384, 16384, 2)
+    assert rt.drain() == 0  # nothing was handed to the driver
+
+    # The same size on the same stream comes back from the cache: same
+    # memory, a new generation, and the old handle is stale.
+    c = rt.allocate(4096, stream, tag="c")
+    assert c.ptr == a.ptr and c.generation > b.generation
+    with pytest.raises(xc.UseAfterFreeError):
+        a.copy().validate()
+    s3 = rt.stats()
+    assert (s3.cache_hits, s3.cache_misses, s3.allocations) == (1, 2, 3)
+    assert (s3.live_bytes, s3.cached_bytes, s3.outstanding_bytes) == (4096, 12288, 16384)
+
+    # trim(keep) releases until at most `keep` stays cached, and returns
+    # exactly what left the cache.
+    assert rt.trim(keep_bytes=12288) == 0
+    assert rt.trim(keep_bytes=4096) == 12288
+    s4 = rt.stats()
+    assert (s4.cached_bytes, s4.cached_blocks, s4.outstanding_bytes, s4.pending_bytes) == (0, 0, 4096, 0)
+    assert s4.reserved_bytes == 4096
+    c.free()
+    assert rt.trim() == 4096
+    s5 = rt.stats()
+    assert (s5.live_bytes, s5.cached_bytes, s5.pending_bytes, s5.outstanding_bytes) == (0, 0, 0, 0)
+    assert (s5.peak_outstanding_bytes, s5.allocations, s5.deallocations) == (16384, 3, 3)
+    assert rt.trim() == 0
+
+
+def test_trim_arguments_and_closed_runtime(make_runtime):
+    rt = make_runtime()
+    for bad in (-1, 1 << 64, 1.5, "0", True):
+        with pytest.raises(xc.InvalidArgumentError, match="keep_bytes"):
+            rt.trim(bad)
+    assert rt.trim(U64_MAX) == 0
+    rt.close()
+    with pytest.raises(xc.InvalidArgumentError, match="not open"):
+        rt.trim()
 
 
 def test_budget_stats(make_runtime):
     rt = make_runtime(budget_bytes="1MiB")
-    with rt.acquire_stream() as s, rt.allocate(1000, s):
-        st = rt.stats()
-        assert (st.budget_limit, st.budget_remaining) == (1 << 20, (1 << 20) - 1000)
+    with rt.acquire_stream() as s:
+        with rt.allocate(4096, s):
+            st = rt.stats()
+            assert (st.budget_limit, st.budget_remaining) == (1 << 20, (1 << 20) - 4096)
+        # A cached block is still charged; trim gives it back to the budget.
+        assert rt.stats().budget_remaining == (1 << 20) - 4096
+        assert rt.trim() == 4096
+        assert rt.stats().budget_remaining == 1 << 20
 
 
 def test_block_fields_alignment_and_generations(rt, stream):
@@ -341,7 +412,7 @@ def test_readme_example_runs(capsys):
     assert blocks, "README has no python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
-    assert "pending_bytes=4096" in capsys.readouterr().out
+    assert "cached_bytes=4096" in capsys.readouterr().out
 
 
 def test_sim_native_token_of_another_runtime_is_not_aliased(make_runtime):

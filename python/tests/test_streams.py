@@ -172,7 +172,7 @@ def test_writer_waits_for_every_outstanding_reader(make_runtime):
 
 
 def test_free_waits_for_use_on_another_stream(make_runtime):
-    rt = make_runtime()
+    rt = make_runtime(cache=False)
     with rt.acquire_stream() as a, rt.acquire_stream() as b:
         blk = rt.allocate(4096, a, tag="read-on-b")
         blk.write(b"old")
@@ -195,6 +195,41 @@ def test_free_waits_for_use_on_another_stream(make_runtime):
         # And only now may the address be handed out again.
         reuse = rt.allocate(4096, a)
         assert reuse.ptr == blk.ptr
+        reuse.free()
+
+
+@pytest.mark.parametrize("reuse_on", ["same stream", "third stream"])
+def test_cached_block_is_reused_only_after_the_other_streams_use(make_runtime, reuse_on):
+    """With the cache, a freed block is handed out again at once, with no
+    host wait; the next owner's work must still run after every use of the
+    old owner's (here a slow reader on b)."""
+    rt = make_runtime()
+    with rt.acquire_stream() as a, rt.acquire_stream() as b, rt.acquire_stream() as c:
+        blk = rt.allocate(4096, a, tag="read-on-b")
+        blk.write(b"old")
+        seen = {}
+        ptr = blk.ptr
+
+        def reader():
+            time.sleep(DELAY)
+            seen["data"] = ctypes.string_at(ptr, 3)
+
+        xc.launch(rt, b, [(blk, xc.Access.READ)], lambda: b.enqueue_host(reader))
+        blk.free()
+        target = a if reuse_on == "same stream" else c
+        start = time.monotonic()
+        reuse = rt.allocate(4096, target, tag="next-owner")
+        assert time.monotonic() - start < DELAY / 2, "the hand-out waited on the host"
+        assert reuse.ptr == ptr
+        st = rt.stats()
+        assert (st.cache_hits, st.cached_bytes, st.live_bytes) == (1, 0, 4096)
+        xc.launch(rt, target, [(reuse, xc.Access.WRITE)],
+                  lambda: target.enqueue_host(lambda: ctypes.memmove(ptr, b"new", 3)))
+        target.synchronize()
+        b.synchronize()
+        # The reader ran before the next owner's write, though it was slower.
+        assert seen.get("data") == b"old"
+        assert reuse.read(3) == b"new"
         reuse.free()
 
 

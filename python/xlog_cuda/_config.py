@@ -93,6 +93,20 @@ def parse_size(text: str) -> int:
 SizeLike = Union[int, str]
 
 
+def parse_threshold(text: str) -> int:
+    """Parse a pool release threshold as the library parses
+    XLOG_POOL_RELEASE_THRESHOLD: "max" (any case; keep all freed memory
+    mapped, 2**64-1) or a size accepted by `parse_size`."""
+    if not isinstance(text, str):
+        raise TypeError(f"expected a str, got {type(text).__name__}")
+    if text.strip().lower() == "max":
+        return U64_MAX
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"{e}, or max") from None
+
+
 def _size_value(name: str, value: SizeLike) -> int:
     if isinstance(value, bool):
         raise _errors.InvalidArgumentError(f"{name} must be a byte count, not a bool")
@@ -106,6 +120,18 @@ def _size_value(name: str, value: SizeLike) -> int:
     if not 0 <= value <= U64_MAX:
         raise _errors.InvalidArgumentError(f"{name} = {value} is outside 0..2**64-1")
     return value
+
+
+def _threshold_value(name: str, value: SizeLike) -> int:
+    if isinstance(value, str) and value.strip().lower() == "max":
+        return U64_MAX
+    return _size_value(name, value)
+
+
+def _flag_value(name: str, value) -> int:
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return int(value)
+    raise _errors.InvalidArgumentError(f"{name} {value!r} must be a bool")
 
 
 def _enum_value(name: str, kind: type, value) -> int:
@@ -130,8 +156,15 @@ class Config:
     """Runtime configuration (the fields of `xlog_config`).
 
     `Config()` holds the library defaults and ignores the environment;
-    `Config.from_env()` applies XLOG_BACKEND, XLOG_BUDGET_BYTES and
-    XLOG_LOG_PATH on top of them, exactly as the C library does.
+    `Config.from_env()` applies XLOG_BACKEND, XLOG_BUDGET_BYTES,
+    XLOG_LOG_PATH, XLOG_CACHE and XLOG_POOL_RELEASE_THRESHOLD on top of
+    them, exactly as the C library does.
+
+    `cache` keeps freed blocks in per-stream caches for reuse (async
+    allocator; False frees every block to the driver).
+    `pool_release_threshold` is the freed memory (bytes, a size string, or
+    "max" = keep all, the default) xlog's driver pool keeps mapped at
+    synchronisation points.
     """
 
     backend: Union[str, Backend] = "auto"
@@ -141,6 +174,8 @@ class Config:
     log_path: Optional[Union[str, os.PathLike]] = None
     sim_capacity_bytes: SizeLike = DEFAULT_SIM_CAPACITY
     wait_on_pressure: bool = False
+    cache: bool = True
+    pool_release_threshold: SizeLike = U64_MAX
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -169,6 +204,8 @@ class Config:
             log_path=os.fsdecode(raw.log_path) if raw.log_path else None,
             sim_capacity_bytes=raw.sim_capacity_bytes,
             wait_on_pressure=bool(raw.wait_on_pressure),
+            cache=bool(raw.cache),
+            pool_release_threshold=raw.pool_release_threshold,
         )
 
     def to_c(self) -> _library.XlogConfig:
@@ -180,8 +217,8 @@ class Config:
         pool = self.stream_pool_size
         if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= U32_MAX:
             raise _errors.InvalidArgumentError(f"stream_pool_size {pool!r} is not a uint32")
-        if not isinstance(self.wait_on_pressure, (bool, int)) or self.wait_on_pressure not in (0, 1):
-            raise _errors.InvalidArgumentError(f"wait_on_pressure {self.wait_on_pressure!r} must be a bool")
+        wait_on_pressure = _flag_value("wait_on_pressure", self.wait_on_pressure)
+        cache = _flag_value("cache", self.cache)
         log_bytes = None
         if self.log_path is not None:
             log_bytes = os.fsencode(self.log_path)
@@ -195,7 +232,9 @@ class Config:
             stream_pool_size=pool,
             log_path=log_bytes,
             sim_capacity_bytes=_size_value("sim_capacity_bytes", self.sim_capacity_bytes),
-            wait_on_pressure=int(self.wait_on_pressure),
+            wait_on_pressure=wait_on_pressure,
+            cache=cache,
+            pool_release_threshold=_threshold_value("pool_release_threshold", self.pool_release_threshold),
         )
         raw._log_path_bytes = log_bytes  # keeps the C string alive
         return raw

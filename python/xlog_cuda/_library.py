@@ -64,13 +64,20 @@ class XlogConfig(ctypes.Structure):
         ("log_path", ctypes.c_char_p),
         ("sim_capacity_bytes", ctypes.c_uint64),
         ("wait_on_pressure", ctypes.c_uint8),
+        ("cache", ctypes.c_uint8),
+        ("pool_release_threshold", ctypes.c_uint64),
     ]
 
 
 class XlogStats(ctypes.Structure):
-    """`xlog_stats`: byte and block counters of a runtime."""
+    """`xlog_stats`: byte and block counters of a runtime.
+
+    The caller sets `struct_size` (the library fills only the fields that
+    fit in it): use `new()`, which does.
+    """
 
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("live_bytes", ctypes.c_uint64),
         ("pending_bytes", ctypes.c_uint64),
         ("outstanding_bytes", ctypes.c_uint64),
@@ -82,7 +89,17 @@ class XlogStats(ctypes.Structure):
         ("allocations", ctypes.c_uint64),
         ("deallocations", ctypes.c_uint64),
         ("failed_allocations", ctypes.c_uint64),
+        ("cached_bytes", ctypes.c_uint64),
+        ("cached_blocks", ctypes.c_uint64),
+        ("cache_hits", ctypes.c_uint64),
+        ("cache_misses", ctypes.c_uint64),
+        ("reserved_bytes", ctypes.c_uint64),
     ]
+
+    @classmethod
+    def new(cls) -> "XlogStats":
+        """A zeroed structure with `struct_size` set, ready for xlog_get_stats."""
+        return cls(struct_size=ctypes.sizeof(cls))
 
 
 # `typedef void (*xlog_host_fn)(void *user);`
@@ -126,12 +143,14 @@ PROTOTYPES = {
     "xlog_prepare_all": (xlog_status, [xlog_runtime_p, xlog_stream, _P(XlogUse), ctypes.c_size_t]),
     "xlog_finish_all": (xlog_status, [xlog_runtime_p, xlog_stream, _P(XlogUse), ctypes.c_size_t]),
     "xlog_reap": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
+    "xlog_trim": (xlog_status, [xlog_runtime_p, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     "xlog_drain": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     "xlog_sim_inject_fault": (xlog_status, [xlog_runtime_p, xlog_fault, ctypes.c_uint64]),
     "xlog_debug_panic": (xlog_status, []),
     # Framework hooks (src/ffi/interop.rs).
     "xlog_interop_configure": (xlog_status, [ctypes.c_int32, _P(XlogConfig)]),
     "xlog_interop_runtime": (xlog_status, [ctypes.c_int32, _P(xlog_runtime_p)]),
+    "xlog_interop_trim": (xlog_status, [ctypes.c_int32, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     "xlog_interop_live_blocks": (ctypes.c_uint64, [ctypes.c_int32]),
     "xlog_torch_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),

@@ -35,7 +35,15 @@ class Fault(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """A snapshot of `xlog_stats`."""
+    """A snapshot of `xlog_stats`.
+
+    `outstanding_bytes = live_bytes + cached_bytes + pending_bytes`: what
+    the runtime holds from the driver, and what the budget charges. Cached
+    bytes are freed blocks kept in per-stream caches for reuse (`trim`
+    hands them back); pending bytes were handed back to the driver, the GPU
+    not yet seen past the free. `reserved_bytes` is the driver pool's own
+    reserved-memory counter on CUDA (outstanding bytes on sim).
+    """
 
     live_bytes: int
     pending_bytes: int
@@ -48,6 +56,11 @@ class Stats:
     allocations: int
     deallocations: int
     failed_allocations: int
+    cached_bytes: int
+    cached_blocks: int
+    cache_hits: int
+    cache_misses: int
+    reserved_bytes: int
 
 
 class LeakReport(NamedTuple):
@@ -214,14 +227,24 @@ class Runtime:
     # -- queries --
 
     def stats(self) -> Stats:
-        raw = _library.XlogStats()
+        raw = _library.XlogStats.new()
         check(_lib().xlog_get_stats(self._handle, ctypes.byref(raw)))
-        return Stats(**{name: getattr(raw, name) for name, _ in _library.XlogStats._fields_})
+        return Stats(**{field.name: getattr(raw, field.name) for field in dataclasses.fields(Stats)})
 
     def reap(self) -> int:
         """Retire completed frees without blocking; returns the bytes released."""
         out = ctypes.c_uint64()
         check(_lib().xlog_reap(self._handle, ctypes.byref(out)))
+        return out.value
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Give cached memory back to the driver until at most `keep_bytes`
+        stay cached (0: empty every stream's cache, the role of
+        `torch.cuda.empty_cache()`); waits for those frees, so the budget
+        drops by what was released. Returns the bytes released."""
+        keep_bytes = _checked_int("keep_bytes", keep_bytes, 0, U64_MAX)
+        out = ctypes.c_uint64()
+        check(_lib().xlog_trim(self._handle, keep_bytes, ctypes.byref(out)))
         return out.value
 
     def drain(self) -> int:

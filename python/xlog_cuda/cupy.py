@@ -22,7 +22,7 @@ from ._config import Backend, SizeLike
 from ._errors import last_error
 from ._runtime import Stats
 
-__all__ = ["enable", "is_enabled", "stats"]
+__all__ = ["enable", "is_enabled", "stats", "trim"]
 
 _WHO = "xlog_cuda.cupy.enable"
 
@@ -74,6 +74,8 @@ def enable(
     backend: Optional[Union[str, Backend, int]] = None,
     device: int = 0,
     wait_on_pressure: bool = True,
+    cache: Optional[bool] = None,
+    pool_release_threshold: Optional[SizeLike] = None,
 ) -> None:
     """Make CuPy allocate through libxlog_cuda (`cupy.cuda.set_allocator`).
 
@@ -92,7 +94,10 @@ def enable(
     global _state
     cupy = interop.import_framework("cupy", _WHO)
     with _lock:
-        interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
+        interop.setup_hooks(
+            device, budget, log_path, backend, wait_on_pressure,
+            cache=cache, pool_release_threshold=pool_release_threshold, by=_WHO,
+        )
         if _state is not None:
             _state.devices.add(device)
             current = getattr(cupy.cuda, "get_allocator", None)
@@ -121,3 +126,11 @@ def stats(device: int = 0) -> Stats:
     """Stats of `device`'s hook runtime, shared with PyTorch (through
     `xlog_cuda.torch`) and any other user of the hooks of this device."""
     return interop.stats(device)
+
+
+def trim(device: int = 0, keep_bytes: int = 0) -> int:
+    """Give the memory cached by `device`'s hook runtime back to the driver,
+    keeping at most `keep_bytes` cached; returns the bytes released (what
+    `cupy.get_default_memory_pool().free_all_blocks()` is for CuPy's own
+    pool). Shared with PyTorch through the same hooks; 0 if never used."""
+    return interop.trim(device, keep_bytes)

@@ -12,8 +12,10 @@ them:
     print(xi.stats(0))
 
 The hook runtime of a device is opened on first use, from the environment
-(XLOG_BACKEND, XLOG_BUDGET_BYTES, XLOG_LOG_PATH) unless `configure` or
-`setup_hooks` was called first. Hook runtimes live for the whole process.
+(XLOG_BACKEND, XLOG_BUDGET_BYTES, XLOG_LOG_PATH, XLOG_CACHE,
+XLOG_POOL_RELEASE_THRESHOLD) unless `configure` or `setup_hooks` was called
+first. Hook runtimes live for the whole process; `trim` gives their cached
+memory back to the driver.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import threading
 from typing import Any, Dict, List, Optional, Union
 
 from . import _library
-from ._config import Backend, Config, SizeLike, _enum_value, _size_value
+from ._config import Backend, Config, SizeLike, _enum_value, _size_value, _threshold_value
 from ._config import U64_MAX
 from ._errors import InvalidArgumentError, check, error_for, last_error
 from ._runtime import I32_MAX, I32_MIN, Runtime, Stats, _checked_int
@@ -39,6 +41,7 @@ __all__ = [
     "stats",
     "reap",
     "drain",
+    "trim",
     "live_blocks",
     "record_stream",
     "torch_allocator",
@@ -121,6 +124,18 @@ def drain(device: int = 0) -> int:
         return rt.drain()
 
 
+def trim(device: int = 0, keep_bytes: int = 0) -> int:
+    """Give the cached memory of `device`'s hook runtime back to the driver
+    until at most `keep_bytes` stay cached (0: all of it, the role of
+    `torch.cuda.empty_cache()`); returns the bytes released
+    (`xlog_interop_trim`). Hooks that were never used have nothing cached:
+    0, and they are not opened (their config can still be set)."""
+    keep_bytes = _checked_int("keep_bytes", keep_bytes, 0, U64_MAX)
+    out = ctypes.c_uint64()
+    check(_library.load().xlog_interop_trim(_device(device), keep_bytes, ctypes.byref(out)))
+    return out.value
+
+
 def live_blocks(device: int = 0) -> int:
     """Blocks the hooks of `device` hold now (0 if never used)."""
     return _library.load().xlog_interop_live_blocks(_device(device))
@@ -148,12 +163,17 @@ def hook_config(
     log_path: Optional[Union[str, os.PathLike]] = None,
     backend: Optional[Union[str, Backend, int]] = None,
     wait_on_pressure: bool = True,
+    cache: Optional[bool] = None,
+    pool_release_threshold: Optional[SizeLike] = None,
 ) -> Config:
     """The config `setup_hooks` would give the hooks: the environment
-    (XLOG_BACKEND, XLOG_BUDGET_BYTES, XLOG_LOG_PATH) with every argument that
-    is not None on top. `budget` is a byte count or a size string ("8GiB");
-    0 means no budget. Raises InvalidArgumentError for a bad argument or a
-    malformed environment variable."""
+    (XLOG_BACKEND, XLOG_BUDGET_BYTES, XLOG_LOG_PATH, XLOG_CACHE,
+    XLOG_POOL_RELEASE_THRESHOLD) with every argument that is not None on
+    top. `budget` is a byte count or a size string ("8GiB"); 0 means no
+    budget. `cache=False` frees every block to the driver instead of keeping
+    it in its stream's cache; `pool_release_threshold` is a byte count, a
+    size string or "max". Raises InvalidArgumentError for a bad argument or
+    a malformed environment variable."""
     config = Config.from_env()
     if budget is not None:
         config.budget_bytes = _size_value("budget", budget)
@@ -164,6 +184,12 @@ def hook_config(
     if not isinstance(wait_on_pressure, bool):
         raise InvalidArgumentError(f"wait_on_pressure must be a bool, got {wait_on_pressure!r}")
     config.wait_on_pressure = wait_on_pressure
+    if cache is not None:
+        if not isinstance(cache, bool):
+            raise InvalidArgumentError(f"cache must be a bool, got {cache!r}")
+        config.cache = cache
+    if pool_release_threshold is not None:
+        config.pool_release_threshold = _threshold_value("pool_release_threshold", pool_release_threshold)
     config.to_c()  # validates every field now, with the field's name in the message
     return config
 
@@ -178,6 +204,8 @@ class _Setup:
     budget: int
     log_path: Optional[bytes]
     wait_on_pressure: bool
+    cache: bool
+    pool_release_threshold: int
 
 
 _setup_lock = threading.Lock()
@@ -188,7 +216,10 @@ _atexit_registered = False
 def _describe(s: _Setup) -> str:
     backend = {int(b): b.name.lower() for b in Backend}.get(s.backend, str(s.backend))
     log = os.fsdecode(s.log_path) if s.log_path is not None else None
-    return f"budget={s.budget}, log_path={log!r}, backend={backend!r}, wait_on_pressure={s.wait_on_pressure}"
+    return (
+        f"budget={s.budget}, log_path={log!r}, backend={backend!r}, wait_on_pressure={s.wait_on_pressure}, "
+        f"cache={s.cache}, pool_release_threshold={s.pool_release_threshold}"
+    )
 
 
 def setup_hooks(
@@ -198,6 +229,8 @@ def setup_hooks(
     backend: Optional[Union[str, Backend, int]] = None,
     wait_on_pressure: bool = True,
     *,
+    cache: Optional[bool] = None,
+    pool_release_threshold: Optional[SizeLike] = None,
     by: str = "setup_hooks",
 ) -> Config:
     """Configure `device`'s hook runtime (see `hook_config`) and open it
@@ -229,6 +262,12 @@ def setup_hooks(
                 conflicts.append(f"backend {backend!r} differs")
             if bool(wait_on_pressure) != previous.wait_on_pressure:
                 conflicts.append(f"wait_on_pressure {wait_on_pressure} != {previous.wait_on_pressure}")
+            if cache is not None and bool(cache) != previous.cache:
+                conflicts.append(f"cache {cache} != {previous.cache}")
+            if pool_release_threshold is not None:
+                wanted = _threshold_value("pool_release_threshold", pool_release_threshold)
+                if wanted != previous.pool_release_threshold:
+                    conflicts.append(f"pool_release_threshold {wanted} != {previous.pool_release_threshold}")
             if conflicts:
                 raise InvalidArgumentError(
                     f"{by}: the hooks of device {device} were already set up by {previous.by} "
@@ -237,13 +276,15 @@ def setup_hooks(
                 )
             return previous.config
 
-        config = hook_config(budget, log_path, backend, wait_on_pressure)
+        config = hook_config(budget, log_path, backend, wait_on_pressure, cache, pool_release_threshold)
         raw = config.to_c()
         lib = _library.load()
         status = lib.xlog_interop_configure(device, ctypes.byref(raw))
         if status != 0:
             message = last_error()
-            explicit = budget is not None or log_path is not None or backend is not None
+            explicit = any(
+                v is not None for v in (budget, log_path, backend, cache, pool_release_threshold)
+            )
             if "already in use" in message and not explicit:
                 # Opened from the environment before us: join it as it is.
                 return Config.from_env()
@@ -263,6 +304,8 @@ def setup_hooks(
             budget=raw.budget_bytes,
             log_path=raw._log_path_bytes,
             wait_on_pressure=bool(raw.wait_on_pressure),
+            cache=bool(raw.cache),
+            pool_release_threshold=raw.pool_release_threshold,
         )
         if not _atexit_registered:
             atexit.register(_flush_logs_at_exit)

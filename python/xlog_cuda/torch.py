@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import os
+import platform
+import shutil
+import sys
+import tempfile
 import threading
+import time
 import warnings
-from typing import Any, Optional, Set, Union
+from typing import Any, Dict, Optional, Set, Union
 
 from . import _library, interop
 from ._config import Backend, SizeLike
 from ._errors import InvalidArgumentError
 from ._runtime import Stats
 
-__all__ = ["enable", "is_enabled", "stats", "record_stream", "oom_shim"]
+__all__ = ["enable", "is_enabled", "enable_info", "stats", "trim", "record_stream", "oom_shim", "shim_cache_dir"]
 
 _WHO = "xlog_cuda.torch.enable"
 
@@ -38,6 +44,10 @@ class _Enabled:
     # The OOM shim's path, or None with the reason it is not in use.
     shim: Optional[str]
     shim_problem: str
+    # "cached" (loaded from the shim cache) or "built" (this process built it).
+    shim_origin: str = ""
+    # Seconds spent in enable()'s steps: hooks, shim, allocator, total.
+    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 _lock = threading.Lock()
@@ -54,15 +64,21 @@ def enable(
     backend: Optional[Union[str, Backend, int]] = None,
     device: int = 0,
     wait_on_pressure: bool = True,
+    cache: Optional[bool] = None,
+    pool_release_threshold: Optional[SizeLike] = None,
 ) -> None:
     """Route PyTorch's CUDA allocations through libxlog_cuda.
 
     `budget` (bytes, or a size string such as "8GiB"; 0 = none), `log_path`
-    (a CSV log of every allocate/free; "" = none) and `backend` ('auto', 'cuda', 'sim')
-    configure the hook runtime of `device`; each one left None comes from
-    XLOG_BUDGET_BYTES / XLOG_LOG_PATH / XLOG_BACKEND. With
-    `wait_on_pressure`, an allocation over budget first waits for frees
-    still in flight on the GPU before it is refused.
+    (a CSV log of every allocate/free; "" = none), `backend` ('auto', 'cuda',
+    'sim'), `cache` (keep freed blocks per stream for reuse; default on) and
+    `pool_release_threshold` (bytes, a size string or "max") configure the
+    hook runtime of `device`; each one left None comes from
+    XLOG_BUDGET_BYTES / XLOG_LOG_PATH / XLOG_BACKEND / XLOG_CACHE /
+    XLOG_POOL_RELEASE_THRESHOLD. With `wait_on_pressure`, an allocation over
+    budget first waits for frees still in flight on the GPU before it is
+    refused. `trim()` gives cached memory back (the role of
+    `torch.cuda.empty_cache()`).
 
     Must run before PyTorch initialises CUDA in this process (PyTorch cannot
     swap allocators afterwards): RuntimeError otherwise, and nothing is
@@ -75,7 +91,10 @@ def enable(
     torch = _torch(_WHO)
     with _lock:
         if _state is not None:
-            interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
+            interop.setup_hooks(
+                device, budget, log_path, backend, wait_on_pressure,
+                cache=cache, pool_release_threshold=pool_release_threshold, by=_WHO,
+            )
             _state.devices.add(device)
             return
         if torch.cuda.is_initialized():
@@ -84,9 +103,15 @@ def enable(
                 "caching allocator, which cannot be swapped afterwards. Call enable() first, before "
                 "any CUDA tensor, model or torch.cuda call (at the top of the main script)."
             )
-        interop.setup_hooks(device, budget, log_path, backend, wait_on_pressure, by=_WHO)
+        started = time.perf_counter()
+        interop.setup_hooks(
+            device, budget, log_path, backend, wait_on_pressure,
+            cache=cache, pool_release_threshold=pool_release_threshold, by=_WHO,
+        )
         path = _library.library_path()
-        shim, problem = _oom_shim(torch)
+        hooks_done = time.perf_counter()
+        shim, problem, origin = _oom_shim(torch)
+        shim_done = time.perf_counter()
         if shim is not None:
             allocator = torch.cuda.memory.CUDAPluggableAllocator(shim, "xlog_shim_torch_malloc", "xlog_shim_torch_free")
         else:
@@ -106,38 +131,134 @@ def enable(
                 "allocator is in place already (another pluggable allocator, or PyTorch's own after "
                 "CUDA memory was used); call enable() before anything else touches CUDA."
             ) from e
-        _state = _Enabled(allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem)
+        done = time.perf_counter()
+        seconds = {
+            "hooks": hooks_done - started,
+            "shim": shim_done - hooks_done,
+            "allocator": done - shim_done,
+            "total": done - started,
+        }
+        _state = _Enabled(
+            allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem,
+            shim_origin=origin, seconds=seconds,
+        )
 
 
 _SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_oom_shim.cpp")
+_SHIM_NAME = "xlog_torch_oom_shim"
 
 
-def _oom_shim(torch) -> "tuple[Optional[str], str]":
-    """Build (once per PyTorch version, cached) and bind the shim that turns
-    a refused allocation into torch.OutOfMemoryError; (path, "") or (None,
-    why not). XLOG_TORCH_OOM_SHIM=0 turns it off."""
-    if os.environ.get("XLOG_TORCH_OOM_SHIM", "1") == "0":
-        return None, "XLOG_TORCH_OOM_SHIM=0"
-    try:
+def shim_cache_dir() -> str:
+    """Where built OOM shims are kept: $XLOG_CUDA_CACHE_DIR, else
+    $XDG_CACHE_HOME/xlog_cuda, else ~/.cache/xlog_cuda."""
+    explicit = os.environ.get("XLOG_CUDA_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xlog_cuda")
+
+
+def shim_key(torch_version: str, source: bytes, abi: str = "") -> str:
+    """The cache entry of a shim: PyTorch's version, the build ABI (C++ ABI,
+    machine, Python) and a hash of the shim's source. A directory name."""
+    digest = hashlib.sha256()
+    for part in (torch_version.encode(), abi.encode(), source):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    tag = "".join(c if c.isalnum() else "_" for c in torch_version)
+    return f"torch_oom_shim_{tag}_{digest.hexdigest()[:16]}"
+
+
+def shim_path(key: str, cache_dir: Optional[str] = None) -> str:
+    """The built shim of cache entry `key`."""
+    return os.path.join(cache_dir if cache_dir is not None else shim_cache_dir(), key, _SHIM_NAME + ".so")
+
+
+def _torch_abi(torch) -> str:
+    cxx11 = getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", "?")
+    return f"cxx11abi={cxx11};{platform.machine()};{sys.implementation.cache_tag}"
+
+
+def _shim_key_of(torch) -> str:
+    with open(_SHIM_SOURCE, "rb") as f:
+        source = f.read()
+    return shim_key(str(torch.__version__), source, _torch_abi(torch))
+
+
+def _build_shim(final: str) -> None:
+    """Compile the shim with torch.utils.cpp_extension into a scratch
+    directory next to `final`, then move it into place atomically, so a
+    concurrent process sees either no shim or a whole one. One build at a
+    time per entry (a lock file); a process that waited on it finds the shim
+    built and returns."""
+    import fcntl
+
+    entry = os.path.dirname(final)
+    os.makedirs(entry, exist_ok=True)
+    with open(os.path.join(entry, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(final):
+            return
         from torch.utils import cpp_extension
 
-        tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        build = os.path.join(cache, "xlog_cuda", f"torch_oom_shim_{tag}")
-        os.makedirs(build, exist_ok=True)
-        name = "xlog_torch_oom_shim"
-        cpp_extension.load(name=name, sources=[_SHIM_SOURCE], build_directory=build,
-                           is_python_module=False, verbose=False)
-        shim = os.path.join(build, name + ".so")
-        lib = _library.load()
-        addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-        handle = ctypes.CDLL(shim)
-        handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 2
-        handle.xlog_shim_bind.restype = None
-        handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free))
-        return shim, ""
+        work = tempfile.mkdtemp(prefix="build-", dir=entry)
+        try:
+            built = cpp_extension.load(
+                name=_SHIM_NAME, sources=[_SHIM_SOURCE], build_directory=work, is_python_module=False, verbose=False
+            )
+            # cpp_extension returns the library's path; a second build in one
+            # process may have named it <name>_v1.so.
+            if not (isinstance(built, str) and os.path.isfile(built)):
+                found = [os.path.join(work, n) for n in os.listdir(work) if n.endswith(".so")]
+                if len(found) != 1:
+                    raise RuntimeError(f"cpp_extension.load left {len(found)} .so files in {work}")
+                built = found[0]
+            os.replace(built, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _bind_shim(path: str) -> None:
+    lib = _library.load()
+    handle = ctypes.CDLL(path)
+    handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 2
+    handle.xlog_shim_bind.restype = None
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free))
+
+
+def _oom_shim(torch) -> "tuple[Optional[str], str, str]":
+    """The shim that turns a refused allocation into torch.OutOfMemoryError,
+    loaded and bound: (path, "", "cached" or "built"), or (None, why not, "").
+
+    It is built once per machine and cache entry (`shim_key`: PyTorch
+    version, ABI, shim source) with torch.utils.cpp_extension, which costs
+    seconds; later processes load the built file directly, without
+    importing cpp_extension or running ninja. XLOG_TORCH_OOM_SHIM=0 turns
+    the shim off."""
+    if os.environ.get("XLOG_TORCH_OOM_SHIM", "1") == "0":
+        return None, "XLOG_TORCH_OOM_SHIM=0", ""
+    try:
+        final = shim_path(_shim_key_of(torch))
+        origin = "cached"
+        if not os.path.isfile(final):
+            _build_shim(final)
+            origin = "built"
+        try:
+            _bind_shim(final)
+        except OSError:
+            if origin == "built":
+                raise
+            # A cached file that does not load (truncated, or built against
+            # something since replaced): build it again, once.
+            os.remove(final)
+            _build_shim(final)
+            origin = "built"
+            _bind_shim(final)
+        return final, "", origin
     except Exception as e:  # noqa: BLE001 - any build problem falls back, with the reason
-        return None, f"building it failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        text = str(e).strip()
+        return None, f"building it failed: {type(e).__name__}: {text.splitlines()[-1] if text else ''}", ""
 
 
 def oom_shim() -> str:
@@ -151,6 +272,24 @@ def oom_shim() -> str:
     return f"no shim: {_state.shim_problem}"
 
 
+def enable_info() -> Dict[str, Any]:
+    """What `enable()` did in this process: the library, the OOM shim (its
+    path, or why it is not in use) and whether it came from the shim cache
+    ("cached") or was built here ("built"), and the seconds its steps took
+    ("hooks": opening the hook runtime; "shim"; "allocator": installing it;
+    "total"). Empty before `enable()`."""
+    if _state is None:
+        return {}
+    return {
+        "library": _state.library,
+        "shim": _state.shim,
+        "shim_problem": _state.shim_problem,
+        "shim_origin": _state.shim_origin,
+        "seconds": dict(_state.seconds),
+        "devices": sorted(_state.devices),
+    }
+
+
 def is_enabled() -> bool:
     """Whether `enable()` has installed the allocator in this process."""
     return _state is not None
@@ -161,6 +300,16 @@ def stats(device: int = 0) -> Stats:
     `xlog_cuda.cupy`) and any other user of the hooks of this device are
     counted in it too. Opens the hook runtime if nothing has yet."""
     return interop.stats(device)
+
+
+def trim(device: int = 0, keep_bytes: int = 0) -> int:
+    """Give the memory cached by `device`'s hook runtime back to the driver,
+    keeping at most `keep_bytes` cached; returns the bytes released. The
+    counterpart of `torch.cuda.empty_cache()`, which does not reach a
+    pluggable allocator. The hook runtime is shared, so blocks CuPy freed
+    through the hooks of `device` are released too. PyTorch is not needed;
+    0 if the hooks were never used."""
+    return interop.trim(device, keep_bytes)
 
 
 def record_stream(tensor: Any, stream: Any) -> None:

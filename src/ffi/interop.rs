@@ -164,6 +164,28 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
     })
 }
 
+/// Give the cached memory of `device`'s hook runtime back to the driver
+/// until at most `keep_bytes` stay cached (`keep_bytes = 0`: all of it, the
+/// role of `torch.cuda.empty_cache()`), as `xlog_trim` does.
+/// `released_bytes` (may be NULL) receives the bytes handed back. Hooks
+/// never used (or not open) have nothing cached: 0 is reported and they are
+/// not opened, so their config can still be set.
+#[no_mangle]
+pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
+    boundary("xlog_interop_trim", || {
+        let open = table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned();
+        let released = match open {
+            Some(h) => h.runtime.trim(keep_bytes)?.released,
+            None => 0,
+        };
+        if !released_bytes.is_null() {
+            // SAFETY: non-NULL; the caller provides storage for one u64.
+            unsafe { released_bytes.write(released) };
+        }
+        Ok(())
+    })
+}
+
 /// Blocks the hooks of `device` currently hold (0 if never used).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
@@ -334,6 +356,38 @@ mod tests {
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
         assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn interop_trim_empties_the_hook_cache_and_never_opens_the_hooks() {
+        let device = 7004;
+        let mut released = u64::MAX;
+        // Never used: nothing to trim, and the hooks stay unopened.
+        assert_eq!(xlog_interop_trim(device, 0, &mut released), XLOG_OK);
+        assert_eq!(released, 0);
+        assert!(!table().hooks.contains_key(&device));
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK, "still configurable");
+
+        let a = xlog_torch_malloc(64 << 10, device, std::ptr::null_mut());
+        let b = xlog_torch_malloc(256 << 10, device, std::ptr::null_mut());
+        assert!(!a.is_null() && !b.is_null(), "{}", last_error());
+        xlog_torch_free(a, 64 << 10, device, std::ptr::null_mut());
+        xlog_torch_free(b, 256 << 10, device, std::ptr::null_mut());
+        let h = hooks(device).unwrap();
+        let cached = h.runtime.stats().unwrap().cached_bytes;
+        assert!(cached >= (64 << 10) + (256 << 10), "the frees went to the cache: {cached}");
+
+        // Keep 100 KiB: at least the 256 KiB block goes, and what stays fits.
+        assert_eq!(xlog_interop_trim(device, 100 << 10, &mut released), XLOG_OK);
+        let after = h.runtime.stats().unwrap();
+        assert_eq!(after.cached_bytes, cached - released);
+        assert!(released >= 256 << 10 && after.cached_bytes <= 100 << 10, "{released} {after:?}");
+        // Everything, with a NULL out-pointer.
+        assert_eq!(xlog_interop_trim(device, 0, std::ptr::null_mut()), XLOG_OK);
+        let empty = h.runtime.stats().unwrap();
+        assert_eq!((empty.cached_bytes, empty.outstanding_bytes), (0, 0));
     }
 
     #[test]
