@@ -541,6 +541,15 @@ impl AsyncPool {
         }
         let mut excess = in_use - cap;
         let home = shard_index(stream.id);
+        // First a block of this stream big enough for the request on its
+        // own: given back on this stream, the driver's pool carves the
+        // request out of that very memory instead of growing.
+        if let Some(block) = lock(&self.table[home]).cache.take_room_for(stream.raw, class) {
+            match self.release_cached(stream.raw, block, home) {
+                Ok(bytes) => excess = excess.saturating_sub(bytes),
+                Err(_) => return,
+            }
+        }
         while excess > 0 {
             let taken = match self.take_coldest(stream.raw, home) {
                 Some(b) => Some((stream.raw, b)),

@@ -160,6 +160,12 @@ impl StreamCache {
         self.occupied_desc().filter_map(|i| self.lists[i].first().copied()).min_by_key(|b| b.seq)
     }
 
+    /// The coldest block of the smallest class that is at least `class`.
+    fn smallest_at_least(&self, class: u64) -> Option<CachedBlock> {
+        let first = class_index(class);
+        (first..self.lists.len()).find(|&i| self.is_set(i)).and_then(|i| self.lists[i].first().copied())
+    }
+
     /// Remove `block` (found by `largest`/`coldest`: the first of its class).
     fn remove_front(&mut self, block: &CachedBlock) {
         let i = class_index(block.bytes);
@@ -287,6 +293,14 @@ impl CacheShard {
     /// The coldest block cached on `stream` here, taken out.
     pub fn take_coldest(&mut self, stream: RawStream) -> Option<CachedBlock> {
         let block = self.streams.get(&stream)?.coldest()?;
+        self.remove(stream, &block).then_some(block)
+    }
+
+    /// The coldest block cached on `stream` here of the smallest class that
+    /// is at least `class`, taken out: given back to the driver, it holds a
+    /// request of `class` on that stream by itself.
+    pub fn take_room_for(&mut self, stream: RawStream, class: u64) -> Option<CachedBlock> {
+        let block = self.streams.get(&stream)?.smallest_at_least(class)?;
         self.remove(stream, &block).then_some(block)
     }
 
