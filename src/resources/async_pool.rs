@@ -292,8 +292,13 @@ impl Default for PoolOptions {
 /// every allocation gets).
 const UNCACHED_GRANULARITY: u64 = 256;
 
-/// Slack of the hoarding bound: held may pass the live peak by 1/16.
+/// The hoarding bound's soft cap: past the live peak plus 1/16, a miss
+/// gives back cached blocks its stream has not reused for `STALE_FREES`
+/// frees; past `HOARD_HARD_FACTOR` times the live peak, the coldest ones
+/// whatever their age.
 const HOARD_SLACK_DIV: u64 = 16;
+const HOARD_HARD_FACTOR: u64 = 2;
+const STALE_FREES: u64 = 4096;
 
 /// A miss reaps when pending frees exceed this fraction (1/16) of what is
 /// held, so that bytes the driver already has back are not charged long.
@@ -532,18 +537,34 @@ impl AsyncPool {
         let live = self.live_now();
         let want = live.saturating_add(class);
         let peak_live = self.peak_live.fetch_max(want, Ordering::Relaxed).max(want);
-        let cap = peak_live.saturating_add(peak_live / HOARD_SLACK_DIV);
+        let soft_cap = peak_live.saturating_add(peak_live / HOARD_SLACK_DIV);
+        let hard_cap = peak_live.saturating_mul(HOARD_HARD_FACTOR);
         let held = self.held.load(Ordering::Acquire);
         let pending = self.pending_bytes.load(Ordering::Acquire);
         let in_use = held.saturating_sub(pending).saturating_add(class);
-        if in_use <= cap {
+        if in_use <= soft_cap {
             return;
         }
-        let mut excess = in_use - cap;
         let home = shard_index(stream.id);
-        // First a block of this stream big enough for the request on its
-        // own: given back on this stream, the driver's pool carves the
-        // request out of that very memory instead of growing.
+        if in_use <= hard_cap {
+            // Between the caps only blocks this stream has not reused for a
+            // while go back: a steady loop reuses its whole cache every
+            // step and keeps it; shapes that stopped coming are released.
+            let mut excess = in_use - soft_cap;
+            while excess > 0 {
+                let Some(block) = lock(&self.table[home]).cache.take_stale(stream.raw, STALE_FREES) else { break };
+                match self.release_cached(stream.raw, block, home) {
+                    Ok(bytes) => excess = excess.saturating_sub(bytes),
+                    Err(_) => break,
+                }
+            }
+            return;
+        }
+        let mut excess = in_use - soft_cap;
+        // Past the hard cap: first a block of this stream big enough for
+        // the request on its own (given back on this stream, the driver's
+        // pool carves the request out of that very memory instead of
+        // growing), then the coldest.
         if let Some(block) = lock(&self.table[home]).cache.take_room_for(stream.raw, class) {
             match self.release_cached(stream.raw, block, home) {
                 Ok(bytes) => excess = excess.saturating_sub(bytes),

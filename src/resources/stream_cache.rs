@@ -296,6 +296,16 @@ impl CacheShard {
         self.remove(stream, &block).then_some(block)
     }
 
+    /// The coldest block cached on `stream` here if it has sat there for
+    /// more than `min_age` frees into this shard, taken out.
+    pub fn take_stale(&mut self, stream: RawStream, min_age: u64) -> Option<CachedBlock> {
+        let block = self.streams.get(&stream)?.coldest()?;
+        if self.seq.saturating_sub(block.seq) <= min_age {
+            return None;
+        }
+        self.remove(stream, &block).then_some(block)
+    }
+
     /// The coldest block cached on `stream` here of the smallest class that
     /// is at least `class`, taken out: given back to the driver, it holds a
     /// request of `class` on that stream by itself.
