@@ -146,6 +146,8 @@ TEST(CApiConfig, InitGivesDocumentedDefaults) {
   EXPECT_EQ(cfg.log_path, nullptr);
   EXPECT_EQ(cfg.sim_capacity_bytes, 1ull << 30);
   EXPECT_EQ(cfg.wait_on_pressure, 0);
+  EXPECT_EQ(cfg.cache, 1) << "the async allocator caches freed blocks by default";
+  EXPECT_EQ(cfg.pool_release_threshold, UINT64_MAX) << "the driver pool keeps its memory by default";
   EXPECT_EQ(xlog_last_error_message(nullptr, 0), 0u);
 }
 
@@ -153,11 +155,15 @@ TEST(CApiConfig, FromEnvAppliesVariables) {
   ASSERT_EQ(setenv("XLOG_BACKEND", "sim", 1), 0);
   ASSERT_EQ(setenv("XLOG_BUDGET_BYTES", "512MiB", 1), 0);
   ASSERT_EQ(setenv("XLOG_LOG_PATH", "/tmp/xlog_c_api_env_test.csv", 1), 0);
+  ASSERT_EQ(setenv("XLOG_CACHE", "0", 1), 0);
+  ASSERT_EQ(setenv("XLOG_POOL_RELEASE_THRESHOLD", "2GiB", 1), 0);
   xlog_config cfg;
   std::memset(&cfg, 0, sizeof cfg);
   const xlog_status st = xlog_config_from_env(&cfg);
   const std::string msg = LastError();
   unsetenv("XLOG_LOG_PATH");
+  unsetenv("XLOG_CACHE");
+  unsetenv("XLOG_POOL_RELEASE_THRESHOLD");
 
   EXPECT_EQ(st, XLOG_OK) << msg;
   EXPECT_EQ(cfg.struct_size, sizeof(xlog_config));
@@ -165,6 +171,8 @@ TEST(CApiConfig, FromEnvAppliesVariables) {
   EXPECT_EQ(cfg.budget_bytes, 512ull << 20);
   ASSERT_NE(cfg.log_path, nullptr);
   EXPECT_STREQ(cfg.log_path, "/tmp/xlog_c_api_env_test.csv");
+  EXPECT_EQ(cfg.cache, 0);
+  EXPECT_EQ(cfg.pool_release_threshold, 2ull << 30);
 
   // A NULL config means "defaults plus environment": sim and the budget.
   ASSERT_EQ(setenv("XLOG_BUDGET_BYTES", "3KiB", 1), 0);
@@ -205,6 +213,11 @@ TEST(CApiRuntime, OpenBackendStatsClose) {
   EXPECT_EQ(s.allocations, 0u);
   EXPECT_EQ(s.deallocations, 0u);
   EXPECT_EQ(s.failed_allocations, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.cached_blocks, 0u);
+  EXPECT_EQ(s.cache_hits, 0u);
+  EXPECT_EQ(s.cache_misses, 0u);
+  EXPECT_EQ(s.reserved_bytes, 0u);
 
   XLOG_ASSERT_OK(xlog_runtime_close(rt));
 }
@@ -222,11 +235,16 @@ TEST(CApiRuntime, SimOpensAreIndependent) {
   XLOG_ASSERT_OK(xlog_stream_acquire(a, &sa));
   xlog_block blk;
   XLOG_ASSERT_OK(xlog_allocate(a, 1000, sa, "a", &blk));
-  EXPECT_EQ(StatsOf(a).live_bytes, 1000u);
+  EXPECT_EQ(blk.size, 1000u) << "the handle keeps the caller's size";
+  EXPECT_EQ(StatsOf(a).live_bytes, 1024u) << "device bytes: 1000 rounds up to its 1024-byte class";
   EXPECT_EQ(StatsOf(a).budget_limit, 4096u);
+  EXPECT_EQ(StatsOf(a).budget_remaining, 4096u - 1024u);
   EXPECT_EQ(StatsOf(b).live_bytes, 0u) << "b has its own books";
   EXPECT_EQ(StatsOf(b).budget_limit, 8192u);
+  EXPECT_EQ(StatsOf(b).budget_remaining, 8192u);
   XLOG_ASSERT_OK(xlog_deallocate(a, blk));
+  EXPECT_EQ(StatsOf(a).cached_bytes, 1024u);
+  EXPECT_EQ(StatsOf(b).cached_bytes, 0u) << "a's cache is not b's";
   Close(a);
   EXPECT_EQ(StatsOf(b).live_bytes, 0u);
   Close(b);
@@ -242,10 +260,11 @@ TEST(CApiRuntime, CloseReportCountsLeakedBlocks) {
   XLOG_ASSERT_OK(xlog_allocate(rt, 300, s, "leaked_b", &b));
   XLOG_ASSERT_OK(xlog_allocate(rt, 5000, s, "freed", &c));
   XLOG_ASSERT_OK(xlog_deallocate(rt, c));
+  EXPECT_EQ(StatsOf(rt).live_bytes, 1024u) << "stats count device bytes: two 512-byte classes";
   std::uint64_t blocks = 0, bytes = 0;
   XLOG_ASSERT_OK(xlog_runtime_close_report(rt, &blocks, &bytes));
   EXPECT_EQ(blocks, 2u);
-  EXPECT_EQ(bytes, 400u);
+  EXPECT_EQ(bytes, 400u) << "the leak report names the blocks by their requested sizes (100 + 300)";
 
   // Either out-pointer may be NULL.
   rt = OpenSim(SimConfig());
@@ -472,13 +491,24 @@ TEST(CApiStreams, ReleasedStreamStillRunsQueuedWork) {
 
 // ----- blocks -----
 
+// The default runtime: async allocator, cache on. Byte counts are device
+// bytes: sizes round up to size classes (512-byte steps up to 8 KiB, then
+// sixteen classes per power of two); a handle's `size` stays the request.
 class CApiBlocks : public SimRuntimeTest {};
+
+// The same runtime with `cache = 0`: the seed's free-to-driver behaviour (a
+// free is queued on the allocation stream, its bytes pending until a reap
+// sees it complete), sizes rounded up to 256 bytes.
+class CApiBlocksNoCache : public SimRuntimeTest {
+ protected:
+  void Configure(xlog_config& cfg) override { cfg.cache = 0; }
+};
 
 TEST_F(CApiBlocks, AllocateGivesAlignedWritableBlockAndCountsIt) {
   xlog_block b = Allocate(1000, "alloc_test");
   ASSERT_NE(b.ptr, nullptr);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.ptr) % 256, 0u);
-  EXPECT_EQ(b.size, 1000u);
+  EXPECT_EQ(b.size, 1000u) << "the handle keeps the caller's size";
   EXPECT_NE(b.generation, 0u);
   EXPECT_EQ(b.stream, stream_);
   EXPECT_EQ(b.device, 0);
@@ -487,24 +517,39 @@ TEST_F(CApiBlocks, AllocateGivesAlignedWritableBlockAndCountsIt) {
   EXPECT_EQ(static_cast<unsigned char*>(b.ptr)[999], 0xC3);
 
   xlog_block c = Allocate(1);
+  EXPECT_EQ(c.size, 1u);
   EXPECT_NE(c.generation, b.generation);
+  // The blocks do not overlap, not even in their rounded-up device bytes.
   const auto pb = reinterpret_cast<std::uintptr_t>(b.ptr);
   const auto pc = reinterpret_cast<std::uintptr_t>(c.ptr);
-  EXPECT_TRUE(pc >= pb + 1000 || pc + 1 <= pb) << "blocks overlap";
+  EXPECT_TRUE(pc >= pb + 1024 || pc + 512 <= pb) << "blocks overlap";
 
-  const xlog_stats s = StatsOf(rt_);
-  EXPECT_EQ(s.live_bytes, 1001u);
-  EXPECT_EQ(s.outstanding_bytes, 1001u);
-  EXPECT_EQ(s.peak_outstanding_bytes, 1001u);
+  // 1000 → its 1024-byte class, 1 → the smallest class, 512.
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1024u + 512u);
+  EXPECT_EQ(s.outstanding_bytes, 1536u);
+  EXPECT_EQ(s.peak_outstanding_bytes, 1536u);
+  EXPECT_EQ(s.reserved_bytes, 1536u) << "on sim, reserved is what xlog holds";
   EXPECT_EQ(s.live_blocks, 2u);
   EXPECT_EQ(s.allocations, 2u);
   EXPECT_EQ(s.failed_allocations, 0u);
+  EXPECT_EQ(s.cache_misses, 2u) << "nothing was cached yet: both came from the driver";
+  EXPECT_EQ(s.cache_hits, 0u);
 
   XLOG_ASSERT_OK(xlog_block_validate(rt_, b));
   XLOG_ASSERT_OK(xlog_block_validate(rt_, c));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, c));
-  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  // Freed into the stream's cache: still held, still charged.
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 0u);
+  EXPECT_EQ(s.cached_bytes, 1536u);
+  EXPECT_EQ(s.cached_blocks, 2u);
+  EXPECT_EQ(s.outstanding_bytes, 1536u);
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 1536u);
+  EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 0u);
 }
 
 TEST_F(CApiBlocks, BlockOutlivesItsReleasedAllocationStream) {
@@ -513,8 +558,42 @@ TEST_F(CApiBlocks, BlockOutlivesItsReleasedAllocationStream) {
   xlog_block b;
   XLOG_ASSERT_OK(xlog_allocate(rt_, 2048, s, "orphan", &b));
   XLOG_ASSERT_OK(xlog_stream_release(rt_, s));
-  // The handle stays valid and usable from other streams; its free is still
-  // queued on the (released) allocation stream.
+  // The handle stays valid and usable from other streams; its free still
+  // goes to the (released) allocation stream's cache.
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, b));
+  XLOG_ASSERT_OK(xlog_prepare(rt_, b, stream_, XLOG_ACCESS_WRITE));
+  XLOG_ASSERT_OK(xlog_finish(rt_, b, stream_, XLOG_ACCESS_WRITE));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  xlog_stats st = StatsOf(rt_);
+  EXPECT_EQ(st.cached_bytes, 2048u);
+  EXPECT_EQ(st.outstanding_bytes, 2048u);
+  std::uint64_t drained = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 0u) << "drain retires pending frees only, and nothing is pending";
+  // Another stream can take the memory (ordered after the orphan stream).
+  xlog_block again = Allocate(2048, "adopter");
+  EXPECT_EQ(again.ptr, b.ptr);
+  EXPECT_NE(again.generation, b.generation);
+  EXPECT_EQ(StatsOf(rt_).cache_hits, 1u);
+  XLOG_EXPECT_STATUS(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt_, b));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 2048u);
+  st = StatsOf(rt_);
+  EXPECT_EQ(st.outstanding_bytes, 0u);
+  EXPECT_EQ(st.cached_bytes, 0u);
+  EXPECT_EQ(st.pending_bytes, 0u);
+}
+
+TEST_F(CApiBlocksNoCache, BlockOutlivesItsReleasedAllocationStream) {
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &s));
+  xlog_block b;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 2048, s, "orphan", &b));
+  XLOG_ASSERT_OK(xlog_stream_release(rt_, s));
+  // Without the cache the free is queued on the released stream, which
+  // still runs it.
   XLOG_ASSERT_OK(xlog_block_validate(rt_, b));
   XLOG_ASSERT_OK(xlog_prepare(rt_, b, stream_, XLOG_ACCESS_WRITE));
   XLOG_ASSERT_OK(xlog_finish(rt_, b, stream_, XLOG_ACCESS_WRITE));
@@ -538,7 +617,56 @@ TEST_F(CApiBlocks, DeviceOrdinalIsRecordedInHandles) {
   Close(rt3);
 }
 
-TEST_F(CApiBlocks, FreeMovesBytesToPendingUntilReaped) {
+// With the cache on, a free is not a driver free: the bytes move from live
+// to cached, stay charged, and no reap or drain retires them; only trim
+// hands them back (and then waits for and retires that free).
+TEST_F(CApiBlocks, FreeMovesBytesToTheCacheUntilTrimmed) {
+  xlog_block b = Allocate(4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 0u);
+  EXPECT_EQ(s.cached_bytes, 4096u);
+  EXPECT_EQ(s.cached_blocks, 1u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 4096u) << "a free does not change outstanding = live + cached + pending";
+  EXPECT_EQ(s.live_blocks, 0u);
+  EXPECT_EQ(s.deallocations, 1u);
+
+  // reap and drain retire pending frees only: the cached block stays.
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, stream_));
+  std::uint64_t got = 12345;
+  XLOG_ASSERT_OK(xlog_reap(rt_, &got));
+  EXPECT_EQ(got, 0u);
+  got = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &got));
+  EXPECT_EQ(got, 0u);
+  const xlog_stats after_drain = StatsOf(rt_);
+  ExpectStatsUnchanged(s, after_drain);
+
+  // trim hands exactly the cached bytes back and retires them.
+  std::uint64_t released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 4096u);
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.cached_blocks, 0u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.reserved_bytes, 0u);
+  EXPECT_EQ(s.peak_outstanding_bytes, 4096u);
+  // Nothing left: reap (with a NULL out-pointer), drain and trim report nothing.
+  XLOG_ASSERT_OK(xlog_reap(rt_, nullptr));
+  got = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &got));
+  EXPECT_EQ(got, 0u);
+  released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 0u);
+}
+
+TEST_F(CApiBlocksNoCache, FreeMovesBytesToPendingUntilReaped) {
   xlog_block b = Allocate(4096);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   xlog_stats s = StatsOf(rt_);
@@ -548,6 +676,8 @@ TEST_F(CApiBlocks, FreeMovesBytesToPendingUntilReaped) {
   EXPECT_EQ(s.live_blocks, 0u);
   EXPECT_EQ(s.pending_blocks, 1u);
   EXPECT_EQ(s.deallocations, 1u);
+  EXPECT_EQ(s.cached_bytes, 0u) << "cache = 0 caches nothing";
+  EXPECT_EQ(s.cached_blocks, 0u);
 
   // reap never blocks; once the stream has passed the free, a reap retires it.
   std::uint64_t total = 0, got = 12345;
@@ -569,25 +699,62 @@ TEST_F(CApiBlocks, FreeMovesBytesToPendingUntilReaped) {
   got = 12345;
   XLOG_ASSERT_OK(xlog_drain(rt_, &got));
   EXPECT_EQ(got, 0u);
+  // ...and trim has nothing cached to hand back.
+  got = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &got));
+  EXPECT_EQ(got, 0u);
 }
 
 void SleepOnly(void* user) { SleepMs(*static_cast<int*>(user)); }
 
-TEST_F(CApiBlocks, DrainWaitsForQueuedFrees) {
+TEST_F(CApiBlocksNoCache, DrainWaitsForQueuedFrees) {
   int delay = 150;
   XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
-  xlog_block a = Allocate(1000);
-  xlog_block b = Allocate(3000);
+  xlog_block a = Allocate(1000);  // 1024 device bytes (256-byte steps)
+  xlog_block b = Allocate(3000);  // 3072
   XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   std::uint64_t reaped = 12345;
   XLOG_ASSERT_OK(xlog_reap(rt_, &reaped));
   EXPECT_EQ(reaped, 0u) << "the stream is still sleeping, so nothing can have completed";
-  EXPECT_EQ(StatsOf(rt_).pending_bytes, 4000u);
+  EXPECT_EQ(StatsOf(rt_).pending_bytes, 4096u);
   std::uint64_t drained = 0;
   XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
-  EXPECT_EQ(drained, 4000u);
+  EXPECT_EQ(drained, 4096u);
   const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.deallocations, 2u);
+}
+
+void SleepLongThenSet(void* user) {
+  SleepMs(250);
+  static_cast<Flag*>(user)->value.store(1);
+}
+
+// trim queues the cached blocks' frees on their stream and waits for them:
+// behind a sleeping stream it returns only once the stream got there.
+TEST_F(CApiBlocks, TrimWaitsForTheFreesItQueues) {
+  Flag slept;
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepLongThenSet, &slept));
+  xlog_block a = Allocate(1000);  // class 1024
+  xlog_block b = Allocate(3000);  // class 3072
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 4096u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  std::uint64_t drained = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 0u) << "drain does not touch the cache";
+  EXPECT_EQ(slept.value.load(), 0)
+      << "nothing was pending, so drain must not have waited for the sleeping stream";
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(slept.value.load(), 1) << "trim returned before the stream reached the frees it queued";
+  EXPECT_EQ(released, 4096u);
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_EQ(s.pending_bytes, 0u);
   EXPECT_EQ(s.outstanding_bytes, 0u);
   EXPECT_EQ(s.deallocations, 2u);
@@ -603,14 +770,33 @@ TEST_F(CApiBlocks, ZeroByteBlockIsNullFreshAndFreesOnce) {
   xlog_block z2 = Allocate(0);
   EXPECT_NE(z2.generation, z.generation);
   xlog_stats s = StatsOf(rt_);
-  EXPECT_EQ(s.live_bytes, 64u) << "0-byte blocks charge nothing";
+  EXPECT_EQ(s.live_bytes, 512u) << "0-byte blocks charge nothing (64 bytes take the 512-byte class)";
   EXPECT_EQ(s.allocations, 3u);
   XLOG_ASSERT_OK(xlog_block_validate(rt_, z));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, z2));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
   s = StatsOf(rt_);
-  EXPECT_EQ(s.pending_bytes, 64u);
+  EXPECT_EQ(s.cached_bytes, 512u);
+  EXPECT_EQ(s.cached_blocks, 1u) << "a 0-byte free caches nothing";
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.deallocations, 3u);
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 512u);
+}
+
+TEST_F(CApiBlocksNoCache, ZeroByteBlockIsNullFreshAndFreesOnce) {
+  xlog_block a = Allocate(64);
+  xlog_block z = Allocate(0, "empty");
+  EXPECT_EQ(z.ptr, nullptr);
+  EXPECT_NE(z.generation, 0u);
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 256u) << "0-byte blocks charge nothing (64 bytes round up to 256)";
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 256u);
   EXPECT_EQ(s.pending_blocks, 1u) << "a 0-byte free leaves nothing pending";
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
 }
@@ -636,13 +822,17 @@ TEST_F(CApiBlocks, PrepareFinishSingleAndAllSucceed) {
   const xlog_use twice[2] = {{a, XLOG_ACCESS_READ}, {a, XLOG_ACCESS_READ_WRITE}};
   XLOG_ASSERT_OK(xlog_prepare_all(rt_, stream_, twice, 2));
   XLOG_ASSERT_OK(xlog_finish_all(rt_, stream_, twice, 2));
-  // Tracking does not change byte accounting.
+  // Tracking does not change byte accounting (both take the 512-byte class).
   const xlog_stats s = StatsOf(rt_);
-  EXPECT_EQ(s.live_bytes, 768u);
+  EXPECT_EQ(s.live_bytes, 1024u);
   EXPECT_EQ(s.live_blocks, 2u);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 1024u) << "both blocks wait in the cache";
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 1024u);
   EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 0u);
 }
 
@@ -654,25 +844,287 @@ TEST_F(CApiBlocks, FaultInjectionArmsAndDisarms) {
   xlog_block b = Allocate(100);
   EXPECT_EQ(StatsOf(rt_).failed_allocations, 0u);
   // Armed for the 2nd: the first succeeds, the second fails, the third succeeds.
+  // (Nothing is cached, so every allocation goes to the driver.)
   XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_ALLOC, 2));
   xlog_block c = Allocate(100);
   xlog_block d;
   EXPECT_EQ(xlog_allocate(rt_, 100, stream_, "faulted", &d), XLOG_ERR_DRIVER);
   xlog_block e = Allocate(100);
   EXPECT_EQ(StatsOf(rt_).failed_allocations, 1u);
+  EXPECT_EQ(StatsOf(rt_).cache_misses, 4u);
   for (const xlog_block& blk : {a, b, c, e}) XLOG_ASSERT_OK(xlog_deallocate(rt_, blk));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
 }
 
-// Budget pressure: pending frees count against the budget until reaped;
-// with wait_on_pressure the allocation waits for them instead of failing.
+// ----- the cache -----
+
+class CApiCache : public SimRuntimeTest {};
+
+TEST_F(CApiCache, SameStreamReuseIsTheSameAddressWithANewGeneration) {
+  xlog_block old_block = Allocate(4096, "old");
+  std::memset(old_block.ptr, 0x7E, 4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, old_block));
+  const xlog_stats freed = StatsOf(rt_);
+  EXPECT_EQ(freed.cached_bytes, 4096u);
+
+  xlog_block reused = Allocate(4096, "new");
+  EXPECT_EQ(reused.ptr, old_block.ptr) << "the stream's own cache serves the same size at once";
+  EXPECT_EQ(reused.size, 4096u);
+  EXPECT_EQ(reused.stream, stream_);
+  EXPECT_GT(reused.generation, old_block.generation) << "a cache hit is a new block: fresh generation";
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.cache_misses, 1u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.live_bytes, 4096u);
+  EXPECT_EQ(s.outstanding_bytes, 4096u) << "a hit takes nothing new from the driver";
+  EXPECT_EQ(s.allocations, 2u);
+
+  // The old handle died at the free, although its address is live again.
+  const xlog_stats before = StatsOf(rt_);
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt_, old_block));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_deallocate(rt_, old_block));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_prepare(rt_, old_block, stream_, XLOG_ACCESS_WRITE));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_finish(rt_, old_block, stream_, XLOG_ACCESS_WRITE));
+  ExpectStatsUnchanged(before, StatsOf(rt_));
+  XLOG_ASSERT_OK(xlog_block_validate(rt_, reused));
+
+  // A request of another size in the same class is served by it too, and
+  // the handle carries that request.
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, reused));
+  xlog_block smaller = Allocate(4000);
+  EXPECT_EQ(smaller.ptr, old_block.ptr);
+  EXPECT_EQ(smaller.size, 4000u);
+  EXPECT_EQ(StatsOf(rt_).live_bytes, 4096u);
+  EXPECT_EQ(StatsOf(rt_).cache_hits, 2u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, smaller));
+}
+
+// A request takes a cached block at most 9/8 of its own class
+// (docs/caching.md): a 4096-byte block serves 4000 (class 4096) but not
+// 3584 (class 3584; 4096 > 9/8 × 3584) nor 1000.
+TEST_F(CApiCache, ABlockMuchLargerThanTheRequestIsNotHandedOut) {
+  // First a 64 KiB live peak, so that the hoarding bound (live peak + 1/16)
+  // leaves the 4096-byte block in the cache while the misses below grow.
+  xlog_block peak = Allocate(64 << 10);
+  xlog_block big = Allocate(4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, peak));
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 4096, &released));
+  ASSERT_EQ(released, 64u << 10) << "trim gives back the largest block first";
+  ASSERT_EQ(StatsOf(rt_).cached_bytes, 4096u);
+
+  xlog_block small = Allocate(1000);
+  xlog_block mid = Allocate(3584);
+  EXPECT_NE(small.ptr, big.ptr);
+  EXPECT_NE(mid.ptr, big.ptr);
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cache_hits, 0u);
+  EXPECT_EQ(s.cache_misses, 4u);
+  EXPECT_EQ(s.cached_bytes, 4096u);
+  EXPECT_EQ(s.live_bytes, 1024u + 3584u);
+  xlog_block fits = Allocate(4000);
+  EXPECT_EQ(fits.ptr, big.ptr);
+  EXPECT_EQ(StatsOf(rt_).cache_hits, 1u);
+  for (const xlog_block& b : {small, mid, fits}) XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+}
+
+// The hoarding bound (docs/caching.md): a workload whose sizes keep
+// changing does not keep every size it ever freed. Before a miss grows
+// what xlog holds past the live peak plus 1/16, cold cached blocks go
+// back to the driver.
+TEST_F(CApiCache, SizesThatKeepChangingDoNotPileUpInTheCache) {
+  std::uint64_t sum = 0;
+  for (std::uint64_t i = 1; i <= 20; ++i) {
+    xlog_block b = Allocate(i * 8192);
+    sum += i * 8192;
+    XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+    const xlog_stats s = StatsOf(rt_);
+    const std::uint64_t held = s.live_bytes + s.cached_bytes;
+    EXPECT_LE(held, i * 8192 + i * 8192 / 16) << "step " << i << ": " << Describe(s);
+  }
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_GE(s.cached_bytes, 20u * 8192) << "the last (largest) block stays cached";
+  EXPECT_LT(s.cached_bytes, sum / 4) << "without the bound every size would still be cached";
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.outstanding_bytes, s.cached_bytes);
+}
+
+// trim releases largest first until at most keep_bytes stay cached, and
+// reports exactly the cached bytes it handed back; the budget drops by them.
+TEST_F(CApiCache, TrimReportsExactlyTheCachedBytes) {
+  xlog_runtime* rt = nullptr;
+  xlog_config cfg = SimConfig();
+  cfg.budget_bytes = 4 << 20;
+  XLOG_ASSERT_OK(xlog_runtime_open(0, &cfg, &rt));
+  xlog_stream s = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
+  xlog_block a, b, c;
+  XLOG_ASSERT_OK(xlog_allocate(rt, 1000, s, "a", &a));       // class 1024
+  XLOG_ASSERT_OK(xlog_allocate(rt, 3000, s, "b", &b));       // class 3072
+  XLOG_ASSERT_OK(xlog_allocate(rt, 600 << 10, s, "c", &c));  // class 622592 (608 KiB)
+  const std::uint64_t total = 1024 + 3072 + 622592;
+  EXPECT_EQ(StatsOf(rt).live_bytes, total);
+  for (const xlog_block& blk : {a, b, c}) XLOG_ASSERT_OK(xlog_deallocate(rt, blk));
+  xlog_stats st = StatsOf(rt);
+  EXPECT_EQ(st.cached_bytes, total);
+  EXPECT_EQ(st.cached_blocks, 3u);
+  EXPECT_EQ(st.budget_remaining, (4u << 20) - total) << "cached bytes stay charged";
+
+  // Everything fits under keep_bytes: nothing goes back.
+  std::uint64_t released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt, total, &released));
+  EXPECT_EQ(released, 0u);
+  EXPECT_EQ(StatsOf(rt).cached_bytes, total);
+
+  // Keep 4096: the 608 KiB block goes, the two small ones stay.
+  released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt, 4096, &released));
+  EXPECT_EQ(released, 622592u);
+  st = StatsOf(rt);
+  EXPECT_EQ(st.cached_bytes, 4096u);
+  EXPECT_EQ(st.cached_blocks, 2u);
+  EXPECT_EQ(st.pending_bytes, 0u) << "trim waits for its frees and retires them";
+  EXPECT_EQ(st.outstanding_bytes, 4096u);
+  EXPECT_EQ(st.budget_remaining, (4u << 20) - 4096u);
+
+  // Keep 2000: the largest left (3072) goes; 1024 ≤ 2000 stays.
+  released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt, 2000, &released));
+  EXPECT_EQ(released, 3072u);
+  EXPECT_EQ(StatsOf(rt).cached_bytes, 1024u);
+
+  released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt, 0, &released));
+  EXPECT_EQ(released, 1024u);
+  st = StatsOf(rt);
+  EXPECT_EQ(st.cached_bytes, 0u);
+  EXPECT_EQ(st.cached_blocks, 0u);
+  EXPECT_EQ(st.outstanding_bytes, 0u);
+  EXPECT_EQ(st.reserved_bytes, 0u);
+  EXPECT_EQ(st.budget_remaining, 4u << 20);
+  EXPECT_EQ(st.peak_outstanding_bytes, total);
+
+  // Live blocks are never trimmed.
+  xlog_block live;
+  XLOG_ASSERT_OK(xlog_allocate(rt, 4096, s, "live", &live));
+  released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt, 0, &released));
+  EXPECT_EQ(released, 0u);
+  XLOG_ASSERT_OK(xlog_block_validate(rt, live));
+  EXPECT_EQ(StatsOf(rt).live_bytes, 4096u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt, live));
+  Close(rt);
+}
+
+struct Gate {
+  std::atomic<int> opened{0};
+};
+void SleepThenOpen(void* user) {
+  SleepMs(150);
+  static_cast<Gate*>(user)->opened.store(1);
+}
+struct Observation {
+  Gate* gate;
+  std::atomic<int> seen{-1};
+};
+void Observe(void* user) {
+  auto* o = static_cast<Observation*>(user);
+  o->seen.store(o->gate->opened.load());
+}
+
+// A block cached on stream A handed to stream B: B is made to wait (on the
+// stream, not the host) for everything A queued before the free.
+TEST_F(CApiCache, CrossStreamReuseIsOrderedAfterTheFree) {
+  xlog_stream a = 0, b = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &a));
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &b));
+  xlog_block x;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 8192, a, "x", &x));
+  Gate gate;  // A's last use of x ends 150 ms from now
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, a, SleepThenOpen, &gate));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, x));
+
+  xlog_block y;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 8192, b, "y", &y));
+  EXPECT_EQ(gate.opened.load(), 0) << "a cross-stream hand-out must not wait on the host";
+  EXPECT_EQ(y.ptr, x.ptr) << "A's cached block serves B";
+  EXPECT_EQ(y.stream, b);
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+
+  // Work queued on B after the hand-out runs after A's work.
+  Observation seen{&gate};
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, b, Observe, &seen));
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, b));
+  EXPECT_EQ(seen.seen.load(), 1) << "B used the memory before A's work on it was done";
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, y));
+}
+
+// cache = 0 in the config: frees go to the driver, nothing is ever a hit,
+// and sizes round up to 256 bytes instead of size classes.
+TEST_F(CApiBlocksNoCache, CacheOffFreesToTheDriverAndRoundsTo256) {
+  xlog_block a = Allocate(1000);
+  xlog_block b = Allocate(1);
+  xlog_block c = Allocate(4096);
+  EXPECT_EQ(a.size, 1000u);
+  EXPECT_EQ(b.size, 1u);
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1024u + 256u + 4096u);
+  for (const xlog_block& blk : {a, b, c}) XLOG_ASSERT_OK(xlog_deallocate(rt_, blk));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.cached_blocks, 0u);
+  EXPECT_EQ(s.pending_bytes, 1024u + 256u + 4096u) << "every free was queued to the driver";
+  EXPECT_EQ(s.pending_blocks, 3u);
+  EXPECT_EQ(s.outstanding_bytes, s.pending_bytes);
+  std::uint64_t drained = 0;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 1024u + 256u + 4096u);
+  xlog_block again = Allocate(4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.cache_hits, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+}
+
+// An imported stream may be destroyed by its owner once released: its
+// cache goes back to the driver at the release.
+TEST_F(CApiCache, ReleasingAnImportedStreamGivesItsCacheBack) {
+  xlog_stream foreign = 0;
+  XLOG_ASSERT_OK(xlog_stream_import(rt_, reinterpret_cast<void*>(std::uintptr_t{0x5150}), &foreign));
+  xlog_block b;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 8192, foreign, "imported", &b));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  EXPECT_EQ(StatsOf(rt_).cached_bytes, 8192u);
+  XLOG_ASSERT_OK(xlog_stream_release(rt_, foreign));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 0u) << "the released stream's cache was kept";
+  EXPECT_EQ(s.cached_blocks, 0u);
+  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+}
+
+// Budget pressure, cache off (the seed's semantics): pending frees count
+// against the budget until reaped; with wait_on_pressure the allocation
+// waits for them instead of failing.
 class CApiBudgetPressure : public SimRuntimeTest {
  protected:
   void Configure(xlog_config& cfg) override {
     cfg.budget_bytes = 1 << 20;
     cfg.wait_on_pressure = wait_;
+    cfg.cache = cache_;
   }
   std::uint8_t wait_ = 0;
+  std::uint8_t cache_ = 0;
 };
 
 TEST_F(CApiBudgetPressure, PendingBytesStayChargedUntilTheFreeCompletes) {
@@ -717,6 +1169,98 @@ TEST_F(CApiBudgetWaits, WaitOnPressureWaitsForPendingFrees) {
   EXPECT_EQ(s.failed_allocations, 0u);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+}
+
+// Budget pressure with the cache on: cached bytes are charged, a hit needs
+// no budget, and an allocation the cache cannot serve first hands cached
+// blocks back to the driver.
+class CApiCachePressure : public CApiBudgetPressure {
+ protected:
+  void Configure(xlog_config& cfg) override {
+    cache_ = 1;
+    CApiBudgetPressure::Configure(cfg);
+  }
+};
+
+TEST_F(CApiCachePressure, CachedBytesStayChargedAndAHitNeedsNoBudgetNorWait) {
+  Flag slept;
+  xlog_block big = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepLongThenSet, &slept));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 1u << 20);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.budget_remaining, 0u) << "cached memory is still held from the driver";
+  // The whole budget is cached, the stream is busy: the same size is still
+  // served at once, from the cache.
+  xlog_block again = Allocate(1 << 20);
+  EXPECT_EQ(slept.value.load(), 0) << "the hit waited for the stream";
+  EXPECT_EQ(again.ptr, big.ptr);
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.cache_hits, 1u);
+  EXPECT_EQ(s.failed_allocations, 0u);
+  EXPECT_EQ(s.live_bytes, 1u << 20);
+  EXPECT_EQ(s.budget_remaining, 0u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 1u << 20);
+  EXPECT_EQ(StatsOf(rt_).budget_remaining, 1u << 20) << "trim retired what it released";
+}
+
+TEST_F(CApiCachePressure, PressureHandsCachedBlocksBackBeforeRefusing) {
+  int delay = 150;
+  xlog_block big = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  EXPECT_EQ(StatsOf(rt_).cached_bytes, 1u << 20);
+  // 512 KiB: the cached 1 MiB block is too large to serve it, the budget is
+  // full. The cached block goes back to the driver, but its free is queued
+  // behind the sleeping stream, so without wait_on_pressure: refused.
+  xlog_block half;
+  XLOG_EXPECT_STATUS(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, 1 << 19, stream_, "half", &half));
+  const std::string msg = LastError();
+  EXPECT_NE(msg.find("requested 524288 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cached 0,"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pending 1048576"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("limit 1048576"), std::string::npos) << msg;
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.pending_bytes, 1u << 20);
+  EXPECT_EQ(s.failed_allocations, 1u);
+  std::uint64_t drained = 0;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 1u << 20);
+  EXPECT_EQ(StatsOf(rt_).budget_remaining, 1u << 20);
+  half = Allocate(1 << 19);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, half));
+}
+
+class CApiCacheWaits : public CApiBudgetPressure {
+ protected:
+  void Configure(xlog_config& cfg) override {
+    cache_ = 1;
+    wait_ = 1;
+    CApiBudgetPressure::Configure(cfg);
+  }
+};
+
+TEST_F(CApiCacheWaits, WaitOnPressureWaitsForTheCacheItHandedBack) {
+  int delay = 100;
+  xlog_block big = Allocate(1 << 20);
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepOnly, &delay));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, big));
+  const auto start = std::chrono::steady_clock::now();
+  xlog_block half = Allocate(1 << 19);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50))
+      << "the allocation could only fit after the cached block's free completed";
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1u << 19);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.budget_remaining, 1u << 19);
+  EXPECT_EQ(s.failed_allocations, 0u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, half));
 }
 
 }  // namespace

@@ -336,6 +336,9 @@ TEST_F(CApiBadConfig, OutOfRangeFields) {
   cfg = SimConfig();
   cfg.sim_capacity_bytes = 0;
   ExpectOpenRefused(cfg, "sim_capacity_bytes");
+  cfg = SimConfig();
+  cfg.cache = 2;
+  ExpectOpenRefused(cfg, "cache is 2");
   ExpectOpenRefused(SimConfig(), "negative", -1);
 }
 
@@ -389,6 +392,26 @@ TEST_F(CApiBadConfig, MalformedBackendEnvironmentVariable) {
   XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_open(0, nullptr, &rt));
   EXPECT_EQ(rt, nullptr);
   EXPECT_TRUE(Contains(LastError(), "tpu")) << LastError();
+}
+
+TEST_F(CApiBadConfig, MalformedCacheEnvironmentVariables) {
+  for (const char* bad : {"yes", "2", "on"}) {
+    SCOPED_TRACE(bad);
+    ScopedEnv env("XLOG_CACHE", bad);
+    xlog_config cfg;
+    XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_config_from_env(&cfg));
+    EXPECT_TRUE(Contains(LastError(), "XLOG_CACHE")) << LastError();
+    EXPECT_TRUE(Contains(LastError(), bad)) << LastError();
+    EXPECT_EQ(cfg.struct_size, 0u);
+  }
+  ScopedEnv env("XLOG_POOL_RELEASE_THRESHOLD", "lots");
+  xlog_config cfg;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_config_from_env(&cfg));
+  EXPECT_TRUE(Contains(LastError(), "XLOG_POOL_RELEASE_THRESHOLD")) << LastError();
+  EXPECT_TRUE(Contains(LastError(), "lots")) << LastError();
+  xlog_runtime* rt = nullptr;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_open(0, nullptr, &rt));
+  EXPECT_EQ(rt, nullptr);
 }
 
 TEST_F(CApiBadConfig, BudgetEnvironmentOverflow) {
@@ -538,7 +561,7 @@ TEST_F(CApiErrors, StaleHandleAfterAddressReuse) {
   XLOG_ASSERT_OK(xlog_deallocate(rt_, old_block));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
   xlog_block reused = Allocate(4096, "new");
-  ASSERT_EQ(reused.ptr, old_block.ptr) << "the sim reuses a retired address for the same size";
+  ASSERT_EQ(reused.ptr, old_block.ptr) << "the stream's cache hands the same address out again";
   ASSERT_EQ(reused.size, old_block.size);
   ASSERT_NE(reused.generation, old_block.generation);
   std::memset(reused.ptr, 0x5E, 4096);
@@ -779,14 +802,23 @@ TEST_F(CApiBudget, HugeAllocationWithBudgetIsOutOfBudgetAndChargesNothing) {
   EXPECT_EQ(before.budget_limit, 1u << 20);
   EXPECT_EQ(before.budget_remaining, 1u << 20);
   xlog_block out;
-  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, UINT64_MAX, stream_, "huge", &out));
-  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, UINT64_MAX - 255, stream_, "huge", &out));
+  // Their device size (the size class) does not even fit in 64 bits: the
+  // budget refuses them, naming the caller's request.
+  for (std::uint64_t huge : {std::uint64_t{UINT64_MAX}, std::uint64_t{UINT64_MAX - 255}}) {
+    SCOPED_TRACE(huge);
+    XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, huge, stream_, "huge", &out));
+    EXPECT_TRUE(Contains(LastError(), "requested " + std::to_string(huge) + " bytes")) << LastError();
+    EXPECT_TRUE(Contains(LastError(), "limit 1048576")) << LastError();
+  }
   ExpectStatsUnchanged(before, StatsOf(rt_), 2);
   // The whole budget is still there.
   xlog_block all = Allocate(1 << 20);
   EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, all));
-  XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u) << "the freed block is cached, still charged";
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 1u << 20);
   EXPECT_EQ(StatsOf(rt_).budget_remaining, 1u << 20);
 }
 
@@ -860,22 +892,63 @@ TEST_F(CApiDirect, PrepareAndFinishAreStreamMisuse) {
   XLOG_EXPECT_REJECTED(XLOG_ERR_STREAM_MISUSE, xlog_prepare_all(rt_, stream_, uses, 1));
   XLOG_EXPECT_REJECTED(XLOG_ERR_STREAM_MISUSE, xlog_finish_all(rt_, stream_, uses, 1));
   ExpectStatsUnchanged(before, StatsOf(rt_));
-  // Direct frees at once: nothing goes pending.
+  // Direct frees at once: nothing goes pending, and it has no cache.
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   const xlog_stats after = StatsOf(rt_);
   EXPECT_EQ(after.live_bytes, 0u);
   EXPECT_EQ(after.pending_bytes, 0u);
+  EXPECT_EQ(after.cached_bytes, 0u);
+  EXPECT_EQ(after.outstanding_bytes, 0u);
   EXPECT_EQ(after.deallocations, 1u);
   XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_deallocate(rt_, b));
 }
 
+TEST_F(CApiDirect, RoundsTo256BytesAndCachesNothing) {
+  xlog_block a = Allocate(1000);
+  xlog_block b = Allocate(1);
+  EXPECT_EQ(a.size, 1000u);
+  EXPECT_EQ(b.size, 1u);
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.live_bytes, 1024u + 256u);
+  EXPECT_EQ(s.outstanding_bytes, 1024u + 256u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  xlog_block c = Allocate(1000);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, c));
+  s = StatsOf(rt_);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.cached_bytes, 0u);
+  EXPECT_EQ(s.cached_blocks, 0u);
+  EXPECT_EQ(s.cache_hits, 0u);
+  EXPECT_EQ(s.cache_misses, 0u);
+  std::uint64_t released = 12345;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 0u);
+}
+
 // ----- injected faults -----
+//
+// With the cache on, the sim's alloc fault fires only when the pool goes
+// to the driver (a cache miss), its free fault only when cached memory
+// goes back to the driver (trim, pressure), and an event-record fault can
+// hit a cross-stream cache hand-out. CApiFaultsNoCache runs with
+// `cache = 0`, where every free is a driver free (the seed's behaviour).
 
 class CApiFaults : public SimRuntimeTest {
  protected:
   void Configure(xlog_config& cfg) override {
     cfg.budget_bytes = 1 << 20;
     cfg.stream_pool_size = 2;
+    cfg.cache = cache_;
+  }
+  std::uint8_t cache_ = 1;
+};
+
+class CApiFaultsNoCache : public CApiFaults {
+ protected:
+  void Configure(xlog_config& cfg) override {
+    cache_ = 0;
+    CApiFaults::Configure(cfg);
   }
 };
 
@@ -888,7 +961,7 @@ TEST_F(CApiFaults, InjectedAllocFaultIsDriverErrorAndChargesNothing) {
   EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
   const xlog_stats after = StatsOf(rt_);
   ExpectStatsUnchanged(before, after, 1);
-  EXPECT_EQ(after.budget_remaining, (1u << 20) - 1000) << "the reservation was not rolled back";
+  EXPECT_EQ(after.budget_remaining, (1u << 20) - 1024) << "the reservation was not rolled back";
   xlog_block next = Allocate(4096);
   EXPECT_NE(next.ptr, nullptr);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, next));
@@ -896,7 +969,27 @@ TEST_F(CApiFaults, InjectedAllocFaultIsDriverErrorAndChargesNothing) {
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
 }
 
-TEST_F(CApiFaults, InjectedFreeFaultLeavesTheBlockLive) {
+TEST_F(CApiFaults, InjectedAllocFaultSparesCacheHits) {
+  xlog_block b = Allocate(4096);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_ALLOC, 1));
+  // A hit makes no driver call: the armed fault does not fire.
+  xlog_block hit = Allocate(4096);
+  EXPECT_EQ(hit.ptr, b.ptr);
+  xlog_stats before = StatsOf(rt_);
+  EXPECT_EQ(before.cache_hits, 1u);
+  EXPECT_EQ(before.failed_allocations, 0u);
+  // The next miss is the driver's next allocation: that one fails.
+  xlog_block out;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_DRIVER, xlog_allocate(rt_, 8192, stream_, "miss", &out));
+  EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
+  ExpectStatsUnchanged(before, StatsOf(rt_), 1);
+  xlog_block miss = Allocate(8192);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, miss));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, hit));
+}
+
+TEST_F(CApiFaultsNoCache, InjectedFreeFaultLeavesTheBlockLive) {
   xlog_block b = Allocate(2048);
   std::memset(b.ptr, 0x42, 2048);
   const xlog_stats before = StatsOf(rt_);
@@ -913,6 +1006,39 @@ TEST_F(CApiFaults, InjectedFreeFaultLeavesTheBlockLive) {
   XLOG_ASSERT_OK(xlog_deallocate(rt_, other));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
   EXPECT_EQ(StatsOf(rt_).outstanding_bytes, 0u);
+}
+
+// With the cache on a free makes no driver call (an armed free fault does
+// not fire); trim does, and a failed trim keeps the block cached.
+TEST_F(CApiFaults, InjectedFreeFaultFailsTheTrimAndKeepsTheBlockCached) {
+  xlog_block b = Allocate(2048);
+  std::memset(b.ptr, 0x42, 2048);
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_FREE, 1));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt_, b));
+  const xlog_stats before = StatsOf(rt_);
+  EXPECT_EQ(before.cached_bytes, 2048u);
+  EXPECT_EQ(before.deallocations, 1u);
+
+  std::uint64_t released = 77;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_DRIVER, xlog_trim(rt_, 0, &released));
+  EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
+  EXPECT_EQ(released, 77u);
+  ExpectStatsUnchanged(before, StatsOf(rt_));
+  EXPECT_EQ(static_cast<unsigned char*>(b.ptr)[2047], 0x42) << "the memory was released";
+
+  // The block is still in the cache: the same stream gets it back.
+  xlog_block again = Allocate(2048);
+  EXPECT_EQ(again.ptr, b.ptr);
+  EXPECT_EQ(StatsOf(rt_).cache_hits, 1u);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, again));
+  // The fault fired once: the next trim succeeds.
+  released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(released, 2048u);
+  const xlog_stats after = StatsOf(rt_);
+  EXPECT_EQ(after.outstanding_bytes, 0u);
+  EXPECT_EQ(after.budget_remaining, 1u << 20);
 }
 
 TEST_F(CApiFaults, InjectedStreamCreateFaultFailsOneAcquire) {
@@ -952,12 +1078,45 @@ TEST_F(CApiFaults, InjectedEventRecordFaultRecordsNothing) {
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
 }
 
-TEST_F(CApiFaults, InjectedEventRecordFaultDuringReapKeepsFreesPending) {
-  xlog_block b = Allocate(3000);
+// A block cached on `slow` handed to the fixture's stream needs an event
+// recorded on `slow`: when that record fails, the allocation fails with
+// nothing changed (the block stays cached, no hit is counted), and the
+// next try takes it, ordered after `slow`.
+TEST_F(CApiFaults, InjectedEventRecordFaultFailsACrossStreamHandOut) {
+  xlog_stream slow = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &slow));
+  xlog_block x;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, 8192, slow, "x", &x));
+  Gate gate;
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, slow, SleepThenOpen, &gate));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, x));
+  const xlog_stats before = StatsOf(rt_);
+  EXPECT_EQ(before.cached_bytes, 8192u);
+
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_EVENT_RECORD, 1));
+  xlog_block out;
+  std::memset(&out, 0x66, sizeof out);
+  XLOG_EXPECT_REJECTED(XLOG_ERR_DRIVER, xlog_allocate(rt_, 8192, stream_, "handed", &out));
+  EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
+  EXPECT_EQ(out.size, 0x6666666666666666ull) << "out written on failure";
+  ExpectStatsUnchanged(before, StatsOf(rt_), 1);
+
+  xlog_block y = Allocate(8192, "handed");
+  EXPECT_EQ(y.ptr, x.ptr);
+  EXPECT_EQ(StatsOf(rt_).cache_hits, 1u);
+  Observation seen{&gate};
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, Observe, &seen));
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, stream_));
+  EXPECT_EQ(seen.seen.load(), 1) << "the hand-out was not ordered after the slow stream";
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, y));
+}
+
+TEST_F(CApiFaultsNoCache, InjectedEventRecordFaultDuringReapKeepsFreesPending) {
+  xlog_block b = Allocate(3000);  // 3072 device bytes
   XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, stream_));
   const xlog_stats before = StatsOf(rt_);
-  EXPECT_EQ(before.pending_bytes, 3000u);
+  EXPECT_EQ(before.pending_bytes, 3072u);
   // reap seals the stream's pending frees with one event record: make it fail.
   XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_EVENT_RECORD, 1));
   std::uint64_t reclaimed = 77;
@@ -967,8 +1126,33 @@ TEST_F(CApiFaults, InjectedEventRecordFaultDuringReapKeepsFreesPending) {
   // Nothing was lost: the next drain retires the free.
   reclaimed = 0;
   XLOG_ASSERT_OK(xlog_drain(rt_, &reclaimed));
-  EXPECT_EQ(reclaimed, 3000u);
+  EXPECT_EQ(reclaimed, 3072u);
   EXPECT_EQ(StatsOf(rt_).budget_remaining, 1u << 20);
+}
+
+// The same fault during a trim (it seals the frees it queued with an event
+// record before waiting for them): the call fails, the bytes stay held and
+// charged (today the block's free is already queued, so they show as
+// pending rather than cached), and a later drain / trim retires them.
+TEST_F(CApiFaults, InjectedEventRecordFaultDuringTrimKeepsItsFreesPending) {
+  xlog_block b = Allocate(3000);  // class 3072
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  XLOG_ASSERT_OK(xlog_sim_inject_fault(rt_, XLOG_FAULT_EVENT_RECORD, 1));
+  std::uint64_t released = 77;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_DRIVER, xlog_trim(rt_, 0, &released));
+  EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
+  xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.cached_bytes + s.pending_bytes, 3072u) << Describe(s);
+  EXPECT_EQ(s.outstanding_bytes, 3072u);
+  EXPECT_EQ(s.budget_remaining, (1u << 20) - 3072) << "bytes left charged until really retired";
+  std::uint64_t drained = 0;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  s = StatsOf(rt_);
+  EXPECT_EQ(drained + released, 3072u);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.budget_remaining, 1u << 20);
 }
 
 }  // namespace

@@ -80,8 +80,11 @@ void CopyCallback(void* user) {
 
 class CApiOrdering : public ::testing::Test {
  protected:
+  virtual void Configure(xlog_config& /*cfg*/) {}
+
   void SetUp() override {
     xlog_config cfg = SimConfig();
+    Configure(cfg);
     XLOG_ASSERT_OK(xlog_runtime_open(0, &cfg, &rt_));
     for (xlog_stream* s : {&a_, &b_, &c_, &d_}) XLOG_ASSERT_OK(xlog_stream_acquire(rt_, s));
     XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "X", &x_));
@@ -117,6 +120,14 @@ class CApiOrdering : public ::testing::Test {
   xlog_stream a_ = 0, b_ = 0, c_ = 0, d_ = 0;
   xlog_block x_{}, out_b_{}, out_c_{};
   Clock clock_;
+};
+
+// The same fixture with `cache = 0`: a free is queued to the driver on the
+// allocation stream, so the address comes back only once that free (and
+// everything the stream was made to wait for before it) has completed.
+class CApiOrderingNoCache : public CApiOrdering {
+ protected:
+  void Configure(xlog_config& cfg) override { cfg.cache = 0; }
 };
 
 TEST_F(CApiOrdering, RecordedLaunchesOrderProducerConsumersAndOverwriter) {
@@ -191,7 +202,11 @@ TEST_F(CApiOrdering, UnrelatedLaunchReusingAnEventDoesNotReleaseEarlierWaits) {
 // KNOWN LIBRARY BUG (same cause as above): a free must wait for every
 // recorded use, but once the reader's event is recycled and re-recorded on
 // an idle stream, the allocation stream's wait is released early and the
-// address is handed out again while the reader is still using it.
+// memory is reused while the reader is still using it.
+//
+// With the cache on, Y's address is handed out again at once on its own
+// stream A (stream order makes that safe): what must hold is that work
+// queued on A after the reuse runs only after B's read.
 TEST_F(CApiOrdering, FreeStillWaitsForReaderAfterItsEventIsReused) {
   xlog_stream e = 0;
   XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &e));
@@ -209,6 +224,40 @@ TEST_F(CApiOrdering, FreeStillWaitsForReaderAfterItsEventIsReused) {
   XLOG_ASSERT_OK(xlog_prepare_all(rt_, c_, rewrite_out_b, 1));
   XLOG_ASSERT_OK(xlog_finish_all(rt_, c_, rewrite_out_b, 1));
   // Unrelated launch on the idle stream E: takes a pooled event.
+  const xlog_use unrelated[1] = {{scratch, XLOG_ACCESS_WRITE}};
+  XLOG_ASSERT_OK(xlog_prepare_all(rt_, e, unrelated, 1));
+  XLOG_ASSERT_OK(xlog_finish_all(rt_, e, unrelated, 1));
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, e));
+  SleepMs(20);
+  xlog_block z;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Z", &z));
+  EXPECT_EQ(z.ptr, y.ptr) << "expected A's cache to hand Y's memory out again";
+  // The new owner writes Z on A, as a kernel would.
+  Fill overwrite{&clock_, z.ptr, kOverwrite, 0};
+  Launch(a_, {{z, XLOG_ACCESS_WRITE}}, FillCallback, &overwrite);
+  SyncAll();
+  XLOG_ASSERT_OK(xlog_stream_synchronize(rt_, e));
+  EXPECT_TRUE(AllBytes(out_b_, kProduced)) << "B read Y after the new owner overwrote it";
+  EXPECT_LT(read_b.ended, overwrite.started) << "Z was written while B was still reading Y";
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, scratch));
+}
+
+// The same with the cache off: the address itself must not come back
+// while B is still reading.
+TEST_F(CApiOrderingNoCache, FreeStillWaitsForReaderAfterItsEventIsReused) {
+  xlog_stream e = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &e));
+  xlog_block y, scratch;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Y", &y));
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, e, "scratch", &scratch));
+  std::memset(y.ptr, kProduced, kBytes);
+  Copy read_b{&clock_, y.ptr, out_b_.ptr, 150};
+  Launch(b_, {{y, XLOG_ACCESS_READ}, {out_b_, XLOG_ACCESS_WRITE}}, CopyCallback, &read_b);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, y));
+  const xlog_use rewrite_out_b[1] = {{out_b_, XLOG_ACCESS_WRITE}};
+  XLOG_ASSERT_OK(xlog_prepare_all(rt_, c_, rewrite_out_b, 1));
+  XLOG_ASSERT_OK(xlog_finish_all(rt_, c_, rewrite_out_b, 1));
   const xlog_use unrelated[1] = {{scratch, XLOG_ACCESS_WRITE}};
   XLOG_ASSERT_OK(xlog_prepare_all(rt_, e, unrelated, 1));
   XLOG_ASSERT_OK(xlog_finish_all(rt_, e, unrelated, 1));
@@ -284,9 +333,36 @@ TEST_F(CApiOrdering, WithoutPrepareOnWriterConsumersSeeTheOverwrite) {
   EXPECT_LT(overwrite.ended, read_b.ended);
 }
 
-// A free waits for every recorded reader: the address is not handed out
-// again while a reader on another stream may still be using it.
+// A free waits for every recorded reader. With the cache on, the memory is
+// handed out again at once on the allocation stream, and everything queued
+// there afterwards runs only once the reader is done.
 TEST_F(CApiOrdering, FreeWaitsForRecordedReaders) {
+  xlog_block y;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Y", &y));
+  std::memset(y.ptr, kProduced, kBytes);
+  Copy read_b{&clock_, y.ptr, out_b_.ptr, 150};
+  Launch(b_, {{y, XLOG_ACCESS_READ}, {out_b_, XLOG_ACCESS_WRITE}}, CopyCallback, &read_b);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, y));
+  const auto start = std::chrono::steady_clock::now();
+  xlog_block z;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Z", &z));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100))
+      << "a same-stream cache hit must not wait on the host";
+  EXPECT_EQ(z.ptr, y.ptr) << "expected A's cache to hand Y's memory out again";
+  EXPECT_NE(z.generation, y.generation);
+  XLOG_EXPECT_STATUS(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt_, y));
+  Fill overwrite{&clock_, z.ptr, kOverwrite, 0};
+  Launch(a_, {{z, XLOG_ACCESS_WRITE}}, FillCallback, &overwrite);
+  SyncAll();
+  EXPECT_TRUE(AllBytes(out_b_, kProduced)) << "B read Y after the new owner overwrote it";
+  EXPECT_LT(read_b.ended, overwrite.started) << "Z was written while B was still reading Y";
+  EXPECT_TRUE(AllBytes(z, kOverwrite));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
+}
+
+// With the cache off the address is not handed out again while a reader on
+// another stream may still be using it.
+TEST_F(CApiOrderingNoCache, FreeWaitsForRecordedReaders) {
   xlog_block y;
   XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Y", &y));
   std::memset(y.ptr, kProduced, kBytes);
@@ -311,9 +387,29 @@ TEST_F(CApiOrdering, FreeWaitsForRecordedReaders) {
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
 }
 
-// The control: without finish on B, nothing tells the free about the reader,
-// and the address is reused under it.
+// The control: without finish on B, nothing tells the free about the
+// reader, so the new owner's write on A runs at once, under B's read.
 TEST_F(CApiOrdering, WithoutFinishTheFreeDoesNotWaitForTheReader) {
+  xlog_block y;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Y", &y));
+  std::memset(y.ptr, kProduced, kBytes);
+  Copy read_b{&clock_, y.ptr, out_b_.ptr, 150};
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, b_, CopyCallback, &read_b));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, y));
+  xlog_block z;
+  XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Z", &z));
+  EXPECT_EQ(z.ptr, y.ptr);
+  Fill overwrite{&clock_, z.ptr, kOverwrite, 0};
+  Launch(a_, {{z, XLOG_ACCESS_WRITE}}, FillCallback, &overwrite);
+  SyncAll();
+  EXPECT_TRUE(AllBytes(out_b_, kOverwrite)) << "expected the reader to see the new owner's data";
+  EXPECT_LT(overwrite.ended, read_b.ended);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
+}
+
+// The same control with the cache off: the untracked free releases the
+// address at once.
+TEST_F(CApiOrderingNoCache, WithoutFinishTheFreeDoesNotWaitForTheReader) {
   xlog_block y;
   XLOG_ASSERT_OK(xlog_allocate(rt_, kBytes, a_, "Y", &y));
   std::memset(y.ptr, kProduced, kBytes);

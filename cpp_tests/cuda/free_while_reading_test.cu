@@ -3,9 +3,10 @@
 // Block X is allocated and filled with pattern P1 on stream A. A reader on
 // stream B (prepare/finish Read) spins ~100 ms, then copies X into its own
 // output block. Right after enqueueing the reader, the host frees X
-// (xlog_deallocate, queued on A), allocates a new block Y of the same size on
-// A and fills it with pattern P2 on A. The pool may hand Y the very address
-// of X. The free must have made A wait for B's read, so:
+// (xlog_deallocate: A is made to wait for B's read, X goes to A's cache),
+// allocates a new block Y of the same size on A and fills it with pattern P2
+// on A. With the cache on (the default) Y is X's memory, handed out again at
+// once: only stream order on A protects the reader. So:
 //   - the reader's output is exactly P1 (X's memory was not reused early);
 //   - the fill of Y started only after the reader finished (global-timer
 //     stamps in stream order on both streams);
@@ -16,8 +17,8 @@
 // again. A cudaStreamWaitEvent already queued on A is unaffected by that
 // re-record (the sim backend once got this wrong), so the same checks hold.
 // A negative control runs the same shape with the reader NOT recorded
-// (no prepare/finish): when the pool reuses X's address for Y, the reader
-// must see P2 — proof that the checks above can fail. The control reads
+// (no prepare/finish): Y reuses X's address (the cache hands it out on A at
+// once), so the reader must see P2 — proof that the checks above can fail. The control reads
 // freed memory on purpose, so it does not run under compute-sanitizer.
 
 #include "test_support.cu"
@@ -153,7 +154,7 @@ void check_tracked(const Outcome& t, const std::string& label) {
   check(t.fill_after_read_ns >= 0, label + ": Y's fill on A started only after the reader on B finished",
         "started " + std::to_string(t.fill_after_read_ns / 1e6) + " ms after");
   check(t.y_mismatches == 0, label + ": Y holds its own data (P2)", str(t.y_mismatches) + " elements differ");
-  if (!t.address_reused) note(label + ": the pool gave Y a new address; the ordering checks still hold");
+  check(t.address_reused, label + ": A's cache handed X's memory out again for Y (the case under test)");
 }
 
 }  // namespace
@@ -182,19 +183,24 @@ int main() {
     Outcome c = run_shape(rt, st, Mode::kControl);
     check(c.fill_after_read_ns < 0, "control: without the recorded read, Y's fill overtakes the reader",
           "started " + std::to_string(c.fill_after_read_ns / 1e6) + " ms after the reader finished");
+    check(c.address_reused, "control: A's cache handed X's memory out again for Y");
     if (c.address_reused) {
       check(c.reader_mismatches_vs_x > 0 && c.reader_matches_y > 0,
             "control: with X's address reused, the unrecorded reader sees Y's data (the bug the runtime prevents)",
             str(c.reader_mismatches_vs_x) + " elements differ from P1, " + str(c.reader_matches_y) + " equal P2");
-    } else {
-      note("control: the pool gave Y a new address, so the corruption itself could not be shown");
     }
   }
 
-  uint64_t reclaimed = 0;
-  XLOG_OR_DIE(xlog_drain(rt, &reclaimed));
   xlog_stats s = stats(rt);
-  check(s.live_blocks == 0 && s.pending_blocks == 0 && s.outstanding_bytes == 0, "every block freed and drained",
+  check(s.live_blocks == 0 && s.cached_bytes >= 2 * kBytes,
+        "every block freed; the freed memory waits in the caches",
+        "live " + str(s.live_blocks) + ", cached " + str(s.cached_bytes) + ", outstanding " + str(s.outstanding_bytes));
+  const uint64_t cached = s.cached_bytes;
+  const uint64_t released = trim_and_drain(rt);
+  s = stats(rt);
+  check(released == cached, "trim hands back exactly the cached bytes",
+        "released " + str(released) + " of " + str(cached));
+  check(s.live_blocks == 0 && s.pending_blocks == 0 && s.outstanding_bytes == 0, "every block freed, trimmed and drained",
         "live " + str(s.live_blocks) + ", pending " + str(s.pending_blocks) + ", outstanding " +
             str(s.outstanding_bytes));
   for (const Stream& stream : {st.a, st.b, st.c, st.d}) XLOG_OR_DIE(xlog_stream_release(rt, stream.id));

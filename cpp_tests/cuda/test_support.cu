@@ -186,10 +186,12 @@ inline void skip_without_device() {
 // ---------------------------------------------------------------------------
 // Runtime and streams
 
-// Open device 0 on the CUDA backend with the default async stack. Every
-// field that matters is set explicitly, so XLOG_* variables in the
-// environment cannot change what a test runs against.
-inline xlog_runtime* open_cuda(uint64_t budget_bytes = 0, bool wait_on_pressure = false) {
+// Open device 0 on the CUDA backend with the default async stack (the
+// per-stream cache on unless `cache` is false: `cache = 0` is the seed's
+// free-to-driver behaviour, where a free is pending until a reap sees it
+// complete). Every field that matters is set explicitly, so XLOG_*
+// variables in the environment cannot change what a test runs against.
+inline xlog_runtime* open_cuda(uint64_t budget_bytes = 0, bool wait_on_pressure = false, bool cache = true) {
   xlog_config cfg;
   xlog_config_init(&cfg);
   cfg.struct_size = sizeof(xlog_config);  // a malformed XLOG_* must not matter here
@@ -199,12 +201,24 @@ inline xlog_runtime* open_cuda(uint64_t budget_bytes = 0, bool wait_on_pressure 
   cfg.log_path = nullptr;
   cfg.stream_pool_size = 16;
   cfg.wait_on_pressure = wait_on_pressure ? 1 : 0;
+  cfg.cache = cache ? 1 : 0;
+  cfg.pool_release_threshold = UINT64_MAX;
   xlog_runtime* rt = nullptr;
   XLOG_OR_DIE(xlog_runtime_open(0, &cfg, &rt));
   xlog_backend backend = 0;
   XLOG_OR_DIE(xlog_runtime_backend(rt, &backend));
   if (backend != XLOG_BACKEND_CUDA) die("runtime opened with XLOG_BACKEND_CUDA reports backend " + str(backend));
   return rt;
+}
+
+// Give every cached block back to the driver (xlog_trim waits for those
+// frees and retires them), then retire any other pending free: afterwards
+// xlog holds only what is live. Returns the cached bytes trim handed back.
+inline uint64_t trim_and_drain(xlog_runtime* rt) {
+  uint64_t released = 0;
+  XLOG_OR_DIE(xlog_trim(rt, 0, &released));
+  XLOG_OR_DIE(xlog_drain(rt, nullptr));
+  return released;
 }
 
 inline void close_expect_no_leaks(xlog_runtime* rt, const std::string& name) {

@@ -78,15 +78,31 @@ SCENARIO = textwrap.dedent(
             assert mm.deallocations.cleared == cleared + 1  # Numba's pending frees flushed before the retry
     assert xn.stats(DEV).failed_allocations >= 1
     lib.xlog_torch_free(t, 600 << 10, DEV, None)
+    # Byte counts are device bytes: 600 KiB takes its 608 KiB size class.
+    CLASS_600K = 622592
+    st = xn.stats(DEV)
+    assert st.cached_bytes - base.cached_bytes == CLASS_600K, st   # PyTorch's block waits in the cache
     q = mm.memalloc(600 << 10)                  # fits once PyTorch's block is gone
-    assert xn.stats(DEV).live_bytes - base.live_bytes == 4096 + (600 << 10)
+    assert q.size == 600 << 10
+    st = xn.stats(DEV)
+    assert st.live_bytes - base.live_bytes == 4096 + CLASS_600K, st
+    # Both hooks order on the legacy default stream: Numba reuses PyTorch's
+    # cached block with no new memory from the driver.
+    assert st.cache_hits - base.cache_hits == 1 and st.cached_bytes == base.cached_bytes, st
+    assert q.device_pointer_value == t, (hex(q.device_pointer_value), hex(t))
 
-    # Dropping the arrays frees their memory (stream-ordered, then drained).
+    # Dropping the arrays frees their memory (stream-ordered) into the
+    # cache: drain retires nothing cached, trim hands it all back.
     del p, q
     gc.collect()
     xi.drain(DEV)
     st = xn.stats(DEV)
     assert st.live_bytes == base.live_bytes and st.pending_bytes == 0, st
+    assert st.cached_bytes - base.cached_bytes == 4096 + CLASS_600K, st
+    assert xi.trim(DEV) == st.cached_bytes
+    st = xn.stats(DEV)
+    assert st.cached_bytes == 0 and st.pending_bytes == 0 and st.outstanding_bytes == st.live_bytes, st
+    assert mm.get_memory_info() == cuda.MemoryInfo(free=MiB - st.outstanding_bytes, total=MiB)
 
     try:
         mm.get_ipc_handle(None)
