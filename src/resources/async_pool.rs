@@ -381,8 +381,9 @@ impl AsyncPool {
         t
     }
 
-    /// The largest cached block of any stream, taken out of its cache.
-    fn take_largest(&self) -> Option<(RawStream, CachedBlock)> {
+    /// The largest cached block of any stream, taken out of its cache,
+    /// with the stream and the shard it was cached in.
+    fn take_largest(&self) -> Option<(RawStream, CachedBlock, usize)> {
         loop {
             let mut best: Option<(usize, RawStream, CachedBlock)> = None;
             for (i, shard) in self.table.iter().enumerate() {
@@ -395,15 +396,15 @@ impl AsyncPool {
             let (i, stream, block) = best?;
             // Another thread may have taken it meanwhile: look again then.
             if lock(&self.table[i]).cache.remove(stream, &block) {
-                return Some((stream, block));
+                return Some((stream, block, i));
             }
         }
     }
 
     /// The coldest block cached on `stream` (in any shard), taken out.
-    fn take_coldest(&self, stream: RawStream, home: usize) -> Option<CachedBlock> {
+    fn take_coldest(&self, stream: RawStream, home: usize) -> Option<(CachedBlock, usize)> {
         let order = std::iter::once(home).chain((0..TABLE_SHARDS).filter(|&i| i != home));
-        order.into_iter().find_map(|i| lock(&self.table[i]).cache.take_coldest(stream))
+        order.into_iter().find_map(|i| lock(&self.table[i]).cache.take_coldest(stream).map(|b| (b, i)))
     }
 
     /// Queue on `stream` a wait for each event (already deduplicated).
@@ -475,8 +476,8 @@ impl AsyncPool {
     fn release_largest(&self, need: u64) -> ResourceResult<u64> {
         let mut released = 0;
         while released < need {
-            let Some((stream, block)) = self.take_largest() else { break };
-            released += self.release_cached(stream, block, 0)?;
+            let Some((stream, block, shard)) = self.take_largest() else { break };
+            released += self.release_cached(stream, block, shard)?;
         }
         Ok(released)
     }
@@ -573,11 +574,11 @@ impl AsyncPool {
         }
         while excess > 0 {
             let taken = match self.take_coldest(stream.raw, home) {
-                Some(b) => Some((stream.raw, b)),
+                Some((b, shard)) => Some((stream.raw, b, shard)),
                 None => self.take_largest(),
             };
-            let Some((owner, block)) = taken else { break };
-            match self.release_cached(owner, block, home) {
+            let Some((owner, block, shard)) = taken else { break };
+            match self.release_cached(owner, block, shard) {
                 Ok(bytes) => excess = excess.saturating_sub(bytes),
                 Err(_) => break,
             }
@@ -883,6 +884,9 @@ impl DeviceMemoryResource for AsyncPool {
         result
     }
 
+    /// On an error after some blocks went back (a failed event record
+    /// while waiting), those stay pending: still counted and charged, and
+    /// retired by a later reap; the rest stays cached.
     fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
         let cached = self.cache_totals().bytes;
         let released = self.release_largest(cached.saturating_sub(keep_bytes))?;
