@@ -441,6 +441,7 @@ def run_child(spec: Dict[str, Any]) -> Dict[str, Any]:
     xt = None
     try:
         if spec["allocator"] == "xlog":
+            import torch  # noqa: F401  (imported first: enable() is timed without it)
             import xlog_cuda.torch as xt  # noqa: F811
 
             t0 = time.perf_counter()
