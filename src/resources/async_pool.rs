@@ -292,13 +292,15 @@ impl Default for PoolOptions {
 /// every allocation gets).
 const UNCACHED_GRANULARITY: u64 = 256;
 
-/// The hoarding bound's soft cap: past the live peak plus 1/16, a miss
-/// gives back cached blocks its stream has not reused for `STALE_FREES`
-/// frees; past `HOARD_HARD_FACTOR` times the live peak, the coldest ones
-/// whatever their age.
+/// The hoarding bound: a miss first gives back (up to the request's size,
+/// at most `STALE_RELEASES_PER_MISS` blocks) cached blocks its stream has
+/// not reused for `STALE_FREES` frees; past `HOARD_HARD_FACTOR` times the
+/// live peak it gives back the coldest whatever their age, down to the
+/// live peak plus 1/`HOARD_SLACK_DIV`.
 const HOARD_SLACK_DIV: u64 = 16;
 const HOARD_HARD_FACTOR: u64 = 2;
 const STALE_FREES: u64 = 4096;
+const STALE_RELEASES_PER_MISS: usize = 8;
 
 /// A miss reaps when pending frees exceed this fraction (1/16) of what is
 /// held, so that bytes the driver already has back are not charged long.
@@ -535,6 +537,23 @@ impl AsyncPool {
     /// `stream`, give back cold cached blocks if held would pass the live
     /// peak plus slack.
     fn bound_hoard(&self, class: u64, stream: StreamRef) {
+        let home = shard_index(stream.id);
+        // Blocks this stream has not reused for a while go back first, up
+        // to the request's size: a steady loop reuses its whole cache every
+        // step and keeps it; shapes that stopped coming are released (on
+        // this stream, so the driver's pool can serve this very request
+        // from them).
+        let mut released = 0;
+        for _ in 0..STALE_RELEASES_PER_MISS {
+            if released >= class {
+                break;
+            }
+            let Some(block) = lock(&self.table[home]).cache.take_stale(stream.raw, STALE_FREES) else { break };
+            match self.release_cached(stream.raw, block, home) {
+                Ok(bytes) => released += bytes,
+                Err(_) => return,
+            }
+        }
         let live = self.live_now();
         let want = live.saturating_add(class);
         let peak_live = self.peak_live.fetch_max(want, Ordering::Relaxed).max(want);
@@ -543,22 +562,7 @@ impl AsyncPool {
         let held = self.held.load(Ordering::Acquire);
         let pending = self.pending_bytes.load(Ordering::Acquire);
         let in_use = held.saturating_sub(pending).saturating_add(class);
-        if in_use <= soft_cap {
-            return;
-        }
-        let home = shard_index(stream.id);
         if in_use <= hard_cap {
-            // Between the caps only blocks this stream has not reused for a
-            // while go back: a steady loop reuses its whole cache every
-            // step and keeps it; shapes that stopped coming are released.
-            let mut excess = in_use - soft_cap;
-            while excess > 0 {
-                let Some(block) = lock(&self.table[home]).cache.take_stale(stream.raw, STALE_FREES) else { break };
-                match self.release_cached(stream.raw, block, home) {
-                    Ok(bytes) => excess = excess.saturating_sub(bytes),
-                    Err(_) => break,
-                }
-            }
             return;
         }
         let mut excess = in_use - soft_cap;
