@@ -19,6 +19,15 @@ use std::time::Duration;
 use xlog_cuda::ffi::api::*;
 use xlog_cuda::ffi::types::*;
 
+/// An `xlog_stats` ready for `xlog_get_stats`: zeroed, with `struct_size`
+/// set to `sizeof(xlog_stats)` as the C ABI asks of every caller.
+fn sized_stats() -> xlog_stats {
+    // SAFETY: xlog_stats is plain integers; all zeros is a valid value.
+    let mut s: xlog_stats = unsafe { std::mem::zeroed() };
+    s.struct_size = std::mem::size_of::<xlog_stats>() as u32;
+    s
+}
+
 /// A runtime handle that threads may share: the C ABI makes the handle a
 /// token that every call checks, so it is plain data here.
 #[derive(Copy, Clone)]
@@ -105,8 +114,8 @@ extern "C" fn callback(user: *mut c_void) {
     // alive (an Arc in the test) until after the close, which runs every
     // queued callback before it returns.
     let trial = unsafe { &*(user as *const Trial) };
-    let mut stats = std::mem::MaybeUninit::<xlog_stats>::zeroed();
-    let st = xlog_get_stats(trial.handle.rt(), stats.as_mut_ptr());
+    let mut stats = sized_stats();
+    let st = xlog_get_stats(trial.handle.rt(), &mut stats);
     if st != XLOG_OK && st != XLOG_ERR_INVALID_ARGUMENT {
         trial.callback_bad_status.fetch_add(1, Ordering::SeqCst);
     }
@@ -222,8 +231,8 @@ fn worker(trial: Arc<Trial>, own: xlog_stream, seed: u64) -> WorkerResult {
         let mut reclaimed = 0u64;
         let st = xlog_reap(rt, &mut reclaimed);
         trial.check("reap", after, st, &[], &mut r);
-        let mut stats = std::mem::MaybeUninit::<xlog_stats>::zeroed();
-        let st = xlog_get_stats(rt, stats.as_mut_ptr());
+        let mut stats = sized_stats();
+        let st = xlog_get_stats(rt, &mut stats);
         trial.check("get_stats", after, st, &[], &mut r);
         if i % 4 == 0 {
             let mut extra = 0;
@@ -503,8 +512,8 @@ extern "C" fn spinning_callback(user: *mut c_void) {
     // SAFETY: `user` is a `Spinner` the test keeps alive past the close.
     let sp = unsafe { &*(user as *const Spinner) };
     while !sp.stop.load(Ordering::SeqCst) {
-        let mut stats = std::mem::MaybeUninit::<xlog_stats>::zeroed();
-        let st = xlog_get_stats(sp.handle.rt(), stats.as_mut_ptr());
+        let mut stats = sized_stats();
+        let st = xlog_get_stats(sp.handle.rt(), &mut stats);
         sp.calls.fetch_add(1, Ordering::SeqCst);
         match st {
             XLOG_OK => {}

@@ -9,6 +9,15 @@
 //! reading, half between reading and writing) so that an unordered pair of
 //! launches really overlaps. 200 graphs per stack from fixed seeds.
 //!
+//! Blocks are filled in their allocation stream's order (an allocation may
+//! hand out memory from a cache while its previous owner's reads on other
+//! streams are still queued, as CUDA's stream-ordered reuse does), and each
+//! graph allocates on the next stream, so with the cache on every block
+//! moves between streams through the caches while the previous graph's
+//! read-backs may still be queued. A dedicated test holds such a reader
+//! with a gate and checks that the next owner's writes (on its own stream
+//! and on a third) wait for it, and that the reader sees the old data.
+//!
 //! The oracle is shown able to fail: with one `prepare` left out (a launch
 //! that reads a block a slow launch on another stream writes), the result
 //! differs — deterministically, because the slow launch is held until the
@@ -216,12 +225,20 @@ fn submit(rt: &Runtime, stream: StreamId, index: usize, l: &Launch, blocks: &[Bl
 }
 
 /// Allocate the blocks on `alloc_stream` and fill them with `init`.
+///
+/// The fill is queued on the allocation stream, not done from the host at
+/// once: an allocation is stream-ordered, and its memory may come straight
+/// from a cache (this stream's, or another's with a GPU-side wait queued
+/// behind the previous owner's free) while the previous owner's reads on
+/// other streams are still queued. Only work in the allocation stream's
+/// order is safe, exactly as with CUDA's stream-ordered reuse.
 fn allocate_blocks(rt: &Runtime, alloc_stream: StreamId, init: &[Bytes]) -> Vec<BlockId> {
     init.iter()
         .map(|bytes| {
             let id = rt.allocate(BLOCK_BYTES as u64, alloc_stream, "oracle").unwrap().id;
-            // A fresh block has no user yet, so the host may fill it directly.
-            rt.sim().unwrap().write(id.ptr, bytes).unwrap();
+            let (dev, bytes) = (dev(rt), *bytes);
+            rt.enqueue_host(alloc_stream, Box::new(move || dev.as_sim().unwrap().write(id.ptr, &bytes).unwrap()))
+                .unwrap();
             id
         })
         .collect()
@@ -264,6 +281,12 @@ fn run_graph(
     sabotage: &Sabotage,
 ) -> Readback {
     let blocks = allocate_blocks(rt, alloc_stream, init);
+    if sabotage.skip_prepare.is_some() {
+        // The unprepared launch must differ only by the wait it lacks, not
+        // also by running before the initial fill (queued on the allocation
+        // stream, which only a prepare orders it after).
+        rt.synchronize(alloc_stream).unwrap();
+    }
     let timed_out = Arc::new(AtomicBool::new(false));
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (mut release_tx, mut release_rx) = (Some(release_tx), Some(release_rx));
@@ -329,12 +352,28 @@ fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
     assert_eq!(rt.drain().unwrap(), pending, "[{kind}] drain retires every pending free");
     st.check_invariant("drained");
     let stats = rt.stats().unwrap();
-    assert_eq!((stats.outstanding_bytes, stats.live_blocks), (0, 0), "[{kind}] {stats:?}");
+    assert_eq!((stats.live_bytes, stats.pending_bytes, stats.live_blocks), (0, 0, 0), "[{kind}] {stats:?}");
+    assert_eq!(stats.outstanding_bytes, stats.cached_bytes, "[{kind}] only the cache is left: {stats:?}");
+    st.release_all();
+    st.check_invariant("trimmed and drained");
+    assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{kind}]");
     assert_eq!(stats.allocations, GRAPHS * BLOCKS as u64, "[{kind}]");
     assert_eq!(stats.failed_allocations, 0, "[{kind}] wait_on_pressure makes room for every graph");
     if let Some(limit) = st.limit {
-        assert!(GRAPHS * 384 > limit, "the budget must come under pressure");
         assert!(stats.peak_outstanding_bytes <= limit, "[{kind}] {stats:?}");
+        if !kind.caches() {
+            assert!(GRAPHS * BLOCKS as u64 * kind.held_bytes(BLOCK_BYTES as u64) > limit, "the budget must come under pressure");
+        }
+    }
+    if kind.caches() {
+        // Each graph allocates on the next stream: after the first, every
+        // block comes out of the previous graph's allocation stream's
+        // cache (a cross-stream hand-out) while that graph's read-backs on
+        // other streams may still be queued.
+        assert_eq!(stats.cache_hits + stats.cache_misses, stats.allocations, "[{kind}] {stats:?}");
+        assert_eq!(stats.cache_misses, BLOCKS as u64, "[{kind}] only the first graph misses: {stats:?}");
+    } else {
+        assert_eq!((stats.cache_hits, stats.cache_misses), (0, 0), "[{kind}] {stats:?}");
     }
     assert!(cross_stream_edges > GRAPHS * 10, "[{kind}] the graphs must have cross-stream dependencies: {cross_stream_edges}");
     println!(
@@ -351,6 +390,114 @@ fn random_graphs_match_sequential_execution_recommended_stack() {
 #[test]
 fn random_graphs_match_sequential_execution_async() {
     random_graphs_match_sequential_execution(StackKind::Async, 0x0AC1_F000);
+}
+
+#[test]
+fn random_graphs_match_sequential_execution_budget_async_cache_off() {
+    random_graphs_match_sequential_execution(StackKind::BudgetAsyncNoCache, 0x0AC1_D000);
+}
+
+/// How the previous owner of a block reads it before freeing it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum PreviousReader {
+    /// prepare_all / kernel / finish_all: the free waits for the read.
+    Tracked,
+    /// The kernel is queued with no prepare / finish (the sabotage): the
+    /// runtime cannot know the block is still being read.
+    Untracked,
+}
+
+/// One hand-over through the caches: block X is written on stream A, read
+/// on stream B by a kernel held back by a gate, and freed on A; then a
+/// block of the same size is allocated on stream C — it is X's memory, from
+/// A's cache — and its new owner writes it at once, in C's order, and then
+/// again from a launch on stream D (its first foreign use). The reader on
+/// B must see what A wrote, never the next owner's data, and the next
+/// owner's writes must wait for the reader.
+fn hand_over(kind: StackKind, reader: PreviousReader) -> (Bytes, bool) {
+    let st = Stack::open_default(kind);
+    let rt = &st.rt;
+    let [a, b, c, d]: [StreamId; 4] = std::array::from_fn(|_| st.stream());
+    let old = initial_contents(11)[0];
+    let new = initial_contents(12)[0];
+    let x = allocate_blocks(rt, a, &[old])[0];
+    let use_x = [BlockUse { block: x, access: Access::Read }];
+    let mut held = gate(rt, b);
+    if reader == PreviousReader::Tracked {
+        rt.prepare_all(b, &use_x).unwrap();
+    }
+    let seen = host_read_bytes(rt, b, x.ptr, BLOCK_BYTES as u64, Duration::ZERO);
+    if reader == PreviousReader::Tracked {
+        rt.finish_all(b, &use_x).unwrap();
+    }
+    let freed = rt.deallocate(&x).unwrap();
+    assert_eq!(freed.state, kind.freed_state(BLOCK_BYTES as u64), "[{kind}]");
+    let hits = rt.stats().unwrap().cache_hits;
+    let waits = rt.usage().cross_stream_waits;
+    let y = rt.allocate(BLOCK_BYTES as u64, c, "next owner").unwrap().id;
+    let from_cache = y.ptr == x.ptr;
+    if kind.caches() {
+        assert!(from_cache, "[{kind}] the next allocation of the size takes X's memory from A's cache");
+        assert_eq!(rt.stats().unwrap().cache_hits, hits + 1, "[{kind}] a cache hit");
+        assert_eq!(rt.usage().cross_stream_waits, waits + 1, "[{kind}] C waits (on the GPU) for A's free");
+        expect_use_after_free(rt.validate(&x), &x, "X's handle after its memory went to a new owner");
+    }
+    // The next owner writes at once on its own stream, then from stream D.
+    host_fill(rt, c, y.ptr, BLOCK_BYTES as u64, 0xC0, Duration::ZERO);
+    let c_wrote = marker(rt, c);
+    let use_y = [BlockUse { block: y, access: Access::Write }];
+    rt.prepare_all(d, &use_y).unwrap();
+    let (dv, new_bytes) = (dev(rt), new);
+    rt.enqueue_host(d, Box::new(move || dv.as_sim().unwrap().write(y.ptr, &new_bytes).unwrap())).unwrap();
+    rt.finish_all(d, &use_y).unwrap();
+    let d_wrote = marker(rt, d);
+    let blocked = reader == PreviousReader::Tracked && from_cache;
+    if blocked {
+        assert_blocked(&c_wrote, &format!("[{kind}] the next owner's write on C waits for the reader on B"));
+        assert_blocked(&d_wrote, &format!("[{kind}] the next owner's write on D waits for the reader on B"));
+    } else {
+        // Nothing orders the next owner after the untracked reader (or the
+        // memory is not X's): its writes run while the reader is held.
+        recv(&c_wrote, "the next owner's write on C");
+        recv(&d_wrote, "the next owner's write on D");
+    }
+    held.open();
+    let got: Bytes = recv(&seen, "the previous owner's read").try_into().unwrap();
+    if blocked {
+        recv(&c_wrote, "C, once the reader ran");
+        recv(&d_wrote, "D, once the reader ran");
+    }
+    let rb = rt.sim().unwrap().read(y.ptr, BLOCK_BYTES as u64).unwrap();
+    assert_eq!(rb, new.to_vec(), "[{kind}] the next owner's last write (on D, after C's) stands");
+    rt.deallocate(&y).unwrap();
+    st.release_all();
+    st.check_invariant("end");
+    if reader == PreviousReader::Tracked {
+        assert_eq!(got, old, "[{kind}] the previous owner's reader saw the next owner's data");
+    }
+    (got, from_cache)
+}
+
+#[test]
+fn blocks_moving_between_streams_through_the_caches_never_show_the_next_owners_data() {
+    for kind in [StackKind::Async, StackKind::BudgetAsync, StackKind::BudgetLoggingAsync, StackKind::AsyncNoCache] {
+        let (got, _) = hand_over(kind, PreviousReader::Tracked);
+        assert_eq!(got, initial_contents(11)[0], "[{kind}]");
+    }
+}
+
+/// The same hand-over with the previous owner's read left untracked: the
+/// free cannot wait for it, so the next owner's write (on C, right after the
+/// cache hand-out) lands first and the reader sees it. This shows the
+/// check above can fail.
+#[test]
+fn oracle_catches_an_untracked_reader_of_a_block_handed_over_through_the_cache() {
+    for kind in [StackKind::Async, StackKind::BudgetLoggingAsync] {
+        let (got, from_cache) = hand_over(kind, PreviousReader::Untracked);
+        assert!(from_cache, "[{kind}]");
+        assert_ne!(got, initial_contents(11)[0], "[{kind}] the untracked reader must see the next owner's data");
+        assert_eq!(got, initial_contents(12)[0], "[{kind}] exactly the next owner's last write");
+    }
 }
 
 /// Two launches: 0 writes X on stream A (held back by a gate), 1 reads X
@@ -380,6 +527,9 @@ fn oracle_catches_a_missing_prepare_deterministically() {
         let rt = &st.rt;
         let streams: Vec<StreamId> = (0..2).map(|_| st.stream()).collect();
         let blocks = allocate_blocks(rt, streams[0], &init[..2]);
+        // The fill ran: without its prepare, launch 1 differs only by the
+        // wait for launch 0.
+        rt.synchronize(streams[0]).unwrap();
         let mut held = gate(rt, streams[0]);
         submit(rt, streams[0], 0, &graph[0], &blocks, true, Hooks::default());
         submit(rt, streams[1], 1, &graph[1], &blocks, prepare, Hooks::default());

@@ -1,5 +1,6 @@
 //! Thread stress: 8 threads × 100,000 mixed operations against one runtime
-//! with a budget (Budget(Async) on the sim backend).
+//! with a budget: Budget(Async) with the stream-ordered cache on (the
+//! default), and the same with it off.
 //!
 //! Each thread has its own stream and mixes allocate, free, prepare /
 //! finish, write kernels (host callbacks that store a value in a block) and
@@ -10,14 +11,24 @@
 //!
 //! Checked throughout:
 //! - an observer thread samples the stats without pause and asserts
-//!   outstanding ≤ limit, reserved ≤ limit, live + pending = outstanding,
-//!   and device use ≤ capacity;
-//! - no address range is handed out twice while live: every live block's
-//!   range sits in one shared map; an allocation that overlaps one fails;
+//!   outstanding ≤ limit, reserved ≤ limit, live + cached + pending =
+//!   outstanding, and device use ≤ capacity; and every few samples it stops
+//!   the workers between two calls (a lock they hold shared around each
+//!   call) and checks the budget invariant exactly: reserved == outstanding
+//!   == live + cached + pending ≤ limit, live == the device bytes of the
+//!   live blocks, and the device holding between live + cached and
+//!   outstanding bytes;
+//! - no device range is handed out twice while live: every live block's
+//!   range (its `held` device bytes: a cache hit may hand out a size class
+//!   up to 9/8 of the request's) sits in one shared map; an allocation that
+//!   overlaps one fails;
+//! - a free leaves the block Cached (cache on) or Pending (cache off);
 //! - every cross-thread read sees the value its writer stored.
 //!
-//! At the end everything is freed and drained: nothing outstanding, no live
-//! or pending blocks, the device empty, and the counters add up.
+//! At the end everything is freed and drained: only the cache is left
+//! outstanding (and charged), every allocation was a hit or a miss; after a
+//! trim nothing is outstanding, the device is empty, and the counters add
+//! up.
 //!
 //! `XLOG_STRESS_OPS` overrides the operations per thread (default 100,000).
 //!
@@ -34,12 +45,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use xlog_cuda::{Access, Backend, BlockId, BlockState, Generation, ResourceError, Runtime};
+use xlog_cuda::{Access, Backend, BlockId, Generation, ResourceError, Runtime};
 
 const THREADS: u64 = 8;
 const LIMIT: u64 = 4 * MIB;
@@ -64,9 +75,14 @@ struct SharedBlock {
 
 struct World {
     rt: Arc<Runtime>,
+    kind: StackKind,
+    /// Workers hold it shared around every call; the observer takes it
+    /// exclusively now and then to check the budget at a quiescent moment.
+    calls: RwLock<()>,
     /// Block contents: sim memory, or a host shadow on CUDA.
     data: DataPlane,
-    /// Start of every live block's range → (end, generation).
+    /// Start of every live block's device range (`held` bytes, the
+    /// block's size class with the cache on) → (end, generation).
     live_ranges: Mutex<BTreeMap<u64, (u64, Generation)>>,
     shared: Mutex<Vec<SharedBlock>>,
     data_errors: AtomicU64,
@@ -77,11 +93,12 @@ struct World {
 impl World {
     /// Record a new live block; an overlap with another live one means the
     /// allocator handed the same bytes out twice.
-    fn claim(&self, id: &BlockId) {
+    fn claim(&self, id: &BlockId, held: u64) {
         if id.size == 0 {
             return;
         }
-        let (start, end) = (id.ptr, id.ptr + id.size);
+        assert!(held >= id.size, "{id:?} holds {held} device bytes");
+        let (start, end) = (id.ptr, id.ptr + held);
         let mut ranges = lock(&self.live_ranges);
         if let Some((&s, &(e, g))) = ranges.range(..end).next_back() {
             assert!(
@@ -99,14 +116,13 @@ impl World {
             return;
         }
         let removed = lock(&self.live_ranges).remove(&id.ptr);
-        assert_eq!(removed, Some((id.ptr + id.size, id.generation)), "live range of {id:?}");
+        assert_eq!(removed.map(|r| r.1), Some(id.generation), "live range of {id:?}");
     }
 
     fn free(&self, id: &BlockId) {
         self.unclaim(id);
         let b = self.rt.deallocate(id).unwrap_or_else(|e| panic!("free of {id:?}: {e}"));
-        let expected = if id.size > 0 { BlockState::Pending } else { BlockState::Retired };
-        assert_eq!(b.state, expected, "{id:?}");
+        assert_eq!(b.state, self.kind.freed_state(id.size), "{id:?}");
     }
 
     fn data_error(&self, msg: String) {
@@ -126,6 +142,7 @@ struct Counts {
     shared_reads: u64,
     reaps: u64,
     reaped_bytes: u64,
+    zero_allocs: u64,
 }
 
 impl Counts {
@@ -139,6 +156,7 @@ impl Counts {
         self.shared_reads += o.shared_reads;
         self.reaps += o.reaps;
         self.reaped_bytes += o.reaped_bytes;
+        self.zero_allocs += o.zero_allocs;
     }
 }
 
@@ -159,6 +177,7 @@ fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
     let mut held: Vec<(BlockId, Option<u64>)> = Vec::new();
     let mut c = Counts::default();
     for op in 0..ops {
+        let _call = world.calls.read().unwrap_or_else(|p| p.into_inner());
         let roll = rng.below(100);
         match roll {
             0..=29 if held.len() < MAX_HELD => {
@@ -166,13 +185,26 @@ fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
                 match rt.allocate(size, s, "stress") {
                     Ok(b) => {
                         assert_eq!((b.id.size, b.id.ptr % 256, b.id.ptr == 0), (size, 0, size == 0));
-                        world.claim(&b.id);
+                        let class = world.kind.held_bytes(size);
+                        if world.kind.caches() {
+                            // A cache hit may hand out a class up to 9/8 of the request's.
+                            assert!(b.held >= class && b.held <= class / 8 * 9, "{size} B: held {}", b.held);
+                        } else {
+                            assert_eq!(b.held, class, "{size} B");
+                        }
+                        world.claim(&b.id, b.held);
                         held.push((b.id, None));
                         c.allocs += 1;
+                        c.zero_allocs += (size == 0) as u64;
                     }
-                    Err(ResourceError::OutOfBudget { requested, limit, live, pending, remaining }) => {
+                    Err(ResourceError::OutOfBudget { requested, limit, live, cached, pending, remaining }) => {
                         assert_eq!((requested, limit), (size, LIMIT));
-                        assert!(remaining < size, "refused {size} with {remaining} remaining (live {live}, pending {pending})");
+                        let device_bytes = world.kind.held_bytes(size);
+                        assert!(
+                            remaining < device_bytes,
+                            "refused {size} ({device_bytes} device bytes) with {remaining} remaining \
+                             (live {live}, cached {cached}, pending {pending})"
+                        );
                         c.refusals += 1;
                         // Back off: give a block back and retire what is done.
                         if !held.is_empty() {
@@ -290,11 +322,82 @@ fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
 
 #[test]
 fn eight_threads_hammer_one_budgeted_runtime() {
-    let ops = ops_per_thread();
+    hammer(StackKind::BudgetAsync, ops_per_thread());
+}
+
+/// The same with the cache off (every free goes to the driver, as in the
+/// seed).
+#[test]
+fn eight_threads_hammer_one_budgeted_runtime_cache_off() {
+    hammer(StackKind::BudgetAsyncNoCache, ops_per_thread());
+}
+
+/// What the observer saw.
+#[derive(Default, Debug)]
+struct Observed {
+    samples: u64,
+    quiescent_checks: u64,
+    max_outstanding: u64,
+    max_cached: u64,
+}
+
+/// The observer: samples the stats without pause (bounds that hold at every
+/// instant), and every few milliseconds stops the workers between two calls
+/// to check the budget invariant exactly: reserved == outstanding ==
+/// live + cached + pending ≤ limit, and the device holds at least the live
+/// and cached bytes and at most the outstanding ones.
+fn observe(rt: Arc<Runtime>, world: Arc<World>, done: Arc<AtomicBool>) -> Observed {
+    let mut o = Observed::default();
+    while !done.load(Ordering::Acquire) {
+        let s = rt.stats().unwrap();
+        assert!(s.outstanding_bytes <= LIMIT, "outstanding {} > limit {LIMIT}: {s:?}", s.outstanding_bytes);
+        assert_eq!(s.outstanding_bytes, s.live_bytes + s.cached_bytes + s.pending_bytes, "{s:?}");
+        if !world.kind.caches() {
+            assert_eq!((s.cached_bytes, s.cached_blocks, s.cache_hits, s.cache_misses), (0, 0, 0, 0), "{s:?}");
+        }
+        assert!(s.budget_remaining <= LIMIT, "{s:?}");
+        let reserved = rt.budget().unwrap().reserved();
+        assert!(reserved <= LIMIT, "reserved {reserved} > limit {LIMIT}");
+        if let Some(sim) = rt.sim() {
+            let in_use = sim.bytes_in_use();
+            assert!(in_use <= CAPACITY, "device use {in_use} > capacity {CAPACITY}");
+        }
+        o.max_outstanding = o.max_outstanding.max(s.outstanding_bytes);
+        o.max_cached = o.max_cached.max(s.cached_bytes);
+        o.samples += 1;
+        if o.samples % 5 == 0 {
+            let _quiet = world.calls.write().unwrap_or_else(|p| p.into_inner());
+            let s = rt.stats().unwrap();
+            let reserved = rt.budget().unwrap().reserved();
+            let usage = rt.usage();
+            assert_eq!(reserved, s.outstanding_bytes, "quiescent: budget reserved != outstanding: {s:?}");
+            assert_eq!(reserved, usage.outstanding_bytes(), "quiescent: {usage:?}");
+            assert_eq!(s.outstanding_bytes, s.live_bytes + s.cached_bytes + s.pending_bytes, "quiescent: {s:?}");
+            assert_eq!(s.budget_remaining, LIMIT - reserved, "quiescent: {s:?}");
+            let claimed: u64 = lock(&world.live_ranges).iter().map(|(start, (end, _))| end - start).sum();
+            assert_eq!(s.live_bytes, claimed, "quiescent: live bytes are the device bytes of the live blocks");
+            if let Some(sim) = rt.sim() {
+                // Frees to the driver run on their streams' workers, so the
+                // device may still hold pending bytes; never less than the
+                // live and cached ones, never more than outstanding.
+                let in_use = sim.bytes_in_use();
+                assert!(
+                    in_use >= s.live_bytes + s.cached_bytes && in_use <= s.outstanding_bytes,
+                    "quiescent: device holds {in_use}: {s:?}"
+                );
+            }
+            o.quiescent_checks += 1;
+        }
+        thread::sleep(Duration::from_micros(100));
+    }
+    o
+}
+
+fn hammer(kind: StackKind, ops: u64) {
     let backend = test_backend();
     let _serial = backend_serial(backend);
     let opts = Opts { backend, budget_bytes: LIMIT, capacity_bytes: CAPACITY, stream_pool_size: 16, ..Opts::default() };
-    let st = Stack::open(StackKind::BudgetAsync, opts);
+    let st = Stack::open(kind, opts);
     let data = DataPlane::for_runtime(&st.rt);
     if backend != Backend::Sim {
         println!(
@@ -306,6 +409,8 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     }
     let world = Arc::new(World {
         rt: st.rt.clone(),
+        kind,
+        calls: RwLock::new(()),
         data,
         live_ranges: Mutex::new(BTreeMap::new()),
         shared: Mutex::new(Vec::new()),
@@ -316,26 +421,8 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     let started = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let observer = {
-        let (rt, done) = (st.rt.clone(), done.clone());
-        thread::spawn(move || {
-            let (mut samples, mut max_outstanding) = (0u64, 0u64);
-            while !done.load(Ordering::Acquire) {
-                let s = rt.stats().unwrap();
-                assert!(s.outstanding_bytes <= LIMIT, "outstanding {} > limit {LIMIT}: {s:?}", s.outstanding_bytes);
-                assert_eq!(s.outstanding_bytes, s.live_bytes + s.pending_bytes, "{s:?}");
-                assert!(s.budget_remaining <= LIMIT, "{s:?}");
-                let reserved = rt.budget().unwrap().reserved();
-                assert!(reserved <= LIMIT, "reserved {reserved} > limit {LIMIT}");
-                if let Some(sim) = rt.sim() {
-                    let in_use = sim.bytes_in_use();
-                    assert!(in_use <= CAPACITY, "device use {in_use} > capacity {CAPACITY}");
-                }
-                max_outstanding = max_outstanding.max(s.outstanding_bytes);
-                samples += 1;
-                thread::sleep(Duration::from_micros(100));
-            }
-            (samples, max_outstanding)
-        })
+        let (rt, w, done) = (st.rt.clone(), world.clone(), done.clone());
+        thread::spawn(move || observe(rt, w, done))
     };
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -356,7 +443,7 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     if let Some(p) = panicked {
         std::panic::resume_unwind(p);
     }
-    let (samples, max_outstanding) = observed.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    let observed = observed.unwrap_or_else(|p| std::panic::resume_unwind(p));
     let worked = started.elapsed();
 
     let rt = &st.rt;
@@ -367,9 +454,18 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     let pending = rt.stats().unwrap().pending_bytes;
     assert_eq!(rt.drain().unwrap(), pending);
     let stats = rt.stats().unwrap();
-    assert_eq!((stats.outstanding_bytes, stats.live_bytes, stats.pending_bytes), (0, 0, 0), "{stats:?}");
+    assert_eq!((stats.live_bytes, stats.pending_bytes), (0, 0), "{stats:?}");
+    assert_eq!(stats.outstanding_bytes, stats.cached_bytes, "only the cache is left: {stats:?}");
     assert_eq!((stats.live_blocks, stats.pending_blocks), (0, 0), "{stats:?}");
-    assert_eq!(stats.budget_remaining, LIMIT);
+    assert_eq!(stats.budget_remaining, LIMIT - stats.cached_bytes);
+    assert_eq!(rt.budget().unwrap().reserved(), stats.cached_bytes);
+    if kind.caches() {
+        assert_eq!(stats.cache_hits + stats.cache_misses, stats.allocations - total.zero_allocs, "{stats:?}");
+        assert!(stats.cache_hits > stats.cache_misses, "the cache serves most allocations: {stats:?}");
+    }
+    st.release_all();
+    let end = rt.stats().unwrap();
+    assert_eq!((end.outstanding_bytes, end.cached_bytes, end.cached_blocks), (0, 0, 0), "{end:?}");
     assert_eq!(rt.budget().unwrap().reserved(), 0);
     if let Some(sim) = rt.sim() {
         assert_eq!(sim.bytes_in_use(), 0, "the device holds nothing");
@@ -382,8 +478,9 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     assert!(stats.peak_outstanding_bytes <= LIMIT, "{stats:?}");
     let errors = world.data_errors.load(Ordering::Relaxed);
     assert_eq!(errors, 0, "cross-thread reads saw wrong data: {:?}", lock(&world.first_data_error));
-    assert!(samples > 100, "the observer sampled only {samples} times");
     if ops >= 10_000 {
+        assert!(observed.samples > 100, "the observer sampled only {} times", observed.samples);
+        assert!(observed.quiescent_checks > 10, "the observer checked a quiescent moment only {} times", observed.quiescent_checks);
         if backend == Backend::Sim {
             assert!(total.refusals > 0, "demand must exceed the budget: {total:?}");
         } else if total.refusals == 0 {
@@ -396,14 +493,16 @@ fn eight_threads_hammer_one_budgeted_runtime() {
     }
     st.check_invariant("end");
     println!(
-        "stress ({}): {THREADS} threads x {ops} ops in {:.1} s (drain included {:.1} s); {total:?}; \
-         cross-thread reads checked {}; observer samples {samples}, max outstanding {max_outstanding} of {LIMIT}; \
-         peak {}; events recorded {}, cross-stream waits {}",
+        "stress [{kind}] ({}): {THREADS} threads x {ops} ops in {:.1} s (drain included {:.1} s); {total:?}; \
+         cross-thread reads checked {}; observer {observed:?} of {LIMIT}; \
+         peak {}; hits {} misses {}; events recorded {}, cross-stream waits {}",
         backend.name(),
         worked.as_secs_f64(),
         started.elapsed().as_secs_f64(),
         world.reads_checked.load(Ordering::Relaxed),
         stats.peak_outstanding_bytes,
+        stats.cache_hits,
+        stats.cache_misses,
         rt.usage().events_recorded,
         rt.usage().cross_stream_waits,
     );

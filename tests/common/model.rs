@@ -23,6 +23,22 @@
 //! program order wrote. The tracking exists to make the concurrent run equal
 //! the program-order one, so any difference is reported.
 //!
+//! The stream-ordered cache (cache-on stacks): the model keeps every
+//! cached block (pointer, class, stream) that a free put there, and the
+//! device under the runtime (`Recorder`) records every block the pool gives
+//! back to the driver (hoarding bound, pressure, trim), so the cache is
+//! known exactly without knowing the pool's release policy. Each allocation
+//! is checked against the hand-out rule (`check_hand_out`: own stream's
+//! fitting block first, the smallest fitting class, the most recently
+//! cached; else another stream's, with one event and one wait; else a miss
+//! with held == size_class(size) and no fitting block cached), each budget
+//! refusal for consistency with the state right after it (the request's
+//! device bytes really did not fit, the cache was given back first, and
+//! with wait_on_pressure no refusal of a request that fits next to the live
+//! bytes), each trim against the bytes it reports, and after every
+//! operation the budget invariant: reserved == outstanding == live + cached
+//! + pending ≤ limit. Live, cached and pending are device bytes.
+//!
 //! The harness is used by `tests/model.rs` (random sequences, proptest) and
 //! `tests/fault_sweep.rs` (a fixed workload with injected faults).
 //!
@@ -43,10 +59,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::strategy::Union;
-use xlog_cuda::device::{Device, FaultKind};
+use xlog_cuda::device::sim::SimDevice;
+use xlog_cuda::device::{Device, DevicePtr, DeviceResult, FaultKind, Faults, HostFn, RawEvent, RawStream};
 use xlog_cuda::resource::Usage;
+use xlog_cuda::resources::stream_cache::size_class as cache_class;
 use xlog_cuda::{
-    Access, Backend, BlockId, BlockState, BlockUse, Generation, ResourceError, ResourceResult, Stats,
+    Access, Backend, BlockId, BlockState, BlockUse, Generation, ResourceError, ResourceResult, Runtime, Stats,
     StreamId,
 };
 
@@ -142,6 +160,8 @@ pub enum Op {
     Launch(SRef, Vec<(HRef, Acc)>, u8),
     Reap,
     Drain,
+    /// `trim(keep)`: keep at most `keep_bytes(n)` cached bytes.
+    Trim(u8),
     Acquire,
     Release(SRef),
     /// A host callback that checks it runs in FIFO order on its stream.
@@ -213,6 +233,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         (12, (stream_ref(), uses(1), any::<u8>()).prop_map(|(s, u, v)| Op::Launch(s, u, v)).boxed()),
         (5, Just(Op::Reap).boxed()),
         (2, Just(Op::Drain).boxed()),
+        (2, any::<u8>().prop_map(Op::Trim).boxed()),
         (3, Just(Op::Acquire).boxed()),
         (2, stream_ref().prop_map(Op::Release).boxed()),
         (3, stream_ref().prop_map(Op::Host).boxed()),
@@ -235,6 +256,8 @@ const TAGS: [&str; 8] = ["m-a", "m-b", "m-c", "m-d", "m-e", "m-f", "m-g", "m-h"]
 #[derive(Clone, Debug)]
 struct MBlock {
     id: BlockId,
+    /// Device bytes (`DeviceBlock::held` at allocation).
+    held: u64,
     tag: &'static str,
     live: bool,
     /// The byte the last launch (in program order) wrote into the block's
@@ -249,6 +272,49 @@ struct MStream {
     raw: u64,
     live: bool,
     host_enqueued: u64,
+}
+
+/// Table shards of the async pool: a block's record, and the cache its
+/// memory goes to when freed, live in the shard of its allocation stream id.
+/// Only used to compare how warm two cached blocks are: insertion order is
+/// kept per shard.
+const POOL_SHARDS: u32 = 32;
+
+/// One cached block, as the model knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CEntry {
+    ptr: u64,
+    /// Device bytes (its size class).
+    class: u64,
+    /// The device stream whose cache holds it (its allocation stream).
+    raw: u64,
+    shard: u32,
+    /// Insertion order within its shard: larger is warmer.
+    seq: u64,
+}
+
+/// Largest class a request of class `c` may be served from (9/8 of it).
+fn max_fit(c: u64) -> u64 {
+    c.saturating_mul(9) / 8
+}
+
+/// The largest size whose class is at most `bytes` (a class itself).
+fn class_floor(bytes: u64) -> u64 {
+    if bytes < 512 {
+        return 0;
+    }
+    let octave = 1u64 << (63 - bytes.leading_zeros());
+    let step = (octave / 16).max(512);
+    bytes / step * step
+}
+
+/// Bytes `Op::Trim(n)` keeps cached.
+pub fn keep_bytes(n: u8) -> u64 {
+    match n % 4 {
+        0 => 0,
+        1 => u64::MAX,
+        _ => n as u64 * 512,
+    }
 }
 
 /// What the model says about a handle.
@@ -266,10 +332,16 @@ pub struct Model {
     blocks: Vec<MBlock>,
     by_gen: HashMap<Generation, usize>,
     streams: Vec<MStream>,
+    /// Device bytes of the live blocks.
     pub live_bytes: u64,
     pub live_blocks: u64,
     pub pending_bytes: u64,
     pub pending_blocks: u64,
+    /// Every cached block (cache-on stacks), in no particular order.
+    cache: Vec<CEntry>,
+    shard_seq: [u64; POOL_SHARDS as usize],
+    pub cache_hits: u64,
+    pub cache_misses: u64,
     /// Heap bytes of freed blocks whose free the worker may not have run yet
     /// (an upper bound; cleared whenever nothing is pending any more).
     maybe_in_heap: u64,
@@ -310,8 +382,20 @@ impl Model {
         self.streams.iter().any(|s| s.id == id && s.live)
     }
 
-    fn live_heap_bytes(&self) -> u64 {
-        self.blocks.iter().filter(|b| b.live).map(|b| heap_bytes(b.id.size)).sum()
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.iter().map(|e| e.class).sum()
+    }
+
+    fn raw_of(&self, id: StreamId) -> u64 {
+        self.streams.iter().find(|s| s.id == id).map_or(0, |s| s.raw)
+    }
+
+    /// Put a freed block into its stream's cache (the warmest there).
+    fn cache_put(&mut self, ptr: u64, class: u64, raw: u64, stream: StreamId) {
+        let shard = stream.0 % POOL_SHARDS;
+        self.shard_seq[shard as usize] += 1;
+        let seq = self.shard_seq[shard as usize];
+        self.cache.push(CEntry { ptr, class, raw, shard, seq });
     }
 
     pub fn live_generations(&self) -> Vec<(Generation, u64, &'static str)> {
@@ -333,6 +417,104 @@ pub struct HarnessOpts {
     pub pool_capacity: u32,
     /// Streams acquired when the harness opens.
     pub initial_streams: u32,
+}
+
+/// The device under a harness's runtime: every call goes to the sim device
+/// below; each stream-ordered free that the device accepted is recorded, so
+/// the model learns exactly which cached blocks the pool gave back to the
+/// driver (hoarding bound, pressure, trim) without knowing its policy.
+pub struct Recorder {
+    inner: Arc<dyn Device>,
+    frees: Mutex<Vec<(DevicePtr, RawStream)>>,
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<(DevicePtr, RawStream)> {
+        std::mem::take(&mut *lock(&self.frees))
+    }
+}
+
+impl Device for Recorder {
+    fn backend(&self) -> Backend {
+        self.inner.backend()
+    }
+    fn ordinal(&self) -> i32 {
+        self.inner.ordinal()
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        self.inner.mem_info()
+    }
+    fn create_stream(&self) -> DeviceResult<RawStream> {
+        self.inner.create_stream()
+    }
+    fn destroy_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        self.inner.destroy_stream(stream)
+    }
+    fn import_stream(&self, native: u64) -> DeviceResult<RawStream> {
+        self.inner.import_stream(native)
+    }
+    fn native_stream(&self, stream: RawStream) -> u64 {
+        self.inner.native_stream(stream)
+    }
+    fn synchronize_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        self.inner.synchronize_stream(stream)
+    }
+    fn enqueue_host(&self, stream: RawStream, f: HostFn) -> DeviceResult<()> {
+        self.inner.enqueue_host(stream, f)
+    }
+    fn alloc_async(&self, bytes: u64, stream: RawStream) -> DeviceResult<DevicePtr> {
+        self.inner.alloc_async(bytes, stream)
+    }
+    fn free_async(&self, ptr: DevicePtr, stream: RawStream) -> DeviceResult<()> {
+        self.inner.free_async(ptr, stream)?;
+        lock(&self.frees).push((ptr, stream));
+        Ok(())
+    }
+    fn alloc_sync(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        self.inner.alloc_sync(bytes)
+    }
+    fn free_sync(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.inner.free_sync(ptr)
+    }
+    fn use_private_pool(&self, release_threshold: u64) -> DeviceResult<()> {
+        self.inner.use_private_pool(release_threshold)
+    }
+    fn pool_reserved_bytes(&self) -> Option<u64> {
+        self.inner.pool_reserved_bytes()
+    }
+    fn trim_pool(&self) {
+        self.inner.trim_pool()
+    }
+    fn create_event(&self) -> DeviceResult<RawEvent> {
+        self.inner.create_event()
+    }
+    fn destroy_event(&self, event: RawEvent) {
+        self.inner.destroy_event(event)
+    }
+    fn record_event(&self, event: RawEvent, stream: RawStream) -> DeviceResult<()> {
+        self.inner.record_event(event, stream)
+    }
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> DeviceResult<()> {
+        self.inner.stream_wait_event(stream, event)
+    }
+    fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
+        self.inner.event_query(event)
+    }
+    fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
+        self.inner.event_synchronize(event)
+    }
+    fn as_sim(&self) -> Option<&SimDevice> {
+        self.inner.as_sim()
+    }
+    fn faults(&self) -> Option<&Faults> {
+        self.inner.faults()
+    }
+    fn inject_fault(&self, kind: FaultKind, nth: u64) -> DeviceResult<()> {
+        self.inner.inject_fault(kind, nth)
+    }
 }
 
 impl HarnessOpts {
@@ -430,7 +612,7 @@ enum Exp {
     Misuse,
     PoolExhausted(u32),
     OutOfMemory(u64),
-    OutOfBudget { requested: u64, live: u64, pending: u64, limit: u64, remaining: u64 },
+    OutOfBudget { requested: u64, live: u64, cached: u64, pending: u64, limit: u64, remaining: u64 },
 }
 
 fn check_err<T: std::fmt::Debug>(r: &ResourceResult<T>, exp: &Exp) -> Result<(), String> {
@@ -452,15 +634,16 @@ fn check_err<T: std::fmt::Debug>(r: &ResourceResult<T>, exp: &Exp) -> Result<(),
         (Exp::PoolExhausted(c), ResourceError::PoolExhausted { capacity }) => c == capacity,
         (Exp::OutOfMemory(n), ResourceError::OutOfMemory { requested, .. }) => n == requested,
         (
-            Exp::OutOfBudget { requested, live, pending, limit, remaining },
+            Exp::OutOfBudget { requested, live, cached, pending, limit, remaining },
             ResourceError::OutOfBudget {
                 requested: r2,
                 live: l2,
+                cached: c2,
                 pending: p2,
                 limit: lim2,
                 remaining: rem2,
             },
-        ) => (requested, live, pending, limit, remaining) == (r2, l2, p2, lim2, rem2),
+        ) => (requested, live, cached, pending, limit, remaining) == (r2, l2, c2, p2, lim2, rem2),
         _ => false,
     };
     if ok {
@@ -506,6 +689,12 @@ pub struct Harness {
     pub opts: HarnessOpts,
     pub m: Model,
     dev: Arc<dyn Device>,
+    /// The device calls that gave memory back to the driver.
+    recorder: Arc<Recorder>,
+    /// Cached blocks handed out or given back while a fault was armed may
+    /// have been put back with a new place in the warmth order (or in
+    /// another shard): from then on only which blocks are cached is exact.
+    order_exact: bool,
     /// Where launch kernels keep block contents.
     data: DataPlane,
     data_errors: Shared<Vec<String>>,
@@ -526,16 +715,29 @@ fn usage_sans_events(u: &Usage) -> Usage {
 
 impl Harness {
     pub fn open(kind: StackKind, opts: HarnessOpts) -> Result<Harness, String> {
-        let st = Stack::open(
-            kind,
-            Opts {
-                backend: opts.backend,
-                budget_bytes: opts.budget_bytes,
-                capacity_bytes: opts.capacity_bytes,
-                wait_on_pressure: opts.wait_on_pressure,
-                stream_pool_size: opts.pool_capacity,
-            },
-        );
+        let stack_opts = Opts {
+            backend: opts.backend,
+            budget_bytes: opts.budget_bytes,
+            capacity_bytes: opts.capacity_bytes,
+            wait_on_pressure: opts.wait_on_pressure,
+            stream_pool_size: opts.pool_capacity,
+        };
+        // The runtime over a recording device (see `Recorder`), built
+        // directly (on CUDA not through the process-wide registry: the
+        // harness is the only opener, see `backend_serial`).
+        let log_path = kind.has_logging().then(|| super::temp_path("log", "csv"));
+        let cfg = Stack::config(kind, &stack_opts, log_path.clone());
+        let inner: Arc<dyn Device> = match opts.backend {
+            Backend::Sim => SimDevice::new(0, opts.capacity_bytes).map_err(|e| fail!("sim device: {e}"))?,
+            _ => xlog_cuda::device::cuda::CudaDevice::open(0).map_err(|e| fail!("CUDA device 0: {e}"))?,
+        };
+        let recorder = Arc::new(Recorder { inner, frees: Mutex::default() });
+        let rt = Runtime::build(recorder.clone(), &cfg).map_err(|e| fail!("[{kind}] build: {e}"))?;
+        ensure_eq!(rt.backend(), opts.backend, "[{kind}] backend");
+        ensure_eq!(rt.supports_tracking(), kind.is_async(), "[{kind}] supports_tracking");
+        ensure_eq!(rt.budget().is_some(), kind.has_budget(), "[{kind}] budget layer present");
+        let limit = kind.has_budget().then_some(opts.budget_bytes);
+        let st = Stack { kind, rt: Arc::new(rt), log_path, limit };
         let dev = st.rt.device().clone();
         let data = DataPlane::for_runtime(&st.rt);
         let mut opts = opts;
@@ -549,6 +751,8 @@ impl Harness {
             opts: opts.clone(),
             m: Model::default(),
             dev,
+            recorder,
+            order_exact: true,
             data,
             data_errors: Arc::default(),
             reads_verified: Arc::default(),
@@ -574,6 +778,7 @@ impl Harness {
     /// device, sim or CUDA, to fire at the `nth` call from now).
     pub fn arm_fault(&mut self, kind: FaultKind, nth: u64) {
         self.fault = Some(kind);
+        self.order_exact = false;
         self.dev.inject_fault(kind, nth).expect("the device supports fault injection");
     }
 
@@ -655,16 +860,21 @@ impl Harness {
         // matter of timing. Only a budget makes "what is left" depend on
         // them; without one the size must not, or the number of device
         // calls a workload makes would vary from run to run (the fault
-        // sweep counts them exactly on stacks without a budget).
+        // sweep counts them exactly on stacks without a budget). All in
+        // device bytes; with the cache on, "exactly what is left" is the
+        // largest size class that fits.
+        let m = &self.m;
         let outstanding =
-            if self.kind.has_budget() { self.m.live_bytes + self.m.pending_bytes } else { self.m.live_bytes };
+            if self.kind.has_budget() { m.live_bytes + m.cached_bytes() + m.pending_bytes } else { m.live_bytes };
+        let left = limit.saturating_sub(outstanding);
+        let exact = if self.kind.caches() { class_floor(left) } else { left };
         match c {
             SizeClass::Zero => 0,
             SizeClass::Tiny(n) => 1 + n as u64 % 64,
             SizeClass::Small(n) => 65 + n as u64 % 4032,
             SizeClass::Medium(n) => 4097 + n as u64 % 12288,
-            SizeClass::ExactFit => limit.saturating_sub(outstanding),
-            SizeClass::OverByOne => limit.saturating_sub(outstanding) + 1,
+            SizeClass::ExactFit => exact,
+            SizeClass::OverByOne => exact + 1,
             SizeClass::OverLimit => {
                 if self.kind.has_budget() {
                     limit + 1
@@ -700,11 +910,17 @@ impl Harness {
     pub fn check_state(&self) -> Result<(), String> {
         let m = &self.m;
         let s = self.stats()?;
-        ensure_eq!(s.live_bytes, m.live_bytes, "live bytes");
+        let cached = m.cached_bytes();
+        ensure_eq!(s.live_bytes, m.live_bytes, "live (device) bytes");
         ensure_eq!(s.live_blocks, m.live_blocks, "live blocks");
         ensure_eq!(s.pending_bytes, m.pending_bytes, "pending bytes");
         ensure_eq!(s.pending_blocks, m.pending_blocks, "pending blocks");
-        ensure_eq!(s.outstanding_bytes, m.live_bytes + m.pending_bytes, "outstanding = live + pending");
+        ensure_eq!((s.cached_bytes, s.cached_blocks), (cached, m.cache.len() as u64), "cached bytes and blocks");
+        ensure_eq!((s.cache_hits, s.cache_misses), (m.cache_hits, m.cache_misses), "cache hits and misses");
+        if !self.kind.caches() {
+            ensure_eq!((cached, m.cache_hits, m.cache_misses), (0, 0, 0), "no cache");
+        }
+        ensure_eq!(s.outstanding_bytes, m.live_bytes + cached + m.pending_bytes, "outstanding = live + cached + pending");
         ensure_eq!(s.peak_outstanding_bytes, m.peak, "peak outstanding");
         ensure_eq!(s.allocations, m.allocations, "allocations");
         ensure_eq!(s.deallocations, m.deallocations, "deallocations");
@@ -712,10 +928,12 @@ impl Harness {
         if !self.kind.is_async() {
             ensure_eq!(s.pending_bytes, 0, "Direct never has pending bytes");
         }
+        // The budget invariant, after every operation.
         match (self.limit(), self.st.rt.budget()) {
             (Some(limit), Some(b)) => {
                 let reserved = b.reserved();
                 ensure_eq!(reserved, s.outstanding_bytes, "budget reserved == outstanding");
+                ensure_eq!(reserved, self.st.rt.usage().outstanding_bytes(), "budget reserved == inner outstanding");
                 ensure!(reserved <= limit, "reserved {reserved} > limit {limit}");
                 ensure_eq!(s.budget_limit, limit, "budget limit");
                 ensure_eq!(s.budget_remaining, limit - reserved, "budget remaining");
@@ -725,11 +943,13 @@ impl Harness {
             }
             _ => return Err(fail!("budget layer presence disagrees with the stack kind")),
         }
-        // The device holds every live block; freed blocks only until their
-        // stream's worker runs the free. (Sim only: the CUDA pool caches.)
+        // The device holds every live and cached block; blocks given to the
+        // driver only until their stream's worker runs the free. (Sim only:
+        // the CUDA pool keeps freed memory.)
         if let Some(sim) = self.st.rt.sim() {
+            ensure_eq!(s.reserved_bytes, s.outstanding_bytes, "sim: reserved bytes are the held bytes");
             let in_use = sim.bytes_in_use();
-            let lower = m.live_heap_bytes();
+            let lower = m.live_bytes + cached;
             ensure!(
                 in_use >= lower && in_use <= lower + m.maybe_in_heap,
                 "sim bytes in use {in_use} outside [{lower}, {}]",
@@ -780,6 +1000,13 @@ impl Harness {
         let r = self.run_op(op, &mut note);
         self.trace.push(format!("#{} {op:?} -> {note}", self.step_no));
         r.map_err(|e| fail!("step #{} {op:?}: {e}\nlast steps:\n{}", self.step_no, self.trace_tail()))?;
+        let unaccounted = self.recorder.take();
+        ensure!(
+            unaccounted.is_empty(),
+            "step #{} {op:?}: frees to the driver the model did not expect: {unaccounted:?}\nlast steps:\n{}",
+            self.step_no,
+            self.trace_tail()
+        );
         // Event and wait counters only move on success paths.
         if note.starts_with("err") {
             let after = self.st.rt.usage();
@@ -811,6 +1038,7 @@ impl Harness {
             Op::Launch(s, u, v) => self.op_launch(*s, u, *v, note),
             Op::Reap => self.op_reap(note),
             Op::Drain => self.op_drain(note),
+            Op::Trim(n) => self.op_trim(*n, note),
             Op::Acquire => self.op_acquire(note),
             Op::Release(s) => self.op_release(*s, note),
             Op::Host(s) => self.op_host(*s, note),
@@ -835,54 +1063,224 @@ impl Harness {
         }
     }
 
+    /// Account for every block the pool gave back to the driver during the
+    /// last call (recorded by the device): each must be a block the model
+    /// has cached, freed on its own stream; it moves to pending.
+    fn apply_releases(&mut self) -> Result<Vec<CEntry>, String> {
+        let mut out = Vec::new();
+        for (ptr, raw) in self.recorder.take() {
+            ensure!(self.kind.caches(), "a free to the driver ({ptr:#x}) outside a deallocate, with no cache");
+            let Some(i) = self.m.cache.iter().position(|e| e.ptr == ptr) else {
+                return Err(fail!("the pool gave {ptr:#x} back to the driver, but the model has no such cached block"));
+            };
+            let e = self.m.cache.swap_remove(i);
+            ensure_eq!(e.raw, raw, "a cached block goes back to the driver on the stream it was freed on");
+            self.m.pending_bytes += e.class;
+            self.m.pending_blocks += 1;
+            self.m.maybe_in_heap += e.class;
+            out.push(e);
+        }
+        self.tally.add_n("cached block released to the driver", out.len() as u64);
+        Ok(out)
+    }
+
+    /// A cache hit for `size` bytes on `stream` (device stream `raw`)
+    /// handed out `b`: check it against the hand-out rule and the model's
+    /// cache as it was before the call, and take the block out.
+    ///
+    /// The rule (DESIGN.md "Stream-ordered caching"): a fitting block of
+    /// the stream's own cache first (no event, no wait); else one of
+    /// another stream's cache, with one event recorded on that stream and
+    /// one wait queued. Fitting: class at least the request's and at most
+    /// 9/8 of it; the smallest fitting class of the cache it comes from;
+    /// within a class the most recently cached.
+    fn check_hand_out(
+        &mut self,
+        b: &xlog_cuda::DeviceBlock,
+        size: u64,
+        stream: StreamId,
+        raw: u64,
+        before: &Usage,
+    ) -> Result<(), String> {
+        let c = cache_class(size).ok_or("a hit for a size without a class")?;
+        let Some(pos) = self.m.cache.iter().position(|e| e.ptr == b.id.ptr) else {
+            return Err(fail!("cache hit for {size} B at {:#x}, which the model does not have cached", b.id.ptr));
+        };
+        let e = self.m.cache[pos].clone();
+        ensure_eq!(b.held, e.class, "a hit holds its cached block's class");
+        ensure!(e.class >= c && e.class <= max_fit(c), "cached class {} does not fit a request of class {c}", e.class);
+        let fits = |x: &&CEntry| x.class >= c && x.class <= max_fit(c);
+        let home = stream.0 % POOL_SHARDS;
+        let own: Vec<&CEntry> = self.m.cache.iter().filter(fits).filter(|x| x.raw == raw).collect();
+        if own.iter().any(|x| x.shard == home) {
+            ensure_eq!(
+                e.raw,
+                raw,
+                "the stream's own cache has a fitting block ({:?}), yet one of stream {}'s was handed out",
+                own,
+                e.raw
+            );
+        } else if !own.is_empty() && e.raw != raw {
+            // Known deviation (reported): a pooled stream released and
+            // acquired again gets a new id but keeps its device stream;
+            // blocks it cached under the old id sit in the old id's shard,
+            // which the pool searches only after the new id's shard (and
+            // lower shards), so another stream's block may be handed out
+            // first, with a needless event and wait. Correct, not optimal.
+            self.tally.add("own cached block passed over (re-acquired stream)");
+        } else {
+            ensure_eq!(e.raw == raw, !own.is_empty(), "own-stream entry iff the stream has fitting ones");
+        }
+        // The cache it came from: its stream's blocks in its shard.
+        let from: Vec<&CEntry> =
+            self.m.cache.iter().filter(fits).filter(|x| x.raw == e.raw && x.shard == e.shard).collect();
+        // (A fault may have put a block back into another shard, with a new
+        // place in the order: then only membership and fit are checked.)
+        if self.order_exact {
+            let smallest = from.iter().map(|x| x.class).min().unwrap_or(0);
+            ensure_eq!(e.class, smallest, "the smallest fitting class of the cache it comes from");
+            let warmest =
+                from.iter().filter(|x| x.class == e.class && x.shard == e.shard).map(|x| x.seq).max().unwrap_or(0);
+            ensure_eq!(e.seq, warmest, "the most recently cached block of its class");
+        }
+        let after = self.st.rt.usage();
+        let fence = (after.events_recorded - before.events_recorded, after.cross_stream_waits - before.cross_stream_waits);
+        if e.raw == raw {
+            ensure_eq!(fence, (0, 0), "an own-stream hit records no event and queues no wait");
+            self.tally.add("cache hit (own stream)");
+        } else {
+            ensure_eq!(fence, (1, 1), "a cross-stream hit: one event on the owner, one wait on the new stream");
+            self.tally.add("cache hit (another stream)");
+        }
+        self.m.cache.swap_remove(pos);
+        Ok(())
+    }
+
     fn op_alloc(&mut self, c: SizeClass, sr: SRef, note: &mut String) -> Result<(), String> {
         let stream = self.stream_of(sr);
         let size = self.size_of(c);
         let tag = TAGS[(self.m.allocations + self.m.failed_allocations) as usize % TAGS.len()];
+        let before = self.st.rt.usage();
         let r = self.st.rt.allocate(size, stream, tag);
         if !self.m.stream_live(stream) {
             *note = format!("err unknown stream {stream}");
             self.tally.add("unknown stream");
             return check_err(&r, &Exp::UnknownStream(stream));
         }
-        let s_after = self.stats()?;
+        let s = self.stats()?;
+        let caches = self.kind.caches();
+        let raw = self.m.raw_of(stream);
+        // Device bytes of a block fresh from the driver (None: too big to
+        // have any).
+        let fresh: Option<u64> = if size == 0 {
+            Some(0)
+        } else if caches {
+            cache_class(size)
+        } else {
+            heap_bytes_checked(size)
+        };
+        // Cached blocks that fit the request, before the call.
+        let fitting: Vec<CEntry> = match fresh {
+            Some(f) if f > 0 && caches => {
+                self.m.cache.iter().filter(|e| e.class >= f && e.class <= max_fit(f)).cloned().collect()
+            }
+            _ => Vec::new(),
+        };
+        let hits = s.cache_hits - self.m.cache_hits;
+        let misses = s.cache_misses - self.m.cache_misses;
+        ensure!(hits + misses <= 1, "one allocation counted {hits} hits and {misses} misses");
+        if hits == 1 {
+            let b = r.as_ref().map_err(|e| fail!("a cache hit, yet the allocation failed: {e:?}"))?;
+            self.check_hand_out(b, size, stream, raw, &before)?;
+        }
+        self.m.cache_hits = s.cache_hits;
+        self.m.cache_misses = s.cache_misses;
+        let released = self.apply_releases()?;
+        let released_bytes: u64 = released.iter().map(|e| e.class).sum();
+        if hits == 1 || size == 0 {
+            ensure!(released.is_empty(), "a cache hit or a zero-byte allocation gave memory back");
+            ensure_eq!(s.pending_bytes, self.m.pending_bytes, "a cache hit or a zero-byte allocation must not reap");
+        } else {
+            // A miss reaps when pending frees pile up, and pressure reaps.
+            self.reconcile_pending(&s)?;
+        }
+        // What a refused allocation may still have done: reap (events,
+        // pending), and with the cache give blocks back to the driver and
+        // (a failed cross-stream hand-out) queue a wait.
+        let tags = if caches {
+            " [events][pending][waits]"
+        } else if self.kind.is_async() {
+            " [events][pending]"
+        } else {
+            ""
+        };
         let live = self.m.live_bytes;
         if let Some(limit) = self.limit() {
-            let fits = |pending: u64| {
-                live.checked_add(pending).and_then(|t| t.checked_add(size)).is_some_and(|t| t <= limit)
-            };
-            if fits(self.m.pending_bytes) {
-                ensure_eq!(s_after.pending_bytes, self.m.pending_bytes, "an allocation that fits must not reap");
-            } else {
-                // Pressure: the budget reaps first (its events may be
-                // recorded even when the allocation is then refused).
-                self.reconcile_pending(&s_after)?;
-                note.push_str("[events][pending]");
+            if let Err(ResourceError::OutOfBudget { requested, live: l, cached, pending, limit: lim, remaining }) = &r {
+                // Consistent with the state right after the refusal, and
+                // the request's device bytes really did not fit.
+                ensure_eq!((*requested, *lim), (size, limit), "refusal names the request and the limit");
+                ensure_eq!(
+                    (*l, *cached, *pending),
+                    (s.live_bytes, s.cached_bytes, s.pending_bytes),
+                    "refusal's live / cached / pending are the state after it"
+                );
+                ensure_eq!(*remaining, limit - s.outstanding_bytes, "refusal's remaining");
+                ensure!(
+                    fresh.map_or(true, |h| s.outstanding_bytes.checked_add(h).map_or(true, |t| t > limit)),
+                    "refused {size} B ({fresh:?} device bytes) with {remaining} remaining"
+                );
+                ensure!(fitting.is_empty(), "refused {size} B although cached blocks fit: {fitting:?}");
+                // The cache goes back to the driver before any refusal.
+                ensure!(
+                    s.cached_bytes == 0 || released_bytes >= size.min(self.m.cached_bytes() + released_bytes),
+                    "refused {size} B with {} B still cached, after releasing only {released_bytes} B",
+                    s.cached_bytes
+                );
+                let could_fit = fresh.is_some_and(|h| live.checked_add(h).is_some_and(|t| t <= limit));
+                ensure!(
+                    !(self.opts.wait_on_pressure && could_fit),
+                    "needless refusal: wait_on_pressure, and live {live} + {fresh:?} fits the limit {limit}, \
+                     yet {size} B was refused (cached {cached}, pending {pending})"
+                );
+                if *pending > 0 && could_fit {
+                    self.tally.add("refused while freed bytes were still pending");
+                }
+                self.m.failed_allocations += 1;
+                self.tally.add("out of budget");
+                *note = format!("err out of budget {size}{tags}");
+                return Ok(());
             }
-            let pending = self.m.pending_bytes;
-            if !fits(pending) {
-                let could_fit = live.checked_add(size).is_some_and(|t| t <= limit);
+            let fits = fresh.is_some_and(|h| {
+                live.checked_add(self.m.pending_bytes + self.m.cached_bytes())
+                    .and_then(|t| t.checked_add(h))
+                    .is_some_and(|t| t <= limit)
+            });
+            if !caches && !fits {
+                // Cache off: the outcome is predicted exactly (the state
+                // after the call is the state of the final refusal).
+                let pending = self.m.pending_bytes;
+                let could_fit = fresh.is_some_and(|h| live.checked_add(h).is_some_and(|t| t <= limit));
                 if self.opts.wait_on_pressure && could_fit && self.take_fault(&r, Site::Event, "allocate (waiting)")? {
-                    // Waiting seals the pending frees with an event first.
                     self.m.failed_allocations += 1;
-                    *note = format!("err injected event fault while waiting {note}");
+                    *note = format!("err injected event fault while waiting{tags}");
                     return Ok(());
                 }
                 ensure!(
                     !(self.opts.wait_on_pressure && could_fit),
-                    "wait_on_pressure: live {live} + {size} fits the limit {limit} once pending frees finish, \
+                    "wait_on_pressure: live {live} + {fresh:?} fits the limit {limit} once pending frees finish, \
                      yet {pending} bytes are still pending after the call"
                 );
                 self.m.failed_allocations += 1;
                 self.tally.add("out of budget");
-                *note = format!("err out of budget {size} {note}");
+                *note = format!("err out of budget {size}{tags}");
                 return check_err(
                     &r,
-                    &Exp::OutOfBudget { requested: size, live, pending, limit, remaining: limit - live - pending },
+                    &Exp::OutOfBudget { requested: size, live, cached: 0, pending, limit, remaining: limit - live - pending },
                 );
             }
         }
-        let device_refuses = size > 0 && heap_bytes_checked(size).map_or(true, |b| b > self.opts.capacity_bytes);
+        let device_refuses = size > 0 && fresh.map_or(true, |b| b > self.opts.capacity_bytes);
         if device_refuses && self.st.rt.sim().is_none() {
             // The CUDA driver may refuse a size beyond the device as an
             // invalid value instead of out of memory; either is a refusal
@@ -892,21 +1290,38 @@ impl Harness {
                     ensure!(msg.contains("cuMemAlloc"), "allocate {size}: unexpected driver error {msg}");
                     self.m.failed_allocations += 1;
                     self.tally.add("out of memory");
-                    *note = format!("err driver refused {size}: {msg} {note}");
+                    *note = format!("err driver refused {size}: {msg}{tags}");
                     return Ok(());
                 }
             }
         }
-        if self.take_fault(&r, Site::Alloc, "allocate")? {
+        let site = match self.fault {
+            Some(FaultKind::EventRecord) => Site::Event,
+            Some(FaultKind::Free) => Site::Free,
+            _ => Site::Alloc,
+        };
+        if self.take_fault(&r, site, "allocate")? {
             ensure!(size > 0, "a zero-byte allocation reached the device");
+            match site {
+                // Only the cache gives memory back inside an allocation.
+                Site::Free => ensure!(caches, "a free fault surfaced from an allocation without a cache"),
+                // A cross-stream hand-out's event, or a reap under pressure.
+                Site::Event => ensure!(self.kind.is_async(), "an event fault from Direct"),
+                _ => {}
+            }
             self.m.failed_allocations += 1;
-            *note = format!("err injected alloc fault {size} {note}");
+            *note = format!("err injected {site:?} fault {size}{tags}");
             return Ok(());
         }
         if device_refuses {
             self.m.failed_allocations += 1;
             self.tally.add("out of memory");
-            *note = format!("err out of memory {size} {note}");
+            if caches && fresh.is_some() && self.fault != Some(FaultKind::Free) {
+                // The driver's refusal first gives the whole cache back
+                // (best effort: a failed free leaves the rest cached).
+                ensure_eq!(s.cached_bytes, 0, "the cache is given back before an out-of-memory refusal");
+            }
+            *note = format!("err out of memory {size}{tags}");
             return check_err(&r, &Exp::OutOfMemory(size));
         }
         let b = r.map_err(|e| fail!("allocate {size} on {stream}: expected Ok, got {e:?}"))?;
@@ -923,22 +1338,36 @@ impl Harness {
             b.id.generation,
             self.m.max_generation
         );
+        if hits == 0 {
+            // From the driver: its class (cache on) or its size rounded to
+            // the device's granularity.
+            ensure_eq!(Some(b.held), fresh, "device bytes of a block fresh from the driver");
+            if caches && size > 0 {
+                ensure_eq!(misses, 1, "an allocation from the driver counts a miss");
+                ensure!(fitting.is_empty(), "the driver was asked although cached blocks fit: {fitting:?}");
+                self.tally.add("cache miss");
+            }
+            for e in &self.m.cache {
+                let overlap = b.id.ptr < e.ptr + e.class && e.ptr < b.id.ptr + b.held;
+                ensure!(!overlap, "new block {:?} overlaps cached block {e:?}", b.id);
+            }
+        }
         if size > 0 {
             for o in self.m.blocks.iter().filter(|o| o.live && o.id.size > 0) {
-                let overlap = b.id.ptr < o.id.ptr + o.id.size && o.id.ptr < b.id.ptr + size;
+                let overlap = b.id.ptr < o.id.ptr + o.held && o.id.ptr < b.id.ptr + b.held;
                 ensure!(!overlap, "new block {:?} overlaps live block {:?}", b.id, o.id);
             }
         }
         self.m.max_generation = b.id.generation.0;
         self.m.by_gen.insert(b.id.generation, self.m.blocks.len());
-        self.m.blocks.push(MBlock { id: b.id, tag, live: true, content: None });
-        self.m.live_bytes += size;
+        self.m.blocks.push(MBlock { id: b.id, held: b.held, tag, live: true, content: None });
+        self.m.live_bytes += b.held;
         self.m.live_blocks += 1;
         self.m.allocations += 1;
-        let outstanding = if self.kind.is_async() { self.m.live_bytes + self.m.pending_bytes } else { self.m.live_bytes };
+        let outstanding = self.m.live_bytes + self.m.cached_bytes() + self.m.pending_bytes;
         self.m.peak = self.m.peak.max(outstanding);
         self.tally.add(if size == 0 { "allocate zero" } else { "allocate" });
-        *note = format!("ok {size} B gen {} at {:#x} {note}", b.id.generation, b.id.ptr);
+        *note = format!("ok {size} B ({} held) gen {} at {:#x} {note}", b.held, b.id.generation, b.id.ptr);
         Ok(())
     }
 
@@ -959,35 +1388,82 @@ impl Harness {
             Class::Live(i) => {
                 if self.take_fault(&r, Site::Free, "deallocate")? {
                     ensure!(id.size > 0, "a zero-byte free reached the device");
+                    ensure!(!self.kind.caches(), "a free into the cache called the driver");
                     // The waits for other streams' uses were queued before
                     // the free itself failed; they only delay the stream.
                     *note = "err injected free fault [waits]".into();
                     return Ok(());
                 }
                 let b = r.map_err(|e| fail!("free of live {id:?}: {e:?}"))?;
-                let pending = self.kind.is_async() && id.size > 0;
+                let held = self.m.blocks[i].held;
+                let raw = self.m.raw_of(id.alloc_stream);
                 ensure_eq!(b.id, id, "freed block id");
+                ensure_eq!(b.held, held, "freed block's device bytes");
                 ensure_eq!(&*b.tag.name(), self.m.blocks[i].tag, "freed block tag");
-                ensure_eq!(
-                    b.state,
-                    if pending { BlockState::Pending } else { BlockState::Retired },
-                    "freed block state"
-                );
+                let state = self.kind.freed_state(id.size);
+                ensure_eq!(b.state, state, "freed block state");
+                let to_driver = self.recorder.take();
+                if state == BlockState::Pending {
+                    ensure_eq!(to_driver, vec![(id.ptr, raw)], "a free with the cache off goes to the driver on its stream");
+                } else {
+                    ensure!(to_driver.is_empty(), "a free with state {state:?} called the driver: {to_driver:?}");
+                }
                 let m = &mut self.m;
                 m.blocks[i].live = false;
-                m.live_bytes -= id.size;
+                m.live_bytes -= held;
                 m.live_blocks -= 1;
                 m.deallocations += 1;
-                if pending {
-                    m.pending_bytes += id.size;
-                    m.pending_blocks += 1;
-                    m.maybe_in_heap += heap_bytes(id.size);
+                match state {
+                    BlockState::Pending => {
+                        m.pending_bytes += held;
+                        m.pending_blocks += 1;
+                        m.maybe_in_heap += held;
+                    }
+                    BlockState::Cached => m.cache_put(id.ptr, held, raw, id.alloc_stream),
+                    _ => {}
                 }
                 self.tally.add("free");
-                *note = format!("ok freed gen {}", id.generation);
+                *note = format!("ok freed gen {} ({state:?})", id.generation);
                 Ok(())
             }
         }
+    }
+
+    fn op_trim(&mut self, n: u8, note: &mut String) -> Result<(), String> {
+        let keep = keep_bytes(n);
+        let r = self.st.rt.trim(keep);
+        let site = if self.fault == Some(FaultKind::Free) { Site::Free } else { Site::Event };
+        if self.take_fault(&r, site, "trim")? {
+            ensure!(self.kind.is_async(), "Direct's trim reached the device");
+            self.apply_releases()?;
+            let s = self.stats()?;
+            self.reconcile_pending(&s)?;
+            *note = "err injected fault in trim [events][pending][waits]".into();
+            return Ok(());
+        }
+        let t = r.map_err(|e| fail!("trim({keep}): {e:?}"))?;
+        let pending_before = self.m.pending_bytes;
+        let released = self.apply_releases()?;
+        let released_bytes: u64 = released.iter().map(|e| e.class).sum();
+        ensure_eq!(t.released, released_bytes, "trim reports exactly the bytes it gave the driver");
+        let cached = self.m.cached_bytes();
+        ensure!(cached <= keep, "{cached} B still cached after trim({keep})");
+        // Largest first: nothing left is larger than what went back.
+        if let (Some(min_gone), Some(max_left)) =
+            (released.iter().map(|e| e.class).min(), self.m.cache.iter().map(|e| e.class).max())
+        {
+            ensure!(min_gone >= max_left, "trim gave back a {min_gone} B block and kept a {max_left} B one");
+        }
+        let s = self.stats()?;
+        if released_bytes > 0 {
+            ensure_eq!(t.retired, pending_before + released_bytes, "trim waits for its frees and retires all pending");
+        }
+        ensure!(t.retired <= self.m.pending_bytes, "trim retired {} B, only {} pending", t.retired, self.m.pending_bytes);
+        ensure_eq!(s.pending_bytes, self.m.pending_bytes - t.retired, "pending after trim moves by exactly what it retired");
+        self.reconcile_pending(&s)?;
+        self.tally.add(if released_bytes > 0 { "trim (released)" } else { "trim (nothing)" });
+        *note = format!("ok trim({keep}) released {released_bytes} retired {}", t.retired);
+        Ok(())
     }
 
     fn op_validate(&mut self, hr: HRef, note: &mut String) -> Result<(), String> {
@@ -1340,19 +1816,21 @@ impl Harness {
         v
     }
 
-    /// Free everything still live (each must succeed), then drain: nothing
-    /// may be left outstanding, charged or held by the device.
+    /// Free everything still live (each must succeed), trim the caches,
+    /// then drain: nothing may be left outstanding, charged or held by the
+    /// device.
     pub fn free_all_and_drain(&mut self) -> Result<(), String> {
         for _ in 0..self.m.live_indices().len() {
             // Always the first live block: the others move up as it goes.
             self.step(&Op::Free(HRef::Live(0)))?;
         }
+        self.step(&Op::Trim(0))?;
         self.step(&Op::Drain)?;
         let s = self.stats()?;
         ensure_eq!(
-            (s.live_bytes, s.pending_bytes, s.outstanding_bytes, s.live_blocks, s.pending_blocks),
-            (0, 0, 0, 0, 0),
-            "after freeing everything and draining"
+            (s.live_bytes, s.pending_bytes, s.cached_bytes, s.outstanding_bytes, s.live_blocks, s.pending_blocks),
+            (0, 0, 0, 0, 0, 0),
+            "after freeing everything, trimming and draining"
         );
         if let Some(sim) = self.st.rt.sim() {
             ensure_eq!(sim.bytes_in_use(), 0, "device bytes in use after drain");
