@@ -13,7 +13,7 @@
 XLOG_CHECK_LAYOUT(block_is_32_bytes, sizeof(xlog_block) == 32);
 XLOG_CHECK_LAYOUT(use_is_40_bytes, sizeof(xlog_use) == 40);
 XLOG_CHECK_LAYOUT(config_is_56_bytes, sizeof(xlog_config) == 56);
-XLOG_CHECK_LAYOUT(stats_is_88_bytes, sizeof(xlog_stats) == 88);
+XLOG_CHECK_LAYOUT(stats_is_96_bytes, sizeof(xlog_stats) == 96);
 #endif
 XLOG_CHECK_LAYOUT(status_is_32_bits, sizeof(xlog_status) == 4);
 XLOG_CHECK_LAYOUT(stream_is_32_bits, sizeof(xlog_stream) == 4);

@@ -103,6 +103,12 @@ typedef struct xlog_stats {
   uint64_t allocations;
   uint64_t deallocations;
   uint64_t failed_allocations;
+  /*
+   CSV log lines that could not be written (full disk, /dev/full, a
+   FIFO nobody reads); 0 without a log. The first loss is also reported
+   once on stderr.
+   */
+  uint64_t log_lines_lost;
 } xlog_stats;
 
 /*
@@ -260,10 +266,12 @@ xlog_status xlog_config_from_env(struct xlog_config *cfg);
 xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, struct xlog_runtime **out);
 
 /*
- Close a runtime handle. The last close of a runtime frees blocks still
- live (each reported on stderr and in the log as a leak), waits for
+ Close a runtime handle. The last close of a runtime waits for the work
+ already queued on its streams (host callbacks included), frees blocks
+ still live (each reported on stderr and in the log as a leak), waits for
  pending frees and destroys its streams. The handle is invalid afterwards
- even if an error is returned.
+ even if an error is returned, except when the close is refused from
+ inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
  */
 xlog_status xlog_runtime_close(struct xlog_runtime *rt);
 
@@ -313,7 +321,24 @@ xlog_status xlog_stream_synchronize(struct xlog_runtime *rt, xlog_stream stream)
 /*
  Run `fn(user)` on a host thread once all earlier work on `stream` is
  done; later work on the stream waits for it (`cuLaunchHostFunc` on CUDA,
- where `fn` must not call the CUDA API; a stream worker on sim).
+ a worker thread of the stream on sim).
+
+ No xlog call from inside `fn`, on either backend: every entry point that
+ returns a status (on any runtime, including xlog_runtime_open/close and
+ xlog_config_from_env) returns XLOG_ERR_STREAM_MISUSE there, with a
+ message saying why, and changes nothing; the framework hooks refuse too
+ (NULL from the malloc hooks, nothing freed by the free hooks). Only
+ xlog_version, xlog_status_name and xlog_last_error_message work. The
+ reasons: on CUDA a host function must not call the driver at all, and a
+ call that waits for the callback's own stream (drain, close, synchronize,
+ an allocation waiting on budget pressure) would never return. `fn` may
+ touch host memory (on sim, block memory through its pointer) and signal
+ other threads.
+
+ xlog_runtime_close waits for every callback already queued on the
+ runtime's streams, running or not yet started, before it frees anything,
+ so a callback never has a block freed under it; a callback that waits for
+ something done only after the close returns therefore blocks the close.
  */
 xlog_status xlog_stream_enqueue_host(struct xlog_runtime *rt, xlog_stream stream, xlog_host_fn func, void *user);
 
@@ -399,7 +424,9 @@ xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg
 xlog_status xlog_interop_runtime(int32_t device, struct xlog_runtime **out);
 
 /*
- Blocks the hooks of `device` currently hold (0 if never used).
+ Blocks the hooks of `device` currently hold (0 if never used, and 0
+ with a message when called from inside a host callback, where it is
+ refused as every xlog call is: see xlog_stream_enqueue_host).
  */
 uint64_t xlog_interop_live_blocks(int32_t device);
 

@@ -2,23 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::device::RawStream;
 pub use crate::error::{ResourceError, ResourceResult};
-
-/// Public stream identifier. Issued process-wide from one counter, so an id
-/// is never reused and an id from one runtime is never valid in another.
-/// `0` is never issued.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub u32);
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::ids::{Generation, StreamId};
+use crate::ids::RawStream;
 
 /// A stream as resources see it: the public id plus the backend handle the
 /// runtime resolved it to. Resources order work on `raw`; two ids can share
@@ -28,45 +16,6 @@ impl fmt::Display for StreamId {
 pub struct StreamRef {
     pub id: StreamId,
     pub raw: RawStream,
-}
-
-/// Block generation: unique for the life of the process, never reused.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Generation(pub u64);
-
-impl fmt::Display for Generation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
-
-/// Generations a thread takes from the process-wide counter at a time, so
-/// threads allocating at once do not all hit one cache line.
-const GENERATION_BATCH: u64 = 1024;
-
-impl Generation {
-    /// A fresh generation. Generation 0 is never issued, so a zeroed handle
-    /// is always rejected. Each thread hands out generations from its own
-    /// batch of the process-wide counter: unique across the process and
-    /// increasing within a thread (not across threads).
-    pub fn next() -> Generation {
-        thread_local! {
-            static BATCH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-        }
-        BATCH.with(|b| {
-            let (next, end) = b.get();
-            let g = if next < end {
-                next
-            } else {
-                NEXT_GENERATION.fetch_add(GENERATION_BATCH, Ordering::Relaxed)
-            };
-            let end = if next < end { end } else { g + GENERATION_BATCH };
-            b.set((g + 1, end));
-            Generation(g)
-        })
-    }
 }
 
 /// Value handle of a block: what callers hold and hand back. It is checked

@@ -125,19 +125,7 @@ extern "C" fn reentrant_callback(user: *mut c_void) {
 }
 
 fn zero_stats() -> xlog_stats {
-    xlog_stats {
-        live_bytes: 0,
-        pending_bytes: 0,
-        outstanding_bytes: 0,
-        peak_outstanding_bytes: 0,
-        budget_limit: 0,
-        budget_remaining: 0,
-        live_blocks: 0,
-        pending_blocks: 0,
-        allocations: 0,
-        deallocations: 0,
-        failed_allocations: 0,
-    }
+    xlog_stats::default()
 }
 
 fn zero_block() -> xlog_block {

@@ -224,7 +224,7 @@ def test_struct_sizes_known_values_lp64():
     # Measured with gcc against the header (see the compiled test below).
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
-    assert ctypes.sizeof(_library.XlogStats) == 88
+    assert ctypes.sizeof(_library.XlogStats) == 96
     assert ctypes.sizeof(_library.XlogConfig) == 56
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32

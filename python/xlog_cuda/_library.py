@@ -82,6 +82,7 @@ class XlogStats(ctypes.Structure):
         ("allocations", ctypes.c_uint64),
         ("deallocations", ctypes.c_uint64),
         ("failed_allocations", ctypes.c_uint64),
+        ("log_lines_lost", ctypes.c_uint64),
     ]
 
 

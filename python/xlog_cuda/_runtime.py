@@ -48,6 +48,7 @@ class Stats:
     allocations: int
     deallocations: int
     failed_allocations: int
+    log_lines_lost: int
 
 
 class LeakReport(NamedTuple):

@@ -216,6 +216,7 @@ fn stats_of(s: &Stats) -> xlog_stats {
         allocations: s.allocations,
         deallocations: s.deallocations,
         failed_allocations: s.failed_allocations,
+        log_lines_lost: s.log_lines_lost,
     }
 }
 
@@ -297,7 +298,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             wait_on_pressure: 0,
         };
         let mut config = Config::default();
-        let env = config.apply_env(|name| std::env::var(name).ok());
+        let env = config.apply_env(|name| std::env::var_os(name));
         fill_config(&mut out, &config);
         if env.is_err() {
             out.struct_size = 0;
@@ -329,10 +330,12 @@ pub unsafe extern "C" fn xlog_runtime_open(
     })
 }
 
-/// Close a runtime handle. The last close of a runtime frees blocks still
-/// live (each reported on stderr and in the log as a leak), waits for
+/// Close a runtime handle. The last close of a runtime waits for the work
+/// already queued on its streams (host callbacks included), frees blocks
+/// still live (each reported on stderr and in the log as a leak), waits for
 /// pending frees and destroys its streams. The handle is invalid afterwards
-/// even if an error is returned.
+/// even if an error is returned, except when the close is refused from
+/// inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
     close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
@@ -465,7 +468,24 @@ unsafe impl Send for UserData {}
 
 /// Run `fn(user)` on a host thread once all earlier work on `stream` is
 /// done; later work on the stream waits for it (`cuLaunchHostFunc` on CUDA,
-/// where `fn` must not call the CUDA API; a stream worker on sim).
+/// a worker thread of the stream on sim).
+///
+/// No xlog call from inside `fn`, on either backend: every entry point that
+/// returns a status (on any runtime, including xlog_runtime_open/close and
+/// xlog_config_from_env) returns XLOG_ERR_STREAM_MISUSE there, with a
+/// message saying why, and changes nothing; the framework hooks refuse too
+/// (NULL from the malloc hooks, nothing freed by the free hooks). Only
+/// xlog_version, xlog_status_name and xlog_last_error_message work. The
+/// reasons: on CUDA a host function must not call the driver at all, and a
+/// call that waits for the callback's own stream (drain, close, synchronize,
+/// an allocation waiting on budget pressure) would never return. `fn` may
+/// touch host memory (on sim, block memory through its pointer) and signal
+/// other threads.
+///
+/// xlog_runtime_close waits for every callback already queued on the
+/// runtime's streams, running or not yet started, before it frees anything,
+/// so a callback never has a block freed under it; a callback that waits for
+/// something done only after the close returns therefore blocks the close.
 #[no_mangle]
 pub extern "C" fn xlog_stream_enqueue_host(
     rt: *mut xlog_runtime,

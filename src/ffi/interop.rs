@@ -80,6 +80,19 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     Ok(h)
 }
 
+/// The hooks of `device` if they have been opened (and not closed since):
+/// for the calls that only make sense after an allocation, so that a
+/// failing free or record_stream on a device never used opens nothing.
+fn opened_hooks(device: i32) -> Option<Arc<Hooks>> {
+    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
+}
+
+fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
+    ResourceError::InvalidArgument(format!(
+        "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
+    ))
+}
+
 fn hook_allocate(size: usize, device: i32, stream: u64, tag: &str) -> Result<*mut c_void, ResourceError> {
     let h = hooks(device)?;
     let sid = h.runtime.import_stream(stream)?;
@@ -93,13 +106,9 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
-    let h = hooks(device)?;
+    let h = opened_hooks(device).ok_or_else(|| not_a_hook_block(ptr, device))?;
     let key = ptr as u64;
-    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
-        ))
-    })?;
+    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
     // Fence every stream that used the block: the free then waits for the
     // work queued on them so far (the same contract as torch record_stream).
     for &stream in &entry.used_on {
@@ -164,11 +173,16 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
     })
 }
 
-/// Blocks the hooks of `device` currently hold (0 if never used).
+/// Blocks the hooks of `device` currently hold (0 if never used, and 0
+/// with a message when called from inside a host callback, where it is
+/// refused as every xlog call is: see xlog_stream_enqueue_host).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
     boundary_value("xlog_interop_live_blocks", 0, || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
+            return 0;
+        }
         table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
     })
 }
@@ -180,6 +194,9 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
 pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
     boundary_value("xlog_torch_malloc", std::ptr::null_mut(), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_torch_malloc").is_some() {
+            return std::ptr::null_mut();
+        }
         hook_allocate(size, device, stream as u64, "torch").unwrap_or_else(|e| {
             report("xlog_torch_malloc", &e);
             std::ptr::null_mut()
@@ -193,6 +210,9 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
     let _ = (size, stream);
     boundary_value("xlog_torch_free", (), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_torch_free").is_some() {
+            return;
+        }
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_torch_free", &e);
             eprintln!("xlog: xlog_torch_free: {e}");
@@ -206,12 +226,15 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
     boundary("xlog_torch_record_stream", || {
-        let h = hooks(device)?;
+        let not_live =
+            || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
+        let h = opened_hooks(device).ok_or_else(not_live)?;
+        if !lock(&h.blocks).contains_key(&(ptr as u64)) {
+            return Err(not_live());
+        }
         let sid = h.runtime.import_stream(stream as u64)?;
         let mut blocks = lock(&h.blocks);
-        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(|| {
-            ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"))
-        })?;
+        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(not_live)?;
         if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
             entry.used_on.push(sid);
         }
@@ -227,6 +250,9 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
     let _ = param;
     boundary_value("xlog_cupy_malloc", std::ptr::null_mut(), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_cupy_malloc").is_some() {
+            return std::ptr::null_mut();
+        }
         hook_allocate(size, device, 0, "cupy").unwrap_or_else(|e| {
             report("xlog_cupy_malloc", &e);
             std::ptr::null_mut()
@@ -240,6 +266,9 @@ pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i
     let _ = param;
     boundary_value("xlog_cupy_free", (), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_cupy_free").is_some() {
+            return;
+        }
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_cupy_free", &e);
             eprintln!("xlog: xlog_cupy_free: {e}");

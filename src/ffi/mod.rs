@@ -42,7 +42,7 @@ pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
         ResourceError::StreamMisuse(_) => XLOG_ERR_STREAM_MISUSE,
         ResourceError::UseAfterFree { .. } => XLOG_ERR_USE_AFTER_FREE,
         ResourceError::UnsatisfiableDependency(_) => XLOG_ERR_UNSATISFIABLE_DEPENDENCY,
-        ResourceError::PoolExhausted { .. } => XLOG_ERR_POOL_EXHAUSTED,
+        ResourceError::PoolExhausted { .. } | ResourceError::Exhausted(_) => XLOG_ERR_POOL_EXHAUSTED,
         ResourceError::NoDevice(_) => XLOG_ERR_NO_DEVICE,
         ResourceError::Internal(_) => XLOG_ERR_INTERNAL,
     }
@@ -79,8 +79,14 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// thread's last-error message, and turns a panic into XLOG_ERR_INTERNAL:
 /// since Rust 1.81 a panic escaping `extern "C"` aborts the host process,
 /// and an engine must never die because of us.
+///
+/// A call from inside a host callback is refused here, before `body` runs,
+/// so it changes nothing (see `refused_in_host_callback`).
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
     clear_last_error();
+    if let Some(status) = refused_in_host_callback(name) {
+        return status;
+    }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => XLOG_OK,
         Ok(Err(e)) => {
@@ -92,6 +98,20 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> 
             XLOG_ERR_INTERNAL
         }
     }
+}
+
+/// `Some(XLOG_ERR_STREAM_MISUSE)`, with the message set, when the calling
+/// thread is running an xlog host callback: every entry point that touches
+/// a runtime refuses there, on both backends (`device::in_host_callback`).
+/// Only `xlog_version`, `xlog_status_name` and `xlog_last_error_message`,
+/// which touch no runtime, work from a callback.
+pub(crate) fn refused_in_host_callback(name: &'static str) -> Option<xlog_status> {
+    if !crate::device::in_host_callback() {
+        return None;
+    }
+    let e = ResourceError::in_host_callback();
+    set_last_error(format!("{name}: {e}"));
+    Some(status_of(&e))
 }
 
 /// Like `boundary` for the few entry points that return a value rather

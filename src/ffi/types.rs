@@ -122,6 +122,10 @@ pub struct xlog_stats {
     pub allocations: u64,
     pub deallocations: u64,
     pub failed_allocations: u64,
+    /// CSV log lines that could not be written (full disk, /dev/full, a
+    /// FIFO nobody reads); 0 without a log. The first loss is also reported
+    /// once on stderr.
+    pub log_lines_lost: u64,
 }
 
 /// Host callback run in stream order.
