@@ -293,7 +293,9 @@ xlog_status xlog_get_stats(struct xlog_runtime *rt, struct xlog_stats *out);
 
 /*
  Take a stream from the bounded pool (XLOG_ERR_POOL_EXHAUSTED past
- `stream_pool_size`).
+ `stream_pool_size`). Ids are never reused: once this process has issued
+ every id (1 to UINT32_MAX - 1, over acquires and imports), acquire and
+ import fail with XLOG_ERR_POOL_EXHAUSTED.
  */
 xlog_status xlog_stream_acquire(struct xlog_runtime *rt, xlog_stream *out);
 
@@ -305,6 +307,10 @@ xlog_status xlog_stream_release(struct xlog_runtime *rt, xlog_stream stream);
 /*
  Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
  same native stream maps to the same id until that id is released.
+ On sim each distinct foreign handle runs a worker thread until the
+ runtime closes, so a runtime imports at most `stream_pool_size` distinct
+ foreign handles (XLOG_ERR_POOL_EXHAUSTED beyond); a handle imported
+ before, or a stream of the runtime itself, can always be imported again.
  */
 xlog_status xlog_stream_import(struct xlog_runtime *rt, void *cuda_stream, xlog_stream *out);
 

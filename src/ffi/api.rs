@@ -402,7 +402,9 @@ pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) ->
 // ===================================================================== //
 
 /// Take a stream from the bounded pool (XLOG_ERR_POOL_EXHAUSTED past
-/// `stream_pool_size`).
+/// `stream_pool_size`). Ids are never reused: once this process has issued
+/// every id (1 to UINT32_MAX - 1, over acquires and imports), acquire and
+/// import fail with XLOG_ERR_POOL_EXHAUSTED.
 #[no_mangle]
 pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stream) -> xlog_status {
     boundary("xlog_stream_acquire", || {
@@ -422,6 +424,10 @@ pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream
 
 /// Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
 /// same native stream maps to the same id until that id is released.
+/// On sim each distinct foreign handle runs a worker thread until the
+/// runtime closes, so a runtime imports at most `stream_pool_size` distinct
+/// foreign handles (XLOG_ERR_POOL_EXHAUSTED beyond); a handle imported
+/// before, or a stream of the runtime itself, can always be imported again.
 #[no_mangle]
 pub extern "C" fn xlog_stream_import(
     rt: *mut xlog_runtime,

@@ -364,6 +364,34 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_free_or_record_stream_on_an_unused_device_opens_nothing() {
+        let device = 7004;
+        let bogus = 0x1234 as *mut c_void;
+        xlog_torch_free(bogus, 64, device, std::ptr::null_mut());
+        assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        xlog_cupy_free(std::ptr::null_mut(), bogus, device);
+        assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        assert_eq!(xlog_torch_record_stream(bogus, device, 0x5000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("not a live hook allocation"), "{}", last_error());
+        assert!(!table().hooks.contains_key(&device), "a failing call opened the hook runtime of device {device}");
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        // So the device can still be configured before its first allocation.
+        let cfg = sim_config(1 << 20);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK, "{}", last_error());
+        let p = xlog_torch_malloc(4096, device, std::ptr::null_mut());
+        assert!(!p.is_null(), "{}", last_error());
+        // On a device in use, a record_stream of a pointer it does not hold
+        // imports nothing either.
+        let h = hooks(device).unwrap();
+        let imported = h.runtime.stream_usage().imported;
+        assert_eq!(xlog_torch_record_stream(bogus, device, 0x6000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(h.runtime.stream_usage().imported, imported);
+        xlog_torch_free(p, 4096, device, std::ptr::null_mut());
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+    }
+
+    #[test]
     fn configure_null_waits_on_pressure_like_the_unconfigured_hooks() {
         let device = 7003;
         // SAFETY: NULL is allowed and means "from the environment".
