@@ -163,6 +163,8 @@ typedef uint32_t xlog_fault;
 
 
 
+
+
 #define XLOG_OK 0
 
 #define XLOG_ERR_INVALID_ARGUMENT 1

@@ -63,10 +63,24 @@ pub enum BlockState {
 }
 
 /// Interned allocation tag: 4 bytes in every block record instead of a
-/// string. Names live in a process-wide table that only grows; tags are a
-/// small, repeated vocabulary ("hash_table", "join_output", ...).
+/// string. Names live in a process-wide table; tags are meant as a small,
+/// repeated vocabulary ("hash_table", "join_output", ...).
+///
+/// The table is bounded: it keeps the first [`MAX_TAGS`] distinct names of
+/// the process (the empty name and the overflow bucket included), and once
+/// it is full a name it has not seen is recorded as [`OVERFLOW_TAG_NAME`].
+/// So a program that tags by query id or request number uses at most a few
+/// hundred KiB for tag names, however long it runs, and its later tags read
+/// `(other)` in logs and leak reports.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AllocTag(u32);
+
+/// Most distinct tag names a process keeps, the empty name and
+/// [`OVERFLOW_TAG_NAME`] included.
+pub const MAX_TAGS: usize = 4096;
+
+/// What a new tag name is recorded as once the table is full.
+pub const OVERFLOW_TAG_NAME: &str = "(other)";
 
 struct TagTable {
     by_name: HashMap<Arc<str>, u32>,
@@ -76,18 +90,26 @@ struct TagTable {
 fn tag_table() -> &'static Mutex<TagTable> {
     static TABLE: OnceLock<Mutex<TagTable>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let empty: Arc<str> = Arc::from("");
-        let mut by_name = HashMap::new();
-        by_name.insert(empty.clone(), 0);
-        Mutex::new(TagTable { by_name, names: vec![empty] })
+        let mut table = TagTable { by_name: HashMap::new(), names: Vec::new() };
+        for name in ["", OVERFLOW_TAG_NAME] {
+            let name: Arc<str> = Arc::from(name);
+            table.by_name.insert(name.clone(), table.names.len() as u32);
+            table.names.push(name);
+        }
+        Mutex::new(table)
     })
 }
 
 /// Longest tag kept; longer names are cut at a character boundary.
 pub const MAX_TAG_LEN: usize = 128;
 
+/// Entries a thread's cache of recent names holds before it starts over.
+const THREAD_CACHE_ENTRIES: usize = 1024;
+
 impl AllocTag {
     pub const UNTAGGED: AllocTag = AllocTag(0);
+    /// The bucket of names that came after the table was full.
+    pub const OVERFLOW: AllocTag = AllocTag(1);
 
     pub fn new(name: &str) -> AllocTag {
         if name.is_empty() {
@@ -109,6 +131,7 @@ impl AllocTag {
             let mut table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
             match table.by_name.get(name) {
                 Some(&id) => id,
+                None if table.names.len() >= MAX_TAGS => AllocTag::OVERFLOW.0,
                 None => {
                     let id = table.names.len() as u32;
                     let arc: Arc<str> = Arc::from(name);
@@ -120,8 +143,9 @@ impl AllocTag {
         };
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            // Bound the per-thread cache; the global table stays authoritative.
-            if c.len() > 4096 {
+            // Bound the per-thread cache too; the global table stays
+            // authoritative.
+            if c.len() >= THREAD_CACHE_ENTRIES {
                 c.clear();
             }
             c.insert(name.into(), id);
@@ -132,6 +156,11 @@ impl AllocTag {
     pub fn name(self) -> Arc<str> {
         let table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
         table.names.get(self.0 as usize).cloned().unwrap_or_else(|| Arc::from("?"))
+    }
+
+    /// Distinct names the process-wide table holds (at most [`MAX_TAGS`]).
+    pub fn interned() -> usize {
+        tag_table().lock().unwrap_or_else(|p| p.into_inner()).names.len()
     }
 }
 
