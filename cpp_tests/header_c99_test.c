@@ -6,6 +6,15 @@
  */
 #include <xlog_cuda.h>
 
+/* The production header holds the production API only: the test and debug
+   entry points live in xlog/testing.h (testing_header_c99_test.c). */
+#ifdef XLOG_FAULT_ALLOC
+#error "xlog_cuda.h defines XLOG_FAULT_ALLOC: test-only items leaked into the public header"
+#endif
+#ifdef XLOG_TESTING_H
+#error "xlog_cuda.h includes xlog/testing.h"
+#endif
+
 /* C99 has no static_assert: a negative array size fails the build. */
 #define XLOG_CHECK_LAYOUT(name, cond) typedef char name[(cond) ? 1 : -1]
 

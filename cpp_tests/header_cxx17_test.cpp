@@ -4,6 +4,11 @@
 // resolve. Nothing but the header is included.
 #include <xlog_cuda.h>
 
+// Test-only items live in xlog/testing.h, never here.
+#ifdef XLOG_FAULT_ALLOC
+#error "xlog_cuda.h defines XLOG_FAULT_ALLOC: test-only items leaked into the public header"
+#endif
+
 static_assert(sizeof(xlog_status) == 4, "xlog_status is int32_t");
 static_assert(sizeof(xlog_stream) == 4, "xlog_stream is uint32_t");
 static_assert(XLOG_OK == 0 && XLOG_ERR_INTERNAL == 10, "status values are fixed");

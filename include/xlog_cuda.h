@@ -156,11 +156,6 @@ typedef struct xlog_use {
   xlog_access access;
 } xlog_use;
 
-/*
- Sim fault kinds for `xlog_sim_inject_fault`.
- */
-typedef uint32_t xlog_fault;
-
 
 
 
@@ -214,14 +209,6 @@ typedef uint32_t xlog_fault;
  Synchronous allocation, no tracking (prepare/finish → STREAM_MISUSE).
  */
 #define XLOG_ALLOCATOR_DIRECT 1
-
-#define XLOG_FAULT_ALLOC 1
-
-#define XLOG_FAULT_FREE 2
-
-#define XLOG_FAULT_EVENT_RECORD 3
-
-#define XLOG_FAULT_STREAM_CREATE 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -403,18 +390,6 @@ xlog_status xlog_reap(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
  `reclaimed_bytes` (may be NULL) receives the bytes released.
  */
 xlog_status xlog_drain(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
-
-/*
- Sim backend only: make the `nth` call (1 = the next) of kind `fault`
- fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
- */
-xlog_status xlog_sim_inject_fault(struct xlog_runtime *rt, xlog_fault fault, uint64_t nth);
-
-/*
- Panics inside the boundary, to test that a panic becomes
- XLOG_ERR_INTERNAL with a message instead of aborting the process.
- */
-xlog_status xlog_debug_panic(void);
 
 /*
  Configure the hook runtime of `device` before its first allocation

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use libfuzzer_sys::fuzz_target;
 use xlog_cuda::ffi::api::*;
+use xlog_cuda::ffi::testing::*;
 use xlog_cuda::ffi::types::*;
 
 /// Most calls one input makes, and most streams it may start (each sim

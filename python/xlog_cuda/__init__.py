@@ -34,7 +34,7 @@ from ._errors import (
 )
 from ._library import LibraryNotFoundError, library_path
 from ._library import load as load_library
-from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, launch
+from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, in_host_callback, launch
 
 __all__ = [
     "Access",
@@ -61,6 +61,7 @@ __all__ = [
     "UseAfterFreeError",
     "XlogError",
     "error_for",
+    "in_host_callback",
     "last_error",
     "launch",
     "library_path",

@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use super::types::*;
 use super::{boundary, boundary_value, out_ptr, register_runtime, runtime_of, unregister_runtime};
 use crate::config::{AllocatorKind, Config};
-use crate::device::sim::FaultKind;
 use crate::device::Backend;
 use crate::error::ResourceError;
 use crate::resource::{Access, BlockId, BlockUse, DeviceBlock, Generation, StreamId};
@@ -650,37 +649,4 @@ pub extern "C" fn xlog_drain(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -
             Ok(())
         })
     })
-}
-
-// ===================================================================== //
-// Testing hooks                                                          //
-// ===================================================================== //
-
-/// Sim backend only: make the `nth` call (1 = the next) of kind `fault`
-/// fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
-#[no_mangle]
-pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault, nth: u64) -> xlog_status {
-    boundary("xlog_sim_inject_fault", || {
-        let kind = match fault {
-            XLOG_FAULT_ALLOC => FaultKind::Alloc,
-            XLOG_FAULT_FREE => FaultKind::Free,
-            XLOG_FAULT_EVENT_RECORD => FaultKind::EventRecord,
-            XLOG_FAULT_STREAM_CREATE => FaultKind::StreamCreate,
-            other => return Err(invalid(format!("fault kind {other} is not one of XLOG_FAULT_ALLOC..XLOG_FAULT_STREAM_CREATE (1..4)"))),
-        };
-        with_runtime(rt, |r| {
-            let sim = r
-                .sim()
-                .ok_or_else(|| invalid("fault injection needs a runtime on the sim backend".into()))?;
-            sim.inject_fault(kind, nth);
-            Ok(())
-        })
-    })
-}
-
-/// Panics inside the boundary, to test that a panic becomes
-/// XLOG_ERR_INTERNAL with a message instead of aborting the process.
-#[no_mangle]
-pub extern "C" fn xlog_debug_panic() -> xlog_status {
-    boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
 }

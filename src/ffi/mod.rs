@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod interop;
+pub mod testing;
 pub mod types;
 
 use std::cell::RefCell;
@@ -193,6 +194,23 @@ mod tests {
             generated == committed,
             "include/xlog_cuda.h is out of date: regenerate with XLOG_WRITE_HEADER=1 cargo build and commit it"
         );
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/testing.h"));
+        let committed = include_str!("../../include/xlog/testing.h");
+        assert!(
+            generated == committed,
+            "include/xlog/testing.h is out of date: regenerate with XLOG_WRITE_HEADER=1 cargo build and commit it"
+        );
+    }
+
+    #[test]
+    fn test_entry_points_are_only_in_the_testing_header() {
+        let public = include_str!("../../include/xlog_cuda.h");
+        let testing = include_str!("../../include/xlog/testing.h");
+        for name in ["xlog_sim_inject_fault(", "xlog_debug_panic(", "xlog_fault;", "XLOG_FAULT_ALLOC "] {
+            assert!(!public.contains(name), "the public header declares test-only {name}");
+            assert!(testing.contains(name), "the testing header lacks {name}");
+        }
+        assert!(testing.contains("#include \"../xlog_cuda.h\""));
     }
 
     #[test]
@@ -214,7 +232,7 @@ mod tests {
 
     #[test]
     fn panic_becomes_internal_status_with_message() {
-        let status = super::api::xlog_debug_panic();
+        let status = super::testing::xlog_debug_panic();
         assert_eq!(status, super::types::XLOG_ERR_INTERNAL);
         let msg = super::with_last_error(|m| m.to_string());
         assert!(msg.contains("deliberate panic"), "{msg}");

@@ -45,13 +45,6 @@ pub const XLOG_ALLOCATOR_ASYNC: xlog_allocator = 0;
 /// Synchronous allocation, no tracking (prepare/finish → STREAM_MISUSE).
 pub const XLOG_ALLOCATOR_DIRECT: xlog_allocator = 1;
 
-/// Sim fault kinds for `xlog_sim_inject_fault`.
-pub type xlog_fault = u32;
-pub const XLOG_FAULT_ALLOC: xlog_fault = 1;
-pub const XLOG_FAULT_FREE: xlog_fault = 2;
-pub const XLOG_FAULT_EVENT_RECORD: xlog_fault = 3;
-pub const XLOG_FAULT_STREAM_CREATE: xlog_fault = 4;
-
 /// Opaque runtime handle. The pointer value is a token checked on every
 /// call: a closed or never-opened handle is an error, not a crash.
 pub struct xlog_runtime {

@@ -58,7 +58,7 @@ fn csv_field(text: &str) -> String {
 /// Open `path` for the log without ever blocking, and refuse what cannot
 /// hold one.
 fn open_log(path: &Path) -> ResourceResult<File> {
-    let refuse = |why: String| ResourceError::InvalidArgument(format!("cannot use {} as the log file: {why}", path.display()));
+    let refuse = |why: String| ResourceError::InvalidArgument(format!("cannot create log file {}: {why}", path.display()));
     let file = OpenOptions::new()
         .write(true)
         .create(true)
