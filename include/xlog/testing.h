@@ -44,6 +44,17 @@ xlog_status xlog_sim_inject_fault(xlog_runtime *rt, xlog_fault fault, uint64_t n
  */
 xlog_status xlog_debug_panic(void);
 
+/*
+ Forget the framework hooks of `device` and its configuration, so that a
+ test (or a fuzzer input) starts from a clean slate, and drop the hooks'
+ own reference to their runtime. With no handle from
+ `xlog_interop_runtime` open, that closes it (on CUDA: unless the device's
+ shared runtime has other openers), freeing the blocks the hooks still
+ held; `leaked_blocks` (may be NULL) receives how many. With handles
+ open, the runtime stays open for them and `leaked_blocks` is 0.
+ */
+xlog_status xlog_testing_interop_reset(int32_t device, uint64_t *leaked_blocks);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -127,6 +127,23 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     Ok(())
 }
 
+/// Test support (`xlog_testing_interop_reset`): forget the hooks of
+/// `device` and its config, and drop the hooks' own reference to their
+/// runtime. If no handle from `xlog_interop_runtime` is open, that closes
+/// it, freeing the blocks the hooks still held; returns how many. With
+/// handles open the runtime stays open for them (their last close reports
+/// the blocks), and this returns 0.
+pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
+    let (hooks, _config) = {
+        let mut t = table();
+        (t.hooks.remove(&device), t.configs.remove(&device))
+    };
+    match hooks {
+        Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
+        _ => Ok(0),
+    }
+}
+
 fn report(name: &str, e: &ResourceError) {
     set_last_error(format!("{name}: {e}"));
 }

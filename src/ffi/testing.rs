@@ -7,7 +7,7 @@
 #![allow(non_camel_case_types)]
 
 use super::types::*;
-use super::{boundary, runtime_of};
+use super::{boundary, out_ptr, runtime_of};
 use crate::device::sim::FaultKind;
 use crate::error::ResourceError;
 
@@ -48,4 +48,23 @@ pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault
 #[no_mangle]
 pub extern "C" fn xlog_debug_panic() -> xlog_status {
     boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
+}
+
+/// Forget the framework hooks of `device` and its configuration, so that a
+/// test (or a fuzzer input) starts from a clean slate, and drop the hooks'
+/// own reference to their runtime. With no handle from
+/// `xlog_interop_runtime` open, that closes it (on CUDA: unless the device's
+/// shared runtime has other openers), freeing the blocks the hooks still
+/// held; `leaked_blocks` (may be NULL) receives how many. With handles
+/// open, the runtime stays open for them and `leaked_blocks` is 0.
+#[no_mangle]
+pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u64) -> xlog_status {
+    boundary("xlog_testing_interop_reset", || {
+        let leaked = super::interop::reset_device(device)?;
+        if out_ptr(leaked_blocks, "leaked_blocks").is_ok() {
+            // SAFETY: non-NULL; the caller provides storage for a u64.
+            unsafe { leaked_blocks.write(leaked) };
+        }
+        Ok(())
+    })
 }
