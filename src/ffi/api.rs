@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use super::types::*;
-use super::{boundary, boundary_value, out_ptr, register_runtime, runtime_of, unregister_runtime};
+use super::{boundary, boundary_value, out_ptr, register_runtime, runtime_of, unregister_runtime, write_out};
 use crate::config::{AllocatorKind, Config};
 use crate::device::Backend;
 use crate::error::ResourceError;
@@ -23,14 +23,6 @@ const MAX_USES: usize = 1 << 20;
 
 fn invalid(msg: String) -> ResourceError {
     ResourceError::InvalidArgument(msg)
-}
-
-/// Store `value` through a caller's out-pointer.
-fn write_out<T>(out: *mut T, value: T) {
-    // SAFETY: every caller checked `out` non-NULL with `out_ptr` first; the
-    // C contract makes the caller responsible for it pointing at writable
-    // storage of type T.
-    unsafe { out.write(value) }
 }
 
 fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {

@@ -9,6 +9,9 @@
 //! pointer, so the hooks keep a pointer → block map. Foreign streams are
 //! imported on first sight (the stream pool caches them by native handle).
 
+// The C contract of each entry point (valid or NULL pointers) is in its doc
+// comment, which is also the header's; no separate `# Safety` section.
+#![allow(clippy::missing_safety_doc)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::collections::HashMap;
@@ -18,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::api::config_of;
 use super::types::*;
-use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error};
+use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error, write_out};
 use crate::config::Config;
 use crate::error::ResourceError;
 use crate::resource::{Access, BlockId, StreamId};
@@ -183,9 +186,7 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
     boundary("xlog_interop_runtime", || {
         out_ptr(out, "out")?;
         let shared = hooks(device)?.runtime.share()?;
-        let handle = register_runtime(shared);
-        // SAFETY: `out` checked non-NULL; the caller provides storage.
-        unsafe { out.write(handle) };
+        write_out(out, register_runtime(shared));
         Ok(())
     })
 }
@@ -406,6 +407,38 @@ mod tests {
         assert_eq!(h.runtime.stream_usage().imported, imported);
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(xlog_interop_live_blocks(device), 0);
+    }
+
+    #[test]
+    fn testing_reset_frees_what_the_hooks_held_and_forgets_the_config() {
+        use crate::ffi::testing::xlog_testing_interop_reset;
+        let device = 7005;
+        let cfg = sim_config(1 << 20);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let (a, b) = (xlog_torch_malloc(4096, device, std::ptr::null_mut()), xlog_cupy_malloc(std::ptr::null_mut(), 64, device));
+        assert!(!a.is_null() && !b.is_null(), "{}", last_error());
+        let mut leaked = u64::MAX;
+        assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK, "{}", last_error());
+        assert_eq!(leaked, 2);
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        assert!(!table().hooks.contains_key(&device) && !table().configs.contains_key(&device));
+        // Configurable again, as a device never used.
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        // With a handle open, the runtime stays open for it.
+        let p = xlog_torch_malloc(64, device, std::ptr::null_mut());
+        let mut rt = std::ptr::null_mut();
+        assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+        assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK);
+        assert_eq!(leaked, 0);
+        let mut stats = xlog_stats::default();
+        assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+        assert_eq!(stats.live_blocks, 1, "the block is the handle's runtime's until it closes");
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+        xlog_torch_free(p, 64, device, std::ptr::null_mut());
+        assert!(last_error().contains("not allocated through the xlog framework hooks"));
+        assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK, "NULL out, nothing to reset");
     }
 
     #[test]

@@ -176,6 +176,16 @@ pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtim
         })
 }
 
+/// Store `value` through a caller's out-pointer: the one place the boundary
+/// writes through one (so no exported function dereferences a raw pointer
+/// argument itself).
+pub(crate) fn write_out<T>(out: *mut T, value: T) {
+    // SAFETY: every caller checked `out` non-NULL with `out_ptr` first; the
+    // C contract makes the caller responsible for it pointing at writable
+    // storage of type T.
+    unsafe { out.write(value) }
+}
+
 /// Require a non-NULL out-pointer.
 pub(crate) fn out_ptr<T>(p: *mut T, what: &str) -> Result<(), ResourceError> {
     if p.is_null() {

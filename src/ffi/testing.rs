@@ -7,7 +7,7 @@
 #![allow(non_camel_case_types)]
 
 use super::types::*;
-use super::{boundary, out_ptr, runtime_of};
+use super::{boundary, out_ptr, runtime_of, write_out};
 use crate::device::sim::FaultKind;
 use crate::error::ResourceError;
 
@@ -62,8 +62,7 @@ pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u6
     boundary("xlog_testing_interop_reset", || {
         let leaked = super::interop::reset_device(device)?;
         if out_ptr(leaked_blocks, "leaked_blocks").is_ok() {
-            // SAFETY: non-NULL; the caller provides storage for a u64.
-            unsafe { leaked_blocks.write(leaked) };
+            write_out(leaked_blocks, leaked);
         }
         Ok(())
     })

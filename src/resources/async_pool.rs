@@ -388,9 +388,7 @@ impl DeviceMemoryResource for AsyncPool {
                     to_wait.push((last.event, st.events.raw(last.event)));
                 }
             }
-            if let Err(e) = result {
-                return Err(e);
-            }
+            result?;
             // Held while we wait, so no one re-records them meanwhile.
             for &(ev, _) in &to_wait {
                 st.events.hold(ev);
