@@ -3,9 +3,11 @@
 // both backends, and this same file checks it on both.
 //
 //   host_callback_test sim    run by ctest everywhere (cpp_tests/)
-//   host_callback_test cuda   run by ctest where a GPU is (cpp_tests/cuda/,
-//                             as cuda_host_callback_test); exits 77 (skip)
-//                             without one unless XLOG_REQUIRE_GPU=1
+//   cuda_host_callback_test   the same program built in cpp_tests/cuda/ with
+//                             the CUDA backend as its default; run by ctest
+//                             and gpu-check's sanitizers where a GPU is;
+//                             exits 77 (skip) without one unless
+//                             XLOG_REQUIRE_GPU=1
 //
 // The rule: every xlog call made from inside a host callback returns
 // XLOG_ERR_STREAM_MISUSE with a message that says why, and changes nothing
@@ -512,8 +514,15 @@ void close_waits_for_queued_and_running_callbacks() {
 
 }  // namespace
 
+// The backend when none is named on the command line: cuda/ builds this
+// file with "cuda", so scripts/gpu-check's sanitizer runs (which pass no
+// arguments) check the CUDA backend.
+#ifndef XLOG_HOST_CALLBACK_TEST_BACKEND
+#define XLOG_HOST_CALLBACK_TEST_BACKEND "sim"
+#endif
+
 int main(int argc, char** argv) {
-  const std::string backend = argc > 1 ? argv[1] : "sim";
+  const std::string backend = argc > 1 ? argv[1] : XLOG_HOST_CALLBACK_TEST_BACKEND;
   if (backend == "cuda") {
     g_backend = XLOG_BACKEND_CUDA;
   } else if (backend != "sim") {
