@@ -6,7 +6,8 @@
 //! - imported foreign streams are bounded on sim (each is a worker thread);
 //! - the CSV log: a FIFO without a reader is refused at once instead of
 //!   hanging the open, one with a reader is accepted, and lines that cannot
-//!   be written (`/dev/full`) are counted in the stats.
+//!   be written (`/dev/full`) are counted in the stats and reported once on
+//!   stderr.
 
 use std::ffi::{c_char, c_void, CString};
 use std::os::unix::fs::OpenOptionsExt;
@@ -280,4 +281,60 @@ fn log_lines_that_cannot_be_written_are_counted() {
     assert_eq!(stats.log_lines_lost, 0);
     assert_eq!(xlog_runtime_close(rt), XLOG_OK);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+const LOST_LOG_CHILD: &str = "XLOG_HARDENING_LOST_LOG_CHILD";
+
+/// The child half of `a_log_write_failure_is_reported_once_on_stderr`.
+#[test]
+#[ignore = "run by a_log_write_failure_is_reported_once_on_stderr in a child process"]
+fn lost_log_child() {
+    if std::env::var_os(LOST_LOG_CHILD).is_none() {
+        return;
+    }
+    let log = c_path(Path::new("/dev/full"));
+    let (st, rt, msg) = open_with_watchdog(2, Some(log));
+    assert_eq!(st, XLOG_OK, "{msg}");
+    let rt = rt as *mut xlog_runtime;
+    let mut s = 0;
+    assert_eq!(xlog_stream_acquire(rt, &mut s), XLOG_OK);
+    let tag = CString::new("lost").unwrap();
+    // Many lines, several flushes: each write fails.
+    for round in 0..5 {
+        for _ in 0..200 {
+            let mut b = xlog_block { ptr: std::ptr::null_mut(), size: 0, generation: 0, stream: 0, device: 0 };
+            // SAFETY: live C string and valid out-pointer.
+            assert_eq!(unsafe { xlog_allocate(rt, 256, s, tag.as_ptr(), &mut b) }, XLOG_OK);
+            assert_eq!(xlog_deallocate(rt, b), XLOG_OK);
+        }
+        assert_eq!(xlog_drain(rt, std::ptr::null_mut()), XLOG_OK, "round {round}");
+    }
+    let mut stats = xlog_stats::default();
+    assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+    println!("lost|{}", stats.log_lines_lost);
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+}
+
+#[test]
+fn a_log_write_failure_is_reported_once_on_stderr() {
+    if !Path::new("/dev/full").exists() {
+        println!("skipped: this system has no /dev/full");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "lost_log_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(LOST_LOG_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "child failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let lost: u64 = stdout
+        .lines()
+        .find_map(|l| l.find("lost|").map(|i| l[i + 5..].trim().parse().unwrap()))
+        .expect("the child printed its count");
+    assert_eq!(lost, 1 + 5 * 400, "the header and every allocate and free line");
+    let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("cannot write the log /dev/full")).collect();
+    assert_eq!(reports.len(), 1, "one report for all the losses; stderr:\n{stderr}");
+    assert!(reports[0].contains("log_lines_lost"), "{}", reports[0]);
 }
