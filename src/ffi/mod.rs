@@ -213,6 +213,18 @@ mod tests {
     }
 
     #[test]
+    fn the_headers_are_regenerated_when_any_source_changes() {
+        // cbindgen reads every file of the crate (items outside src/ffi,
+        // such as the sim's constants, have leaked into the header before),
+        // so the build script must rerun on all of src/, not src/ffi only.
+        let build = include_str!("../../build.rs");
+        for watched in ["src", "cbindgen.toml", "Cargo.toml", "Cargo.lock"] {
+            let line = format!("println!(\"cargo:rerun-if-changed={watched}\");");
+            assert!(build.contains(&line), "build.rs does not rerun when {watched} changes");
+        }
+    }
+
+    #[test]
     fn test_entry_points_are_only_in_the_testing_header() {
         let public = include_str!("../../include/xlog_cuda.h");
         let testing = include_str!("../../include/xlog/testing.h");
