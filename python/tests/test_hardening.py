@@ -28,6 +28,9 @@ def _handle_is_open(handle: int) -> bool:
 
 def test_calls_from_a_host_callback_are_refused_and_change_nothing(rt, stream):
     blk = rt.allocate(4 * KiB, stream, tag="held")
+    stale = rt.allocate(64, stream, tag="stale")
+    stale.free()
+    rt.drain()
     before = rt.stats()
     seen = {}
 
@@ -46,9 +49,15 @@ def test_calls_from_a_host_callback_are_refused_and_change_nothing(rt, stream):
                 seen[name] = None
             except xc.XlogError as e:
                 seen[name] = e
-        # Host memory is fine (sim): write and read the block.
+        # Host memory is fine (sim): write and read the block. A freed one
+        # is still refused, from what the package knows (the library cannot
+        # be asked from here).
         blk.write(b"from the callback")
         seen["read"] = blk.read(17)
+        try:
+            stale.read(1)
+        except xc.UseAfterFreeError as e:
+            seen["stale"] = e
 
     stream.enqueue_host(body)
     stream.synchronize()
@@ -56,6 +65,7 @@ def test_calls_from_a_host_callback_are_refused_and_change_nothing(rt, stream):
         assert isinstance(seen[name], xc.StreamMisuseError), (name, seen[name])
         assert "host callback" in seen[name].message
     assert seen["read"] == b"from the callback"
+    assert isinstance(seen.get("stale"), xc.UseAfterFreeError)
     assert not rt.closed and rt.stats() == before
     blk.validate()
     blk.free()
