@@ -1,20 +1,65 @@
-//! Build script: generates the C header with cbindgen and gives the shared
+//! Build script: generates the C headers with cbindgen and gives the shared
 //! library its SONAME.
 //!
-//! The header is written to OUT_DIR on every build; a test compares it with
-//! the committed `include/xlog_cuda.h`. `XLOG_WRITE_HEADER=1 cargo build`
-//! (or a missing header) writes it into `include/` as well.
+//! Two headers come out of one crate:
+//! - `include/xlog_cuda.h`, the production API: cbindgen over the whole
+//!   crate, minus every item of `src/ffi/testing.rs`;
+//! - `include/xlog/testing.h`, the test and debug entry points: cbindgen
+//!   over `src/ffi/testing.rs` alone (it includes `xlog_cuda.h`).
+//!
+//! Both are written to OUT_DIR on every build; tests compare them with the
+//! committed files. `XLOG_WRITE_HEADER=1 cargo build` (or a missing header)
+//! writes them into `include/` as well.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// SONAME major: bumped when the C ABI breaks.
 const SONAME_MAJOR: &str = "0";
 
+/// The file whose items make up the testing header.
+const TESTING_SOURCE: &str = "src/ffi/testing.rs";
+
+/// Names of the items `source` defines for C: exported functions, constants
+/// and type aliases (`pub extern "C" fn NAME`, `pub const NAME`,
+/// `pub type NAME`), found by reading its lines.
+fn c_items(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in source.lines().map(str::trim_start) {
+        let rest = if let Some(r) = line.strip_prefix("pub extern \"C\" fn ") {
+            r
+        } else if let Some(r) = line.strip_prefix("pub unsafe extern \"C\" fn ") {
+            r
+        } else if let Some(r) = line.strip_prefix("pub const ") {
+            r
+        } else if let Some(r) = line.strip_prefix("pub type ") {
+            r
+        } else {
+            continue;
+        };
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if !name.is_empty() {
+            names.push(name);
+        }
+    }
+    names
+}
+
+fn write_header(bindings: &cbindgen::Bindings, out_dir: &Path, committed: &Path, name: &str) {
+    bindings.write_to_file(out_dir.join(name));
+    if env::var_os("XLOG_WRITE_HEADER").is_some_and(|v| v == "1") || !committed.exists() {
+        bindings.write_to_file(committed);
+    }
+}
+
 fn main() {
+    // cbindgen reads every source file of the crate (and cargo metadata):
+    // rerun whenever any of them changes, not only src/ffi.
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=cbindgen.toml");
-    println!("cargo:rerun-if-changed=src/ffi");
+    println!("cargo:rerun-if-changed=Cargo.toml");
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-env-changed=XLOG_WRITE_HEADER");
 
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
@@ -24,12 +69,14 @@ fn main() {
 
     let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("manifest dir"));
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("out dir"));
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
-    let bindings = match cbindgen::Builder::new()
-        .with_crate(&crate_dir)
-        .with_config(config)
-        .generate()
-    {
+    let base = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml");
+    let testing_source = std::fs::read_to_string(crate_dir.join(TESTING_SOURCE)).expect(TESTING_SOURCE);
+    let testing_items = c_items(&testing_source);
+
+    // The production header: the whole crate without the testing items.
+    let mut public = base.clone();
+    public.export.exclude.extend(testing_items.iter().cloned());
+    let bindings = match cbindgen::Builder::new().with_crate(&crate_dir).with_config(public).generate() {
         Ok(b) => b,
         Err(e) => {
             // A parse error in the crate is reported by rustc itself with a
@@ -38,9 +85,38 @@ fn main() {
             return;
         }
     };
-    bindings.write_to_file(out_dir.join("xlog_cuda.h"));
-    let committed = crate_dir.join("include").join("xlog_cuda.h");
-    if env::var_os("XLOG_WRITE_HEADER").is_some_and(|v| v == "1") || !committed.exists() {
-        bindings.write_to_file(committed);
-    }
+    let include = crate_dir.join("include");
+    write_header(&bindings, &out_dir, &include.join("xlog_cuda.h"), "xlog_cuda.h");
+
+    // The testing header: that one file alone, on top of the public header.
+    let mut testing = base;
+    testing.include_guard = Some("XLOG_TESTING_H".into());
+    testing.sys_includes = Vec::new();
+    testing.includes = vec!["../xlog_cuda.h".into()];
+    testing.header = Some(
+        "/*\n \
+         * xlog-cuda: test and debug entry points — NOT part of the production API.\n \
+         *\n \
+         * Fault injection and the panic check, for tests of xlog itself and of\n \
+         * engines that want to see how they handle xlog's errors. The library\n \
+         * exports them; nothing else in xlog_cuda.h depends on them.\n \
+         *\n \
+         * GENERATED by cbindgen from src/ffi/testing.rs — do not edit. Regenerate with\n \
+         *   XLOG_WRITE_HEADER=1 cargo build\n \
+         */"
+            .into(),
+    );
+    testing.export.exclude.clear();
+    let bindings = match cbindgen::Builder::new()
+        .with_src(crate_dir.join(TESTING_SOURCE))
+        .with_config(testing)
+        .generate()
+    {
+        Ok(b) => b,
+        Err(e) => {
+            println!("cargo:warning=cbindgen could not generate the testing header: {e}");
+            return;
+        }
+    };
+    write_header(&bindings, &out_dir, &include.join("xlog").join("testing.h"), "testing.h");
 }

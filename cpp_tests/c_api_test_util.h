@@ -8,6 +8,7 @@
 #define XLOG_C_API_TEST_UTIL_H
 
 #include <xlog_cuda.h>
+#include <xlog/testing.h>  // fault injection, the panic check
 
 #include <gtest/gtest.h>
 

@@ -6,6 +6,15 @@
  */
 #include <xlog_cuda.h>
 
+/* The production header holds the production API only: the test and debug
+   entry points live in xlog/testing.h (testing_header_c99_test.c). */
+#ifdef XLOG_FAULT_ALLOC
+#error "xlog_cuda.h defines XLOG_FAULT_ALLOC: test-only items leaked into the public header"
+#endif
+#ifdef XLOG_TESTING_H
+#error "xlog_cuda.h includes xlog/testing.h"
+#endif
+
 /* C99 has no static_assert: a negative array size fails the build. */
 #define XLOG_CHECK_LAYOUT(name, cond) typedef char name[(cond) ? 1 : -1]
 
@@ -13,7 +22,7 @@
 XLOG_CHECK_LAYOUT(block_is_32_bytes, sizeof(xlog_block) == 32);
 XLOG_CHECK_LAYOUT(use_is_40_bytes, sizeof(xlog_use) == 40);
 XLOG_CHECK_LAYOUT(config_is_64_bytes, sizeof(xlog_config) == 64);
-XLOG_CHECK_LAYOUT(stats_is_136_bytes, sizeof(xlog_stats) == 136);
+XLOG_CHECK_LAYOUT(stats_is_144_bytes, sizeof(xlog_stats) == 144);
 #endif
 XLOG_CHECK_LAYOUT(status_is_32_bits, sizeof(xlog_status) == 4);
 XLOG_CHECK_LAYOUT(stream_is_32_bits, sizeof(xlog_stream) == 4);

@@ -4,13 +4,18 @@
 // resolve. Nothing but the header is included.
 #include <xlog_cuda.h>
 
+// Test-only items live in xlog/testing.h, never here.
+#ifdef XLOG_FAULT_ALLOC
+#error "xlog_cuda.h defines XLOG_FAULT_ALLOC: test-only items leaked into the public header"
+#endif
+
 static_assert(sizeof(xlog_status) == 4, "xlog_status is int32_t");
 static_assert(sizeof(xlog_stream) == 4, "xlog_stream is uint32_t");
 static_assert(XLOG_OK == 0 && XLOG_ERR_INTERNAL == 10, "status values are fixed");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_block) == 32, "xlog_block layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_use) == 40, "xlog_use layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_config) == 64, "xlog_config layout");
-static_assert(sizeof(xlog_stats) == 136, "xlog_stats layout");
+static_assert(sizeof(xlog_stats) == 144, "xlog_stats layout");
 
 namespace {
 constexpr char kExpected[] = {

@@ -144,6 +144,12 @@ typedef struct xlog_stats {
    (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
    */
   uint64_t reserved_bytes;
+  /*
+   CSV log lines that could not be written (full disk, /dev/full, a
+   FIFO nobody reads); 0 without a log. The first loss is also reported
+   once on stderr.
+   */
+  uint64_t log_lines_lost;
 } xlog_stats;
 
 /*
@@ -191,10 +197,7 @@ typedef struct xlog_use {
   xlog_access access;
 } xlog_use;
 
-/*
- Sim fault kinds for `xlog_sim_inject_fault`.
- */
-typedef uint32_t xlog_fault;
+
 
 
 
@@ -248,14 +251,6 @@ typedef uint32_t xlog_fault;
  */
 #define XLOG_ALLOCATOR_DIRECT 1
 
-#define XLOG_FAULT_ALLOC 1
-
-#define XLOG_FAULT_FREE 2
-
-#define XLOG_FAULT_EVENT_RECORD 3
-
-#define XLOG_FAULT_STREAM_CREATE 4
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -301,10 +296,12 @@ xlog_status xlog_config_from_env(struct xlog_config *cfg);
 xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, struct xlog_runtime **out);
 
 /*
- Close a runtime handle. The last close of a runtime frees blocks still
- live (each reported on stderr and in the log as a leak), waits for
+ Close a runtime handle. The last close of a runtime waits for the work
+ already queued on its streams (host callbacks included), frees blocks
+ still live (each reported on stderr and in the log as a leak), waits for
  pending frees and destroys its streams. The handle is invalid afterwards
- even if an error is returned.
+ even if an error is returned, except when the close is refused from
+ inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
  */
 xlog_status xlog_runtime_close(struct xlog_runtime *rt);
 
@@ -326,7 +323,9 @@ xlog_status xlog_get_stats(struct xlog_runtime *rt, struct xlog_stats *out);
 
 /*
  Take a stream from the bounded pool (XLOG_ERR_POOL_EXHAUSTED past
- `stream_pool_size`).
+ `stream_pool_size`). Ids are never reused: once this process has issued
+ every id (1 to UINT32_MAX - 1, over acquires and imports), acquire and
+ import fail with XLOG_ERR_POOL_EXHAUSTED.
  */
 xlog_status xlog_stream_acquire(struct xlog_runtime *rt, xlog_stream *out);
 
@@ -338,6 +337,10 @@ xlog_status xlog_stream_release(struct xlog_runtime *rt, xlog_stream stream);
 /*
  Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
  same native stream maps to the same id until that id is released.
+ On sim each distinct foreign handle runs a worker thread until the
+ runtime closes, so a runtime imports at most `stream_pool_size` distinct
+ foreign handles (XLOG_ERR_POOL_EXHAUSTED beyond); a handle imported
+ before, or a stream of the runtime itself, can always be imported again.
  */
 xlog_status xlog_stream_import(struct xlog_runtime *rt, void *cuda_stream, xlog_stream *out);
 
@@ -354,7 +357,24 @@ xlog_status xlog_stream_synchronize(struct xlog_runtime *rt, xlog_stream stream)
 /*
  Run `fn(user)` on a host thread once all earlier work on `stream` is
  done; later work on the stream waits for it (`cuLaunchHostFunc` on CUDA,
- where `fn` must not call the CUDA API; a stream worker on sim).
+ a worker thread of the stream on sim).
+
+ No xlog call from inside `fn`, on either backend: every entry point that
+ returns a status (on any runtime, including xlog_runtime_open/close and
+ xlog_config_from_env) returns XLOG_ERR_STREAM_MISUSE there, with a
+ message saying why, and changes nothing; the framework hooks refuse too
+ (NULL from the malloc hooks, nothing freed by the free hooks). Only
+ xlog_version, xlog_status_name and xlog_last_error_message work. The
+ reasons: on CUDA a host function must not call the driver at all, and a
+ call that waits for the callback's own stream (drain, close, synchronize,
+ an allocation waiting on budget pressure) would never return. `fn` may
+ touch host memory (on sim, block memory through its pointer) and signal
+ other threads.
+
+ xlog_runtime_close waits for every callback already queued on the
+ runtime's streams, running or not yet started, before it frees anything,
+ so a callback never has a block freed under it; a callback that waits for
+ something done only after the close returns therefore blocks the close.
  */
 xlog_status xlog_stream_enqueue_host(struct xlog_runtime *rt, xlog_stream stream, xlog_host_fn func, void *user);
 
@@ -425,18 +445,6 @@ xlog_status xlog_trim(struct xlog_runtime *rt, uint64_t keep_bytes, uint64_t *re
 xlog_status xlog_drain(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
 
 /*
- Sim backend only: make the `nth` call (1 = the next) of kind `fault`
- fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
- */
-xlog_status xlog_sim_inject_fault(struct xlog_runtime *rt, xlog_fault fault, uint64_t nth);
-
-/*
- Panics inside the boundary, to test that a panic becomes
- XLOG_ERR_INTERNAL with a message instead of aborting the process.
- */
-xlog_status xlog_debug_panic(void);
-
-/*
  Configure the hook runtime of `device` before its first allocation
  (`cfg` as for `xlog_runtime_open`; NULL = environment, with
  wait_on_pressure on, as for hooks never configured). Fails once the
@@ -462,7 +470,9 @@ xlog_status xlog_interop_runtime(int32_t device, struct xlog_runtime **out);
 xlog_status xlog_interop_trim(int32_t device, uint64_t keep_bytes, uint64_t *released_bytes);
 
 /*
- Blocks the hooks of `device` currently hold (0 if never used).
+ Blocks the hooks of `device` currently hold (0 if never used, and 0
+ with a message when called from inside a host callback, where it is
+ refused as every xlog call is: see xlog_stream_enqueue_host).
  */
 uint64_t xlog_interop_live_blocks(int32_t device);
 

@@ -2,7 +2,7 @@
 //! reports; [`ResourceError`] is what resources and the runtime report, and
 //! what the C boundary maps onto `xlog_status`.
 
-use crate::resource::{Generation, StreamId};
+use crate::ids::{Generation, StreamId};
 
 /// Failure reported by a device backend (`src/device/`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,6 +17,10 @@ pub enum DeviceError {
     Invalid(String),
     #[error("injected fault: {0}")]
     InjectedFault(String),
+    /// A bounded backend resource is used up (sim worker threads for
+    /// imported streams, sim device instances).
+    #[error("exhausted: {0}")]
+    Exhausted(String),
 }
 
 /// Failure reported by a resource or the runtime. Every variant names the
@@ -42,6 +46,10 @@ pub enum ResourceError {
     UnsatisfiableDependency(String),
     #[error("stream pool exhausted: all {capacity} pooled streams are acquired")]
     PoolExhausted { capacity: u32 },
+    /// Another bounded supply is used up: stream ids (never reused), or
+    /// streams a backend can import. Reported as XLOG_ERR_POOL_EXHAUSTED.
+    #[error("exhausted: {0}")]
+    Exhausted(String),
     #[error("no device: {0}")]
     NoDevice(String),
     #[error("internal error: {0}")]
@@ -49,6 +57,18 @@ pub enum ResourceError {
 }
 
 impl ResourceError {
+    /// The refusal of every call made from inside a host callback (see
+    /// [`crate::device::in_host_callback`]); the call changes nothing.
+    pub fn in_host_callback() -> Self {
+        ResourceError::StreamMisuse(
+            "called from inside an xlog host callback (xlog_stream_enqueue_host), where no xlog \
+             call is allowed: on CUDA a host function must not call the driver, and a wait from \
+             it for its own stream would never return; nothing was changed. Make the call before \
+             enqueueing the callback, or from another thread"
+                .into(),
+        )
+    }
+
     pub(crate) fn unknown_stream(id: StreamId) -> Self {
         ResourceError::InvalidArgument(format!(
             "stream {} was never issued by this runtime or has been released",
@@ -65,6 +85,7 @@ impl From<DeviceError> for ResourceError {
             }
             DeviceError::NoDevice(m) => ResourceError::NoDevice(m),
             DeviceError::Invalid(m) => ResourceError::InvalidArgument(m),
+            DeviceError::Exhausted(m) => ResourceError::Exhausted(m),
             other => ResourceError::Driver(other.to_string()),
         }
     }

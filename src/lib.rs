@@ -9,6 +9,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod fast_hash;
+pub mod ids;
 pub mod resource;
 pub mod resources;
 pub mod runtime;

@@ -2,23 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::device::RawStream;
 pub use crate::error::{ResourceError, ResourceResult};
-
-/// Public stream identifier. Issued process-wide from one counter, so an id
-/// is never reused and an id from one runtime is never valid in another.
-/// `0` is never issued.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub u32);
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub use crate::ids::{Generation, StreamId};
+use crate::ids::RawStream;
 
 /// A stream as resources see it: the public id plus the backend handle the
 /// runtime resolved it to. Resources order work on `raw`; two ids can share
@@ -28,45 +16,6 @@ impl fmt::Display for StreamId {
 pub struct StreamRef {
     pub id: StreamId,
     pub raw: RawStream,
-}
-
-/// Block generation: unique for the life of the process, never reused.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Generation(pub u64);
-
-impl fmt::Display for Generation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
-
-/// Generations a thread takes from the process-wide counter at a time, so
-/// threads allocating at once do not all hit one cache line.
-const GENERATION_BATCH: u64 = 1024;
-
-impl Generation {
-    /// A fresh generation. Generation 0 is never issued, so a zeroed handle
-    /// is always rejected. Each thread hands out generations from its own
-    /// batch of the process-wide counter: unique across the process and
-    /// increasing within a thread (not across threads).
-    pub fn next() -> Generation {
-        thread_local! {
-            static BATCH: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-        }
-        BATCH.with(|b| {
-            let (next, end) = b.get();
-            let g = if next < end {
-                next
-            } else {
-                NEXT_GENERATION.fetch_add(GENERATION_BATCH, Ordering::Relaxed)
-            };
-            let end = if next < end { end } else { g + GENERATION_BATCH };
-            b.set((g + 1, end));
-            Generation(g)
-        })
-    }
 }
 
 /// Value handle of a block: what callers hold and hand back. It is checked
@@ -116,10 +65,24 @@ pub enum BlockState {
 }
 
 /// Interned allocation tag: 4 bytes in every block record instead of a
-/// string. Names live in a process-wide table that only grows; tags are a
-/// small, repeated vocabulary ("hash_table", "join_output", ...).
+/// string. Names live in a process-wide table; tags are meant as a small,
+/// repeated vocabulary ("hash_table", "join_output", ...).
+///
+/// The table is bounded: it keeps the first [`MAX_TAGS`] distinct names of
+/// the process (the empty name and the overflow bucket included), and once
+/// it is full a name it has not seen is recorded as [`OVERFLOW_TAG_NAME`].
+/// So a program that tags by query id or request number uses at most a few
+/// hundred KiB for tag names, however long it runs, and its later tags read
+/// `(other)` in logs and leak reports.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AllocTag(u32);
+
+/// Most distinct tag names a process keeps, the empty name and
+/// [`OVERFLOW_TAG_NAME`] included.
+pub const MAX_TAGS: usize = 4096;
+
+/// What a new tag name is recorded as once the table is full.
+pub const OVERFLOW_TAG_NAME: &str = "(other)";
 
 struct TagTable {
     by_name: HashMap<Arc<str>, u32>,
@@ -129,18 +92,26 @@ struct TagTable {
 fn tag_table() -> &'static Mutex<TagTable> {
     static TABLE: OnceLock<Mutex<TagTable>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let empty: Arc<str> = Arc::from("");
-        let mut by_name = HashMap::new();
-        by_name.insert(empty.clone(), 0);
-        Mutex::new(TagTable { by_name, names: vec![empty] })
+        let mut table = TagTable { by_name: HashMap::new(), names: Vec::new() };
+        for name in ["", OVERFLOW_TAG_NAME] {
+            let name: Arc<str> = Arc::from(name);
+            table.by_name.insert(name.clone(), table.names.len() as u32);
+            table.names.push(name);
+        }
+        Mutex::new(table)
     })
 }
 
 /// Longest tag kept; longer names are cut at a character boundary.
 pub const MAX_TAG_LEN: usize = 128;
 
+/// Entries a thread's cache of recent names holds before it starts over.
+const THREAD_CACHE_ENTRIES: usize = 1024;
+
 impl AllocTag {
     pub const UNTAGGED: AllocTag = AllocTag(0);
+    /// The bucket of names that came after the table was full.
+    pub const OVERFLOW: AllocTag = AllocTag(1);
 
     pub fn new(name: &str) -> AllocTag {
         if name.is_empty() {
@@ -200,6 +171,7 @@ impl AllocTag {
             let mut table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
             match table.by_name.get(name) {
                 Some(&id) => id,
+                None if table.names.len() >= MAX_TAGS => AllocTag::OVERFLOW.0,
                 None => {
                     let id = table.names.len() as u32;
                     let arc: Arc<str> = Arc::from(name);
@@ -211,8 +183,9 @@ impl AllocTag {
         };
         CACHE.with(|c| {
             let mut c = c.borrow_mut();
-            // Bound the per-thread cache; the global table stays authoritative.
-            if c.len() > 4096 {
+            // Bound the per-thread cache too; the global table stays
+            // authoritative.
+            if c.len() >= THREAD_CACHE_ENTRIES {
                 c.clear();
             }
             c.insert(name.into(), id);
@@ -223,6 +196,11 @@ impl AllocTag {
     pub fn name(self) -> Arc<str> {
         let table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
         table.names.get(self.0 as usize).cloned().unwrap_or_else(|| Arc::from("?"))
+    }
+
+    /// Distinct names the process-wide table holds (at most [`MAX_TAGS`]).
+    pub fn interned() -> usize {
+        tag_table().lock().unwrap_or_else(|p| p.into_inner()).names.len()
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Stats {
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of xlog's own pool); on sim,
     /// or without a pool, the bytes xlog holds (`outstanding_bytes`).
     pub reserved_bytes: u64,
+    /// CSV log lines that could not be written (0 without a log).
+    pub log_lines_lost: u64,
 }
 
 /// What `close` found.
@@ -97,6 +99,7 @@ impl Runtime {
     /// One more opener of this runtime (each needs its own `close`). Used by
     /// the framework hooks, which hand their runtime out to callers.
     pub fn share(self: &Arc<Self>) -> ResourceResult<Arc<Self>> {
+        refuse_in_host_callback()?;
         let _registry = registry_lock();
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
@@ -107,6 +110,7 @@ impl Runtime {
 
     /// Open the runtime of `ordinal` with `config`.
     pub fn open(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
+        refuse_in_host_callback()?;
         config.validate()?;
         if ordinal < 0 {
             return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
@@ -123,6 +127,9 @@ impl Runtime {
 
     fn open_sim(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
         let device = SimDevice::new(ordinal, config.sim_capacity_bytes)?;
+        // Each imported foreign stream is a sim worker thread: bounded by
+        // the pool size, as pooled streams are.
+        device.set_foreign_stream_limit(config.stream_pool_size);
         Runtime::build(device, config).map(Arc::new)
     }
 
@@ -207,6 +214,7 @@ impl Runtime {
     }
 
     fn enter(&self) -> ResourceResult<std::sync::RwLockReadGuard<'_, ()>> {
+        refuse_in_host_callback()?;
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
         }
@@ -421,16 +429,22 @@ impl Runtime {
             cache_hits: u.cache_hits,
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
+            log_lines_lost: self.logging.as_ref().map_or(0, |log| log.lines_lost()),
         }
     }
 
     // ----- lifetime -----
 
-    /// Close one opener's reference. The last close frees what is still
-    /// live (reporting each block as a leak on stderr and in the log), waits
-    /// for pending frees, and destroys the pool's streams. Calls made after
-    /// it fail with an error.
+    /// Close one opener's reference. The last close waits for the work
+    /// already queued on its streams (host callbacks included), then frees
+    /// what is still live (reporting each block as a leak on stderr and in
+    /// the log), waits for pending frees, and destroys the pool's streams.
+    /// Calls made after it fail with an error; a close from inside a host
+    /// callback is refused and changes nothing.
     pub fn close(self: &Arc<Self>) -> ResourceResult<CloseReport> {
+        // From a host callback close would wait for the callback's own
+        // stream (and on CUDA call the driver): refused, nothing changes.
+        refuse_in_host_callback()?;
         {
             // The registry lock also serialises opens and closes of shared
             // runtimes, so an open never revives a runtime being shut down.
@@ -450,6 +464,14 @@ impl Runtime {
             return Err(closed_error());
         }
         let _exclusive = self.lifecycle.write().unwrap_or_else(|p| p.into_inner());
+        // First let every host callback already queued or running finish:
+        // a callback may still touch any block (a sim callback writes block
+        // memory through its pointer), so nothing is freed before they are
+        // done. Callbacks cannot call back in (refused, see `enter`), so
+        // this wait cannot deadlock on the close itself.
+        for raw in self.streams.all_raw() {
+            let _ = self.device.synchronize_stream(raw);
+        }
         let leaked = self.stack.live_blocks();
         if !leaked.is_empty() {
             let total: u64 = leaked.iter().map(|b| b.id.size).sum();
@@ -497,6 +519,15 @@ impl Runtime {
             None => Ok(CloseReport { leaked, still_shared: false }),
         }
     }
+}
+
+/// Every runtime call made from inside a host callback is refused with
+/// `StreamMisuse` and changes nothing (see `device::in_host_callback`).
+fn refuse_in_host_callback() -> ResourceResult<()> {
+    if crate::device::in_host_callback() {
+        return Err(ResourceError::in_host_callback());
+    }
+    Ok(())
 }
 
 fn closed_error() -> ResourceError {

@@ -3,6 +3,12 @@
 //! Ids come from one process-wide counter: never reused, never 0, and an id
 //! issued by one runtime is unknown to every other. A released pooled
 //! stream goes back to the idle list and is handed out again under a new id.
+//!
+//! Ids are `uint32_t` in the C ABI, so the supply is finite: once ids
+//! 1..=u32::MAX-1 have all been issued (about 4.3 billion acquires and
+//! imports in one process), acquire and import fail with `Exhausted`
+//! (XLOG_ERR_POOL_EXHAUSTED) instead of wrapping around to an id that a
+//! caller may still hold. u32::MAX is never issued.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -11,14 +17,28 @@ use crate::device::{Device, RawStream};
 use crate::fast_hash::FastMap;
 use crate::resource::{ResourceError, ResourceResult, StreamId, StreamRef};
 
+/// The next id to issue; `u32::MAX` once every id has been issued (it then
+/// stays there).
 static NEXT_STREAM_ID: AtomicU32 = AtomicU32::new(1);
 
 fn next_id() -> ResourceResult<StreamId> {
-    let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
-    if id == 0 || id == u32::MAX {
-        return Err(ResourceError::Internal("stream id space exhausted".into()));
+    let advance = |id: u32| (id < u32::MAX).then(|| id + 1);
+    match NEXT_STREAM_ID.fetch_update(Ordering::Relaxed, Ordering::Relaxed, advance) {
+        Ok(id) => Ok(StreamId(id)),
+        Err(_) => Err(ResourceError::Exhausted(format!(
+            "every stream id this process can issue (1..={}) has been issued, and ids are never \
+             reused; no stream can be acquired or imported any more",
+            u32::MAX - 1
+        ))),
     }
-    Ok(StreamId(id))
+}
+
+/// Test support: make `id` the next stream id issued, so tests reach the
+/// end of the id space without 4 billion acquires. Process-wide: only for
+/// a test binary that runs nothing else meanwhile.
+#[doc(hidden)]
+pub fn set_next_stream_id_for_testing(id: u32) {
+    NEXT_STREAM_ID.store(id.max(1), Ordering::Relaxed);
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -102,19 +122,14 @@ impl StreamPool {
         if st.pooled_in_use >= self.capacity {
             return Err(ResourceError::PoolExhausted { capacity: self.capacity });
         }
+        // The id first: once ids are exhausted nothing else is touched.
+        let id = next_id()?;
         let raw = match st.idle.pop() {
             Some(raw) => raw,
             None => {
                 let raw = self.device.create_stream()?;
                 st.created.push(raw);
                 raw
-            }
-        };
-        let id = match next_id() {
-            Ok(id) => id,
-            Err(e) => {
-                st.idle.push(raw);
-                return Err(e);
             }
         };
         st.active.insert(id, Entry { raw, origin: Origin::Pooled });
@@ -152,8 +167,8 @@ impl StreamPool {
         if let Some(&id) = st.imported.get(&native) {
             return Ok(id);
         }
-        let raw = self.device.import_stream(native)?;
         let id = next_id()?;
+        let raw = self.device.import_stream(native)?;
         st.active.insert(id, Entry { raw, origin: Origin::Imported { native } });
         st.imported.insert(native, id);
         Ok(id)

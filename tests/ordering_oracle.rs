@@ -95,7 +95,7 @@ fn mix(h: u64, x: u64) -> u64 {
 /// The kernel of launch `index`: from what it read (in use order), the
 /// contents of every block it writes.
 fn kernel(index: usize, uses: &[(usize, Access)], read: &[(usize, Bytes)]) -> Vec<(usize, Bytes)> {
-    let mut h = mix(0x0A11_CE5, index as u64);
+    let mut h = mix(0x00A1_1CE5, index as u64);
     for (b, bytes) in read {
         h = mix(h, *b as u64);
         for chunk in bytes.chunks(8) {

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use libfuzzer_sys::fuzz_target;
 use xlog_cuda::ffi::api::*;
+use xlog_cuda::ffi::testing::*;
 use xlog_cuda::ffi::types::*;
 
 /// Most calls one input makes, and most streams it may start (each sim
@@ -102,9 +103,10 @@ extern "C" fn count_callback(user: *mut c_void) {
     counter.fetch_add(1, Ordering::SeqCst);
 }
 
-/// A callback that calls back into the library from a stream worker:
-/// synchronizing its own stream must fail (it would deadlock), and stats may
-/// succeed or report the runtime closed, but neither may hang or crash.
+/// A callback that calls back into the library from a stream worker: every
+/// xlog call from a host callback is refused with STREAM_MISUSE (on CUDA a
+/// host function must not call the driver; synchronizing its own stream
+/// would deadlock), and none may hang or crash.
 struct Reentry {
     rt: usize,
     stream: xlog_stream,
@@ -125,19 +127,7 @@ extern "C" fn reentrant_callback(user: *mut c_void) {
 }
 
 fn zero_stats() -> xlog_stats {
-    xlog_stats {
-        live_bytes: 0,
-        pending_bytes: 0,
-        outstanding_bytes: 0,
-        peak_outstanding_bytes: 0,
-        budget_limit: 0,
-        budget_remaining: 0,
-        live_blocks: 0,
-        pending_blocks: 0,
-        allocations: 0,
-        deallocations: 0,
-        failed_allocations: 0,
-    }
+    xlog_stats::default()
 }
 
 fn zero_block() -> xlog_block {
@@ -192,6 +182,9 @@ struct RtModel {
     pooled_created: u32,
     /// Native handle → stream id, for imports not yet released.
     imported: HashMap<u64, xlog_stream>,
+    /// Foreign native handles imported since the open, released or not:
+    /// each is a sim worker thread, at most `pool_size` of them.
+    foreign: HashSet<u64>,
     /// Native handles `xlog_stream_native` returned for this runtime.
     own_natives: HashSet<u64>,
     /// A fault of each kind armed (and maybe already fired).
@@ -634,6 +627,7 @@ impl Harness {
             pooled_in_use: 0,
             pooled_created: 0,
             imported: HashMap::new(),
+            foreign: HashSet::new(),
             own_natives: HashSet::new(),
             armed: [false; 4],
             allocations: 0,
@@ -797,6 +791,10 @@ impl Harness {
                         } else {
                             OK | INVALID
                         }
+                    } else if r.foreign.contains(&native) {
+                        OK // its worker is reused
+                    } else if r.foreign.len() >= r.pool_size as usize {
+                        bit(XLOG_ERR_POOL_EXHAUSTED)
                     } else {
                         if self.new_streams >= MAX_NEW_STREAMS {
                             return;
@@ -824,7 +822,7 @@ impl Harness {
             self.fail(format!("xlog_stream_import returned id {out}, 0 or reused"));
         }
         let i = target.unwrap();
-        if native & SIM_NATIVE_TAG_MASK != SIM_NATIVE_TAG {
+        if native & SIM_NATIVE_TAG_MASK != SIM_NATIVE_TAG && self.rts[i].foreign.insert(native) {
             // A foreign handle the sim has not seen makes a new stream.
             self.new_streams += 1;
         }
@@ -1135,6 +1133,9 @@ impl Harness {
         if s.peak_outstanding_bytes < s.outstanding_bytes {
             fail("peak below outstanding");
         }
+        if s.log_lines_lost != 0 {
+            fail("log lines lost writing to a temporary file");
+        }
         if (s.allocations, s.deallocations, s.failed_allocations)
             != (r.allocations, r.deallocations, r.failed_allocations)
         {
@@ -1393,7 +1394,7 @@ impl Harness {
                 0 => self.fail(format!("an accepted reentrant callback on stream {} never ran", r.stream)),
                 1 => {
                     let (sync, stats) = (r.sync_status.load(Ordering::SeqCst), r.stats_status.load(Ordering::SeqCst));
-                    if sync != XLOG_ERR_INVALID_ARGUMENT || !(stats == XLOG_OK || stats == XLOG_ERR_INVALID_ARGUMENT) {
+                    if sync != XLOG_ERR_STREAM_MISUSE || stats != XLOG_ERR_STREAM_MISUSE {
                         self.fail(format!(
                             "reentrant callback: synchronize of its own stream gave {}, stats {}",
                             status_text(sync),

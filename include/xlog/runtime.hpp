@@ -220,10 +220,12 @@ class Stream {
   void synchronize() const { check(xlog_stream_synchronize(rt_, id_), "xlog_stream_synchronize"); }
 
   /// Run `fn()` on a host thread in stream order (cuLaunchHostFunc on CUDA,
-  /// where it must not call the CUDA API; the stream's worker on sim). The
-  /// callable is moved to the heap and deleted after it has run. It must not
-  /// throw: the call comes from the library's thread, where an escaping
-  /// exception ends the process (std::terminate).
+  /// the stream's worker on sim). `fn` must make no xlog call, on either
+  /// backend: each is refused there (XLOG_ERR_STREAM_MISUSE, which these
+  /// wrappers throw as xlog::Error), and a Block or Stream destroyed there
+  /// is not freed or released (its runtime's close does it). The callable is moved to the heap and deleted after it
+  /// has run. It must not throw: the call comes from the library's thread,
+  /// where an escaping exception ends the process (std::terminate).
   template <class F>
   void enqueue_host(F&& fn) const {
     using Callable = std::decay_t<F>;

@@ -15,6 +15,7 @@ import pytest
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(PYTHON_DIR)
 HEADER = os.path.join(REPO_ROOT, "include", "xlog_cuda.h")
+TESTING_HEADER = os.path.join(REPO_ROOT, "include", "xlog", "testing.h")
 
 if PYTHON_DIR not in sys.path:
     sys.path.insert(0, PYTHON_DIR)

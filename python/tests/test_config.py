@@ -30,9 +30,17 @@ GOOD_SIZES = {
     "18446744073709551615": (1 << 64) - 1,
     "0000000000000000000000000042": 42,
     ".5k": 512,
+    # Exact past 2**53, where a double would round (issue 17.3).
+    "9007199254740993.0": 9007199254740993,
+    "18446744073709551615.000": (1 << 64) - 1,
+    "0.000000000931322574615478515625GiB": 1,
+    "8589934591.999999999068677425384521484375GiB": (1 << 63) - 1,
+    "1.000000001GB": 1_000_000_001,
 }
 BAD_SIZES = ["", "abc", "12xyz", "-5", "1.2.3GiB", "99999999999999999999", "20000000TiB",
-             "0.3B", "1.5", "16EiB", "18446744073709551616", "17179869184GiB", "1e3", "+5", "."]
+             "0.3B", "1.5", "16EiB", "18446744073709551616", "17179869184GiB", "1e3", "+5", ".",
+             "18446744073709551615.5", "18446744073709551616.0", "1.0000000001GB",
+             "0.0000000009313225746154785156GiB", "1." + "0" * 38 + "1"]
 
 
 @pytest.mark.parametrize("text,value", sorted(GOOD_SIZES.items()))
@@ -59,6 +67,20 @@ def test_parse_size_agrees_with_the_library(text, monkeypatch):
     except ValueError:
         mine = None
     assert mine == expected
+
+
+def test_non_utf8_environment_values_are_errors(monkeypatch):
+    import os
+
+    for name in ("XLOG_BUDGET_BYTES", "XLOG_BACKEND"):
+        monkeypatch.setitem(os.environb, name.encode(), b"1\xffG")
+        with pytest.raises(xc.InvalidArgumentError) as info:
+            xc.Config.from_env()
+        assert name in info.value.message and "not valid UTF-8" in info.value.message
+        monkeypatch.delitem(os.environb, name.encode())
+    # A log path is a file name: any bytes are one, and it is used as is.
+    monkeypatch.setitem(os.environb, b"XLOG_LOG_PATH", b"/tmp/xlog-\xff.csv")
+    assert os.fsencode(xc.Config.from_env().log_path) == b"/tmp/xlog-\xff.csv"
 
 
 def test_budget_from_env(monkeypatch):

@@ -1,4 +1,4 @@
-"""The ctypes bindings against include/xlog_cuda.h.
+"""The ctypes bindings against include/xlog_cuda.h and include/xlog/testing.h.
 
 The header is parsed (comments stripped, then regular expressions over the
 cbindgen output) and every declaration is checked against the package:
@@ -21,13 +21,13 @@ import pytest
 import xlog_cuda as xc
 from xlog_cuda import _library
 
-from conftest import HEADER, REPO_ROOT
+from conftest import HEADER, REPO_ROOT, TESTING_HEADER
 
 pytestmark = pytest.mark.skipif(not os.path.isfile(HEADER), reason=f"{HEADER} not in this checkout")
 
 
-def _header_text() -> str:
-    with open(HEADER, encoding="utf-8") as f:
+def _header_text(path: str = HEADER) -> str:
+    with open(path, encoding="utf-8") as f:
         text = f.read()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     return re.sub(r"//[^\n]*", " ", text)
@@ -75,7 +75,11 @@ def _defines(text: str) -> dict:
     return {k: int(v) for k, v in re.findall(r"#define\s+(XLOG_\w+)\s+(-?\d+)\b", text)}
 
 
-TEXT = _header_text() if os.path.isfile(HEADER) else ""
+# The production header and the testing header (test and debug entry
+# points), which the package binds too.
+PUBLIC_TEXT = _header_text() if os.path.isfile(HEADER) else ""
+TESTING_TEXT = _header_text(TESTING_HEADER) if os.path.isfile(TESTING_HEADER) else ""
+TEXT = PUBLIC_TEXT + "\n" + TESTING_TEXT
 
 SCALARS = {
     "int32_t": ctypes.c_int32,
@@ -128,6 +132,14 @@ def test_header_parses_into_the_known_api():
     assert len(functions) >= 25, sorted(functions)
     assert {"xlog_allocate", "xlog_runtime_open", "xlog_stream_enqueue_host"} <= set(functions)
     assert set(_structs(TEXT)) == set(STRUCTS)
+
+
+def test_test_entry_points_are_declared_only_in_the_testing_header():
+    testing = _functions(TESTING_TEXT)
+    assert set(testing) == {"xlog_sim_inject_fault", "xlog_debug_panic", "xlog_testing_interop_reset"}
+    assert not set(testing) & set(_functions(PUBLIC_TEXT)), "test-only functions in xlog_cuda.h"
+    assert "XLOG_FAULT_ALLOC" not in PUBLIC_TEXT and "xlog_fault" not in PUBLIC_TEXT
+    assert '#include "../xlog_cuda.h"' in TESTING_TEXT
 
 
 def test_every_header_function_is_bound_with_exact_types():
@@ -224,7 +236,7 @@ def test_struct_sizes_known_values_lp64():
     # Measured with gcc against the header (see the compiled test below).
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
-    assert ctypes.sizeof(_library.XlogStats) == 136
+    assert ctypes.sizeof(_library.XlogStats) == 144
     assert ctypes.sizeof(_library.XlogConfig) == 64
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32

@@ -38,7 +38,7 @@ from ._errors import (
 from ._library import LibraryNotFoundError, library_path
 from ._paths import get_cmake_dir, get_include_dir, get_lib_dir, get_pkgconfig_dir
 from ._library import load as load_library
-from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, launch
+from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, in_host_callback, launch
 
 __all__ = [
     "Access",
@@ -69,6 +69,7 @@ __all__ = [
     "get_include_dir",
     "get_lib_dir",
     "get_pkgconfig_dir",
+    "in_host_callback",
     "last_error",
     "launch",
     "library_path",

@@ -28,21 +28,22 @@ class Allocator(enum.IntEnum):
     DIRECT = 1
 
 
+# Every unit as (twos, fives): 2**twos * 5**fives bytes.
 _SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tib": 1 << 40,
+    "": (0, 0),
+    "b": (0, 0),
+    "kb": (3, 3),
+    "mb": (6, 6),
+    "gb": (9, 9),
+    "tb": (12, 12),
+    "k": (10, 0),
+    "kib": (10, 0),
+    "m": (20, 0),
+    "mib": (20, 0),
+    "g": (30, 0),
+    "gib": (30, 0),
+    "t": (40, 0),
+    "tib": (40, 0),
 }
 
 
@@ -52,7 +53,9 @@ def parse_size(text: str) -> int:
     A plain integer, or a number with a unit: B; KB/MB/GB/TB (powers of
     1000); K/M/G/T and KiB/MiB/GiB/TiB (powers of 1024); units are case
     insensitive. A fraction is accepted when the result is a whole number of
-    bytes ("1.5GiB"). Raises ValueError otherwise, or if it exceeds 64 bits.
+    bytes ("1.5GiB"). The value is exact (no floating point:
+    "9007199254740993.0" is 9007199254740993). Raises ValueError otherwise,
+    if it exceeds 64 bits, or for a fraction of more than 38 digits.
     """
     if not isinstance(text, str):
         raise TypeError(f"expected a str, got {type(text).__name__}")
@@ -65,29 +68,35 @@ def parse_size(text: str) -> int:
     number, unit = t[:split], t[split:].strip()
     if not number:
         raise ValueError(f"{text!r}: expected a number of bytes such as 536870912, 512MiB or 8GiB")
-    multiplier = _SIZE_UNITS.get(unit.lower())
-    if multiplier is None:
+    factors = _SIZE_UNITS.get(unit.lower())
+    if factors is None:
         raise ValueError(f"{text!r}: unknown unit {unit!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
-    # Same two paths as the library: an exact integer first, then a float
-    # (with the library's double rounding) for fractions and huge values.
-    # (Checking the digit count first keeps int() clear of Python's limit on
-    # digits; leading zeros do not count, as in the library's integer parse.)
-    digits = number.lstrip("0") or "0"
-    if digits.isdigit() and len(digits) <= 20 and int(digits) <= U64_MAX:
-        whole = int(digits) * multiplier
-        if whole > U64_MAX:
-            raise ValueError(f"{text!r}: value does not fit in 64 bits")
-        return whole
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"{text!r}: {number!r} is not a number") from None
-    scaled = value * float(multiplier)
-    if scaled != scaled or scaled in (float("inf"), float("-inf")) or scaled >= float(1 << 64):
-        raise ValueError(f"{text!r}: value does not fit in 64 bits")
-    if scaled != int(scaled):
-        raise ValueError(f"{text!r} is not a whole number of bytes")
-    return int(scaled)
+    twos, fives = factors
+    whole, _, fraction = number.partition(".")
+    if "." in fraction or (not whole and not fraction):
+        raise ValueError(f"{text!r}: {number!r} is not a number")
+    too_big = ValueError(f"{text!r}: value does not fit in 64 bits")
+    # Checking the digit count first keeps int() clear of Python's limit on
+    # digits (leading zeros do not count, nor trailing zeros of a fraction).
+    whole_digits = whole.lstrip("0")
+    if len(whole_digits) > 20:
+        raise too_big
+    value = int(whole_digits or "0") * 2**twos * 5**fives
+    fraction_digits = fraction.rstrip("0")
+    if fraction_digits:
+        if len(fraction_digits) > 38:
+            raise ValueError(f"{text!r} has more than 38 fractional digits")
+        k = len(fraction_digits)
+        # f / 10**k * 2**twos * 5**fives is whole exactly when f supplies the
+        # 2s and 5s the unit lacks.
+        f = int(fraction_digits)
+        divisor = 2 ** max(k - twos, 0) * 5 ** max(k - fives, 0)
+        if f % divisor:
+            raise ValueError(f"{text!r} is not a whole number of bytes")
+        value += f // divisor * 2 ** max(twos - k, 0) * 5 ** max(fives - k, 0)
+    if value > U64_MAX:
+        raise too_big
+    return value
 
 
 SizeLike = Union[int, str]
@@ -185,7 +194,7 @@ class Config:
         """
         raw = _library.XlogConfig()
         lib = _library.load()
-        _errors.check(lib.xlog_config_from_env(ctypes.byref(raw)))
+        _errors.call(lib.xlog_config_from_env, ctypes.byref(raw))
         return cls._from_c(raw)
 
     @classmethod

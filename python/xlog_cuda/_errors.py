@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
-from typing import Dict, Optional, Type
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from . import _library
 
@@ -140,7 +141,40 @@ def check(status: int) -> None:
     """Raise the matching exception for a status returned by the library.
 
     Must run right after the call, on the same thread, before any other
-    library call that could replace the thread's last error.
+    library call that could replace the thread's last error (prefer `call`,
+    which also keeps finalizers from making one in between).
     """
     if status != Status.OK:
         raise error_for(status, last_error())
+
+
+# Calls in progress on this thread: from a library call until its message
+# has been read. Finalizers (a Block or Runtime collected by the garbage
+# collector, which may run at any allocation) must not call the library in
+# that window, or they would replace the message; they defer instead (see
+# _runtime.py).
+_calls = threading.local()
+
+
+def in_call() -> bool:
+    """Whether this thread is between a library call and the read of its
+    error message (see `call`)."""
+    return getattr(_calls, "depth", 0) > 0
+
+
+def call_status(fn: Callable[..., int], *args: Any) -> Tuple[int, str]:
+    """Call `fn(*args)`, a library function returning a status, and read
+    this thread's message right after a failure: (status, message)."""
+    _calls.depth = getattr(_calls, "depth", 0) + 1
+    try:
+        status = fn(*args)
+        return status, ("" if status == Status.OK else last_error())
+    finally:
+        _calls.depth -= 1
+
+
+def call(fn: Callable[..., int], *args: Any) -> None:
+    """Call `fn(*args)` and raise the matching exception if it fails."""
+    status, message = call_status(fn, *args)
+    if status != Status.OK:
+        raise error_for(status, message)

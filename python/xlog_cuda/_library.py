@@ -94,6 +94,7 @@ class XlogStats(ctypes.Structure):
         ("cache_hits", ctypes.c_uint64),
         ("cache_misses", ctypes.c_uint64),
         ("reserved_bytes", ctypes.c_uint64),
+        ("log_lines_lost", ctypes.c_uint64),
     ]
 
     @classmethod
@@ -147,6 +148,7 @@ PROTOTYPES = {
     "xlog_drain": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     "xlog_sim_inject_fault": (xlog_status, [xlog_runtime_p, xlog_fault, ctypes.c_uint64]),
     "xlog_debug_panic": (xlog_status, []),
+    "xlog_testing_interop_reset": (xlog_status, [ctypes.c_int32, _P(ctypes.c_uint64)]),
     # Framework hooks (src/ffi/interop.rs).
     "xlog_interop_configure": (xlog_status, [ctypes.c_int32, _P(XlogConfig)]),
     "xlog_interop_runtime": (xlog_status, [ctypes.c_int32, _P(xlog_runtime_p)]),

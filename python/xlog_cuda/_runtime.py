@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
+import collections
 import ctypes
 import dataclasses
 import enum
 import itertools
+import sys
 import threading
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+import warnings
+from typing import Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _errors, _library
 from ._config import U32_MAX, U64_MAX, Config
-from ._errors import InvalidArgumentError, check
+from ._errors import InvalidArgumentError, call
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -61,6 +65,7 @@ class Stats:
     cache_hits: int
     cache_misses: int
     reserved_bytes: int
+    log_lines_lost: int
 
 
 class LeakReport(NamedTuple):
@@ -71,6 +76,9 @@ class LeakReport(NamedTuple):
 
 
 def _lib() -> ctypes.CDLL:
+    """The library, for a call about to be made: first runs the frees and
+    closes that finalizers had to defer (see `_finalize`)."""
+    _run_deferred()
     return _library.load()
 
 
@@ -113,16 +121,36 @@ _callback_keys = itertools.count(1)
 _callback_lock = threading.Lock()
 
 
+# Depth of host callbacks this thread is running (they do not nest, but a
+# counter costs nothing). No xlog call is allowed inside one: the library
+# refuses them with STREAM_MISUSE on both backends.
+_callback_state = threading.local()
+
+
+def in_host_callback() -> bool:
+    """Whether this thread is running a host callback enqueued from Python.
+
+    No xlog call is allowed there (the library refuses each with
+    StreamMisuseError: on CUDA a host function must not call the driver, and
+    a wait from it for its own stream would never return). `Block.read` and
+    `Block.write` still work there on sim: they only touch host memory.
+    """
+    return getattr(_callback_state, "depth", 0) > 0
+
+
 def _run_host_callback(user: Optional[int]) -> None:
     with _callback_lock:
         entry = _pending_callbacks.pop(user or 0, None)
     if entry is None:
         return
     fn, errors = entry
+    _callback_state.depth = getattr(_callback_state, "depth", 0) + 1
     try:
         fn()
     except BaseException as e:  # noqa: BLE001 - nothing may unwind into C
         errors.append(e)
+    finally:
+        _callback_state.depth -= 1
 
 
 _HOST_TRAMPOLINE = _library.HOST_FN(_run_host_callback)
@@ -132,6 +160,77 @@ def pending_host_callbacks() -> int:
     """Callbacks enqueued from Python that have not run yet (for tests)."""
     with _callback_lock:
         return len(_pending_callbacks)
+
+
+# ---------------------------------------------------------------------------
+# Finalizers
+# ---------------------------------------------------------------------------
+#
+# A Block collected without free() is freed, and a Runtime collected without
+# close() is closed, as Python files are. The garbage collector runs
+# finalizers wherever an object happens to be collected, which may be where
+# no library call is allowed: inside a host callback (refused), or on a
+# thread between a library call and the read of its error message (the
+# finalizer's call would replace the message). There the work is deferred,
+# and runs before the next library call made through this package from an
+# ordinary thread (see `_lib`), or at exit.
+
+_deferred: Deque[Callable[[], None]] = collections.deque()
+
+
+def _finalize(action: Callable[[], None]) -> None:
+    """Run a finalizer's library call now if that is safe, else later."""
+    if sys.is_finalizing():
+        return  # the process is going away, and the library with it
+    if in_host_callback() or _errors.in_call():
+        _deferred.append(action)
+        return
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - a finalizer has no caller to tell
+        pass
+
+
+def _run_deferred() -> None:
+    if not _deferred or in_host_callback() or _errors.in_call():
+        return
+    while True:
+        try:
+            action = _deferred.popleft()
+        except IndexError:
+            return
+        try:
+            action()
+        except Exception:  # noqa: BLE001 - as in _finalize
+            pass
+
+
+atexit.register(_run_deferred)
+
+
+def _free_collected(runtime: "Runtime", raw: _library.XlogBlock) -> None:
+    """The stream-ordered free of a Block nobody holds any more. Harmless
+    once the runtime is closed: the close freed the block already (and the
+    library refuses the closed handle)."""
+
+    def free() -> None:
+        if not runtime.closed:
+            _library.load().xlog_deallocate(runtime.handle, raw)
+
+    _finalize(free)
+
+
+def _note_exit_failure(exc: Optional[BaseException], error: BaseException, what: str) -> None:
+    """Leaving a `with` block on an exception: keep that exception (the
+    caller's) and attach `error`, from the exit's own cleanup, as a note."""
+    if exc is None:
+        raise error
+    note = f"while leaving the with block, {what} also failed: {error!r}"
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:  # Python 3.10: no add_note, keep the text where 3.11 would
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------
@@ -148,6 +247,9 @@ class Runtime:
     `Runtime(backend="sim", budget_bytes="64MiB")`.
     """
 
+    # A Runtime whose open failed has nothing to close (see __del__).
+    _close_report: Optional[LeakReport] = LeakReport(0, 0)
+
     def __init__(self, device: int = 0, config: Optional[Config] = None, **overrides: Any):
         if config is None:
             config = Config.from_env()
@@ -158,7 +260,7 @@ class Runtime:
         raw = config.to_c()
         handle = ctypes.c_void_p()
         lib = _lib()
-        check(lib.xlog_runtime_open(self.device, ctypes.byref(raw), ctypes.byref(handle)))
+        call(lib.xlog_runtime_open, self.device, ctypes.byref(raw), ctypes.byref(handle))
         self._adopt_handle(handle.value or 0)
 
     def _adopt_handle(self, handle: int) -> None:
@@ -168,9 +270,10 @@ class Runtime:
         self._close_report: Optional[LeakReport] = None
         code = _library.xlog_backend()
         try:
-            check(lib.xlog_runtime_backend(self._handle, ctypes.byref(code)))
+            call(lib.xlog_runtime_backend, self._handle, ctypes.byref(code))
         except BaseException:
             lib.xlog_runtime_close(self._handle)
+            self._close_report = LeakReport(0, 0)
             raise
         self._backend = {1: "cuda", 2: "sim"}.get(code.value, str(code.value))
 
@@ -202,23 +305,51 @@ class Runtime:
     def close(self) -> LeakReport:
         """Close the runtime; returns the blocks and bytes still live.
 
-        The library frees leaked blocks, waits for pending frees and stops the
-        streams. Closing again returns the first report without a C call.
+        The library waits for the work queued on the runtime's streams (host
+        callbacks included), frees leaked blocks, waits for pending frees and
+        stops the streams. Closing again returns the first report without a
+        C call. From inside a host callback the close is refused
+        (StreamMisuseError) and the runtime stays open.
         """
         if self._close_report is not None:
             return self._close_report
         blocks, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
-        status = _lib().xlog_runtime_close_report(self._handle, ctypes.byref(blocks), ctypes.byref(nbytes))
+        status, message = _errors.call_status(
+            _lib().xlog_runtime_close_report, self._handle, ctypes.byref(blocks), ctypes.byref(nbytes)
+        )
+        if status == _errors.Status.STREAM_MISUSE:
+            raise _errors.error_for(status, message)  # refused: nothing changed
         # The handle is invalid afterwards even if an error is returned.
         self._close_report = LeakReport(blocks.value, nbytes.value)
-        check(status)
+        if status != _errors.Status.OK:
+            raise _errors.error_for(status, message)
         return self._close_report
+
+    def __del__(self) -> None:
+        # A Runtime nobody closed is closed when collected, with a
+        # ResourceWarning, as an unclosed file is.
+        if self._close_report is not None:
+            return
+        try:
+            warnings.warn(f"unclosed {self!r}; closing it (use `with` or close())", ResourceWarning, source=self)
+        except Exception:  # noqa: BLE001 - e.g. at interpreter shutdown
+            pass
+        handle = self._handle
+
+        def close() -> None:
+            _library.load().xlog_runtime_close(handle)
+
+        self._close_report = LeakReport(0, 0)
+        _finalize(close)
 
     def __enter__(self) -> "Runtime":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        try:
+            self.close()
+        except _errors.XlogError as e:
+            _note_exit_failure(exc, e, f"closing {self!r}")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -228,13 +359,13 @@ class Runtime:
 
     def stats(self) -> Stats:
         raw = _library.XlogStats.new()
-        check(_lib().xlog_get_stats(self._handle, ctypes.byref(raw)))
+        call(_lib().xlog_get_stats, self._handle, ctypes.byref(raw))
         return Stats(**{field.name: getattr(raw, field.name) for field in dataclasses.fields(Stats)})
 
     def reap(self) -> int:
         """Retire completed frees without blocking; returns the bytes released."""
         out = ctypes.c_uint64()
-        check(_lib().xlog_reap(self._handle, ctypes.byref(out)))
+        call(_lib().xlog_reap, self._handle, ctypes.byref(out))
         return out.value
 
     def trim(self, keep_bytes: int = 0) -> int:
@@ -244,13 +375,13 @@ class Runtime:
         drops by what was released. Returns the bytes released."""
         keep_bytes = _checked_int("keep_bytes", keep_bytes, 0, U64_MAX)
         out = ctypes.c_uint64()
-        check(_lib().xlog_trim(self._handle, keep_bytes, ctypes.byref(out)))
+        call(_lib().xlog_trim, self._handle, keep_bytes, ctypes.byref(out))
         return out.value
 
     def drain(self) -> int:
         """Wait for every free queued so far, then reap; returns the bytes released."""
         out = ctypes.c_uint64()
-        check(_lib().xlog_drain(self._handle, ctypes.byref(out)))
+        call(_lib().xlog_drain, self._handle, ctypes.byref(out))
         return out.value
 
     # -- streams --
@@ -258,7 +389,7 @@ class Runtime:
     def acquire_stream(self) -> "Stream":
         """A stream from the bounded pool (PoolExhaustedError past the pool size)."""
         out = _library.xlog_stream()
-        check(_lib().xlog_stream_acquire(self._handle, ctypes.byref(out)))
+        call(_lib().xlog_stream_acquire, self._handle, ctypes.byref(out))
         return Stream(self, out.value)
 
     def import_stream(self, native: Optional[int]) -> "Stream":
@@ -267,32 +398,43 @@ class Runtime:
         native stream."""
         value = 0 if native is None else _checked_int("native", native, 0, U64_MAX)
         out = _library.xlog_stream()
-        check(_lib().xlog_stream_import(self._handle, value or None, ctypes.byref(out)))
+        call(_lib().xlog_stream_import, self._handle, value or None, ctypes.byref(out))
         return Stream(self, out.value)
 
     # -- blocks --
 
     def allocate(self, nbytes: int, stream: Union["Stream", int], tag: str = "") -> "Block":
-        """Allocate `nbytes` ordered on `stream`; `tag` names it in logs and errors."""
+        """Allocate `nbytes` ordered on `stream`; `tag` (a str) names it in
+        logs and errors.
+
+        The Block is freed (stream ordered) by `free()`, by leaving its
+        `with` block, or when it is garbage-collected.
+        """
         nbytes = _checked_int("nbytes", nbytes, 0, U64_MAX)
-        tag_bytes = tag.encode("utf-8") if isinstance(tag, str) else bytes(tag)
+        if isinstance(tag, str):
+            tag_bytes = tag.encode("utf-8")
+        elif isinstance(tag, (bytes, bytearray)):
+            tag_bytes = bytes(tag)
+        else:
+            raise InvalidArgumentError(f"tag must be a str, got {type(tag).__name__} ({tag!r})")
         if b"\0" in tag_bytes:
             raise InvalidArgumentError("tag contains a NUL byte")
         raw = _library.XlogBlock()
-        check(_lib().xlog_allocate(self._handle, nbytes, _stream_id(stream), tag_bytes, ctypes.byref(raw)))
+        call(_lib().xlog_allocate, self._handle, nbytes, _stream_id(stream), tag_bytes, ctypes.byref(raw))
         return Block(self, raw)
 
     def deallocate(self, block: "Block") -> None:
         """`xlog_deallocate` of a handle, regardless of the Block's Python state."""
-        check(_lib().xlog_deallocate(self._handle, block._raw))
+        call(_lib().xlog_deallocate, self._handle, block._raw)
+        block._owner.freed = True
 
     def prepare_all(self, stream: Union["Stream", int], uses: Sequence[Tuple["Block", Any]]) -> None:
         array, n = _uses_array(uses)
-        check(_lib().xlog_prepare_all(self._handle, _stream_id(stream), array, n))
+        call(_lib().xlog_prepare_all, self._handle, _stream_id(stream), array, n)
 
     def finish_all(self, stream: Union["Stream", int], uses: Sequence[Tuple["Block", Any]]) -> None:
         array, n = _uses_array(uses)
-        check(_lib().xlog_finish_all(self._handle, _stream_id(stream), array, n))
+        call(_lib().xlog_finish_all, self._handle, _stream_id(stream), array, n)
 
     # -- testing --
 
@@ -306,7 +448,7 @@ class Runtime:
                 raise InvalidArgumentError(f"fault {kind!r} is not one of {names}") from None
         kind = _checked_int("kind", int(kind) if isinstance(kind, Fault) else kind, 0, U32_MAX)
         nth = _checked_int("nth", nth, 0, U64_MAX)
-        check(_lib().xlog_sim_inject_fault(self._handle, kind, nth))
+        call(_lib().xlog_sim_inject_fault, self._handle, kind, nth)
 
 
 def _uses_array(uses: Iterable[Tuple["Block", Any]]):
@@ -378,7 +520,7 @@ class Stream:
     def native(self) -> int:
         """The native `cudaStream_t` as an int (an opaque token on sim)."""
         out = ctypes.c_void_p()
-        check(_lib().xlog_stream_native(self.runtime.handle, self.id, ctypes.byref(out)))
+        call(_lib().xlog_stream_native, self.runtime.handle, self.id, ctypes.byref(out))
         return out.value or 0
 
     def synchronize(self) -> None:
@@ -387,7 +529,7 @@ class Stream:
         If a host callback enqueued from Python raised, the first such
         exception is re-raised here (and forgotten).
         """
-        check(_lib().xlog_stream_synchronize(self.runtime.handle, self.id))
+        call(_lib().xlog_stream_synchronize, self.runtime.handle, self.id)
         self.raise_callback_error()
 
     def raise_callback_error(self) -> None:
@@ -402,33 +544,40 @@ class Stream:
 
         `fn` is kept alive until it has run. It runs on a stream worker
         thread; an exception it raises is kept and re-raised by the next
-        `synchronize()` of this Stream object.
+        `synchronize()` of this Stream object. No xlog call is allowed from
+        `fn` (each raises StreamMisuseError there: see `in_host_callback`);
+        `Block.read`/`write` are, on sim.
         """
         if not callable(fn):
             raise InvalidArgumentError(f"{fn!r} is not callable")
         with _callback_lock:
             key = next(_callback_keys)
             _pending_callbacks[key] = (fn, self._callback_errors)
-        status = _lib().xlog_stream_enqueue_host(self.runtime.handle, self.id, _HOST_TRAMPOLINE, key)
-        if status != _errors.Status.OK:
+        try:
+            call(_lib().xlog_stream_enqueue_host, self.runtime.handle, self.id, _HOST_TRAMPOLINE, key)
+        except BaseException:
             with _callback_lock:
                 _pending_callbacks.pop(key, None)
-            check(status)
+            raise
 
     def release(self) -> None:
         """Give the stream back (queued work still runs). A second call is a no-op."""
         if self._released:
             return
-        check(_lib().xlog_stream_release(self.runtime.handle, self.id))
+        call(_lib().xlog_stream_release, self.runtime.handle, self.id)
         self._released = True
 
     def __enter__(self) -> "Stream":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         # A closed runtime has already released its streams.
-        if not self.runtime.closed:
+        if self.runtime.closed:
+            return
+        try:
             self.release()
+        except _errors.XlogError as e:
+            _note_exit_failure(exc, e, f"releasing {self!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -436,18 +585,39 @@ class Stream:
 # ---------------------------------------------------------------------------
 
 
+class _BlockOwner:
+    """What the copies of one Block share: whether its C handle has been
+    freed. When the last copy is collected, an unfreed block is freed."""
+
+    __slots__ = ("runtime", "raw", "freed")
+
+    def __init__(self, runtime: Runtime, raw: _library.XlogBlock):
+        self.runtime = runtime
+        self.raw = raw
+        self.freed = False
+
+    def __del__(self) -> None:
+        if not self.freed:
+            self.freed = True
+            _free_collected(self.runtime, self.raw)
+
+
 class Block:
-    """A block handle; freed on `free()` or context exit.
+    """A block handle; freed on `free()`, on context exit, or when the last
+    copy of it is garbage-collected.
 
     `free()` is idempotent on this object. `copy()` gives a second object
     with the same C handle: freeing both reaches the library twice, and the
     second free raises UseAfterFreeError, as with a copied `xlog_block` in C.
+    A block no copy refers to any more is freed as `free()` would (stream
+    ordered); one whose runtime is closed was freed by the close.
     """
 
-    def __init__(self, runtime: Runtime, raw: _library.XlogBlock):
+    def __init__(self, runtime: Runtime, raw: _library.XlogBlock, owner: Optional[_BlockOwner] = None):
         self.runtime = runtime
         self._raw = _library.XlogBlock.from_buffer_copy(raw)
         self._freed = False
+        self._owner = owner if owner is not None else _BlockOwner(runtime, self._raw)
 
     # -- handle fields --
 
@@ -489,7 +659,7 @@ class Block:
         )
 
     def copy(self) -> "Block":
-        return Block(self.runtime, self._raw)
+        return Block(self.runtime, self._raw, self._owner)
 
     __copy__ = copy
 
@@ -499,18 +669,19 @@ class Block:
         """Free the block (stream ordered). A second call on this object is a no-op."""
         if self._freed:
             return
-        check(_lib().xlog_deallocate(self.runtime.handle, self._raw))
+        call(_lib().xlog_deallocate, self.runtime.handle, self._raw)
         self._freed = True
+        self._owner.freed = True
 
     def validate(self) -> None:
         """Raise unless the handle names a live block (UseAfterFreeError if freed)."""
-        check(_lib().xlog_block_validate(self.runtime.handle, self._raw))
+        call(_lib().xlog_block_validate, self.runtime.handle, self._raw)
 
     def prepare(self, stream: Union["Stream", int], access: Union[Access, int, str]) -> None:
-        check(_lib().xlog_prepare(self.runtime.handle, self._raw, _stream_id(stream), _access_value(access)))
+        call(_lib().xlog_prepare, self.runtime.handle, self._raw, _stream_id(stream), _access_value(access))
 
     def finish(self, stream: Union["Stream", int], access: Union[Access, int, str]) -> None:
-        check(_lib().xlog_finish(self.runtime.handle, self._raw, _stream_id(stream), _access_value(access)))
+        call(_lib().xlog_finish, self.runtime.handle, self._raw, _stream_id(stream), _access_value(access))
 
     # -- sim memory --
 
@@ -523,8 +694,14 @@ class Block:
         n = _checked_int("n", n, 0, U64_MAX)
         if offset + n > self.size:
             raise InvalidArgumentError(f"{n} bytes at offset {offset} exceed the block's {self.size} bytes")
-        # A stale handle must not touch memory that now belongs to another block.
-        self.validate()
+        # A stale handle must not touch memory that now belongs to another
+        # block. Inside a host callback the library cannot be asked (no xlog
+        # call is allowed there): what this package knows has to do.
+        if in_host_callback():
+            if self._owner.freed or self.runtime.closed:
+                raise _errors.UseAfterFreeError(f"{self!r} was freed (or its runtime closed)")
+        else:
+            self.validate()
         return self.ptr + offset
 
     def read(self, n: Optional[int] = None, offset: int = 0) -> bytes:
@@ -550,7 +727,11 @@ class Block:
     def __enter__(self) -> "Block":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         # A closed runtime has already freed what was live.
-        if not self.runtime.closed:
+        if self.runtime.closed:
+            return
+        try:
             self.free()
+        except _errors.XlogError as e:
+            _note_exit_failure(exc, e, f"freeing {self!r}")

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Union
 from . import _library
 from ._config import Backend, Config, SizeLike, _enum_value, _size_value, _threshold_value
 from ._config import U64_MAX
-from ._errors import InvalidArgumentError, check, error_for, last_error
+from ._errors import InvalidArgumentError, call, call_status, error_for
 from ._runtime import I32_MAX, I32_MIN, Runtime, Stats, _checked_int
 
 __all__ = [
@@ -84,11 +84,11 @@ def configure(device: int = 0, config: Optional[Config] = None, **overrides: Any
     device = _device(device)
     lib = _library.load()
     if config is None and not overrides:
-        check(lib.xlog_interop_configure(device, None))
+        call(lib.xlog_interop_configure, device, None)
         return
     config = dataclasses.replace(config if config is not None else Config.from_env(), **overrides)
     raw = config.to_c()
-    check(lib.xlog_interop_configure(device, ctypes.byref(raw)))
+    call(lib.xlog_interop_configure, device, ctypes.byref(raw))
 
 
 def runtime(device: int = 0) -> Runtime:
@@ -99,7 +99,7 @@ def runtime(device: int = 0) -> Runtime:
     `xlog_cuda.torch.enable`) before the first `runtime`/`stats` call."""
     device = _device(device)
     handle = ctypes.c_void_p()
-    check(_library.load().xlog_interop_runtime(device, ctypes.byref(handle)))
+    call(_library.load().xlog_interop_runtime, device, ctypes.byref(handle))
     return Runtime._from_handle(handle.value or 0, device)
 
 
@@ -132,7 +132,7 @@ def trim(device: int = 0, keep_bytes: int = 0) -> int:
     0, and they are not opened (their config can still be set)."""
     keep_bytes = _checked_int("keep_bytes", keep_bytes, 0, U64_MAX)
     out = ctypes.c_uint64()
-    check(_library.load().xlog_interop_trim(_device(device), keep_bytes, ctypes.byref(out)))
+    call(_library.load().xlog_interop_trim, _device(device), keep_bytes, ctypes.byref(out))
     return out.value
 
 
@@ -149,8 +149,7 @@ def record_stream(ptr: int, device: int, stream: Optional[int]) -> None:
     up to that moment."""
     ptr = _checked_int("ptr", ptr, 0, U64_MAX)
     native = 0 if stream is None else _checked_int("stream", stream, 0, U64_MAX)
-    status = _library.load().xlog_torch_record_stream(ptr or None, _device(device), native or None)
-    check(status)
+    call(_library.load().xlog_torch_record_stream, ptr or None, _device(device), native or None)
 
 
 # ---------------------------------------------------------------------------
@@ -279,7 +278,7 @@ def setup_hooks(
         config = hook_config(budget, log_path, backend, wait_on_pressure, cache, pool_release_threshold)
         raw = config.to_c()
         lib = _library.load()
-        status = lib.xlog_interop_configure(device, ctypes.byref(raw))
+        status, message = call_status(lib.xlog_interop_configure, device, ctypes.byref(raw))
         if status != 0:
             message = last_error()
             explicit = any(

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::faults::{FaultKind, Faults};
-use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
+use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// Every driver entry point this file calls. They are looked up once,
@@ -414,7 +414,11 @@ extern "C" fn host_trampoline(user: *mut c_void) {
     // cuLaunchHostFunc; the driver calls this exactly once per launch, so
     // the box is reclaimed exactly once.
     let f = unsafe { Box::from_raw(user.cast::<HostFn>()) };
+    // Calls into xlog from here are refused (see `in_host_callback`): the
+    // driver forbids CUDA calls from a host function.
+    let in_callback = HostCallbackScope::enter();
     let outcome = panic::catch_unwind(AssertUnwindSafe(move || (*f)()));
+    drop(in_callback);
     if let Err(payload) = outcome {
         eprintln!(
             "xlog-cuda: a host callback panicked (contained): {}",

@@ -11,17 +11,47 @@ pub mod cuda;
 pub mod faults;
 pub mod sim;
 
+pub use crate::ids::{DevicePtr, RawEvent, RawStream};
 pub use faults::{FaultKind, Faults};
-
-/// Backend stream handle (a `CUstream` value, or a sim stream index).
-pub type RawStream = u64;
-/// Backend event handle (a `CUevent` value, or a sim event index).
-pub type RawEvent = u64;
-/// Device address (host address of the arena on the sim backend).
-pub type DevicePtr = u64;
 
 /// Host work queued in stream order.
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+thread_local! {
+    static IN_HOST_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host callback queued with
+/// [`Device::enqueue_host`] (`xlog_stream_enqueue_host`).
+///
+/// The runtime and the C boundary refuse every call made from there with
+/// `StreamMisuse`, on both backends alike: on CUDA a host function must not
+/// call the driver at all (`cuLaunchHostFunc`'s rule), and on sim a wait
+/// for work queued behind the running callback would never return. One rule
+/// on both backends means code tested on sim does not break on a GPU.
+pub fn in_host_callback() -> bool {
+    IN_HOST_CALLBACK.with(|flag| flag.get())
+}
+
+/// Marks the current thread as running a host callback until dropped. Each
+/// backend holds one around every callback it runs (the sim's stream worker,
+/// the CUDA host trampoline); dropping it restores the previous state, also
+/// when the callback panics.
+pub struct HostCallbackScope {
+    previous: bool,
+}
+
+impl HostCallbackScope {
+    pub fn enter() -> HostCallbackScope {
+        HostCallbackScope { previous: IN_HOST_CALLBACK.with(|flag| flag.replace(true)) }
+    }
+}
+
+impl Drop for HostCallbackScope {
+    fn drop(&mut self) {
+        IN_HOST_CALLBACK.with(|flag| flag.set(self.previous));
+    }
+}
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
 

@@ -19,7 +19,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, ThreadId};
 
 use super::faults::Faults;
-use super::{Backend, Device, DevicePtr, DeviceResult, HostFn, RawEvent, RawStream};
+use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// The fault kinds (kept at this path for existing users such as the C ABI's
@@ -29,13 +29,32 @@ pub use super::faults::FaultKind;
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
 pub const SIM_ALIGNMENT: u64 = 256;
 
-/// A sim stream's native handle is `NATIVE_TAG | instance << 24 | raw`:
-/// the tag marks it as a sim handle, and the process-unique device instance
-/// tells this device's streams from another sim device's.
+/// A sim stream's native handle is `NATIVE_TAG | instance << 16 | raw`:
+/// the 16-bit tag marks it as a sim handle, the 32-bit process-unique
+/// device instance tells this device's streams from another sim device's,
+/// and `raw` (16 bits) is the stream. Instances are never reused, so two
+/// sim devices alive at once never share one; once 2^32 - 1 sim devices
+/// have been created in a process, creating another fails (`Exhausted`)
+/// rather than reuse an instance. A device makes at most 2^16 - 1 streams.
 const NATIVE_TAG: u64 = 0x51A0_0000_0000_0000;
 const NATIVE_TAG_MASK: u64 = 0xFFFF_0000_0000_0000;
-const NATIVE_RAW_BITS: u32 = 24;
+const NATIVE_RAW_BITS: u32 = 16;
+const MAX_RAW_STREAM: u64 = (1 << NATIVE_RAW_BITS) - 1;
+const MAX_INSTANCE: u64 = u32::MAX as u64;
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// Test support: make `instance` the next sim device instance, so tests
+/// reach the end of the instance space without 4 billion opens.
+/// Process-wide: only for a test binary that runs nothing else meanwhile.
+#[doc(hidden)]
+pub fn set_next_instance_for_testing(instance: u64) {
+    NEXT_INSTANCE.store(instance.max(1), Ordering::Relaxed);
+}
+
+/// Default bound on the foreign streams one sim device imports (each is a
+/// worker thread until the device is dropped); the runtime sets it to its
+/// stream pool size.
+const DEFAULT_FOREIGN_STREAM_LIMIT: u32 = 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means a host callback panicked while the sim held it;
@@ -199,6 +218,7 @@ fn run_worker(stream: Arc<SimStream>, shared: Arc<Shared>) {
             Task::Host(f) => {
                 // A panicking callback must not kill the stream: the rest of
                 // its queue (frees, event records) still has to run.
+                let _in_callback = HostCallbackScope::enter();
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
                     eprintln!("xlog sim: a host callback panicked; the stream continues");
                 }
@@ -235,6 +255,9 @@ pub struct SimDevice {
     next_worker: AtomicU64,
     /// Process-unique id of this sim device (for native stream handles).
     instance: u64,
+    /// Most foreign native streams `import_stream` adopts (see
+    /// `set_foreign_stream_limit`).
+    foreign_stream_limit: std::sync::atomic::AtomicU32,
 }
 
 impl SimDevice {
@@ -251,6 +274,14 @@ impl SimDevice {
                 detail: format!("host could not reserve a {capacity}-byte sim arena"),
             }
         })?;
+        let instance = NEXT_INSTANCE
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| (i <= MAX_INSTANCE).then_some(i + 1))
+            .map_err(|_| {
+                DeviceError::Exhausted(format!(
+                    "this process has created {MAX_INSTANCE} sim devices; instances are never reused \
+                     (a native stream handle names its device by instance), so no more can be created"
+                ))
+            })?;
         let addr = arena.as_ptr() as u64;
         let align_pad = (SIM_ALIGNMENT - addr % SIM_ALIGNMENT) % SIM_ALIGNMENT;
         Ok(Arc::new(SimDevice {
@@ -263,12 +294,28 @@ impl SimDevice {
             events: Mutex::new(Vec::new()),
             faults: Faults::default(),
             next_worker: AtomicU64::new(0),
-            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF,
+            instance,
+            foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
         }))
     }
 
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Bound the foreign native streams `import_stream` adopts: each one
+    /// runs a worker thread until this device is dropped, so an engine
+    /// importing a new handle per step would otherwise grow threads without
+    /// limit. Importing one more distinct handle then fails with
+    /// `Exhausted`; handles imported before (and this device's own streams)
+    /// can always be imported again.
+    pub fn set_foreign_stream_limit(&self, limit: u32) {
+        self.foreign_stream_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Foreign native streams imported so far (each has a worker thread).
+    pub fn foreign_streams(&self) -> usize {
+        lock(&self.streams).imported.len()
     }
 
     /// Bytes of the arena currently allocated (freed ranges count until
@@ -371,6 +418,14 @@ impl SimDevice {
         *lock(&stream.worker_id) = Some(handle.thread().id());
         *lock(&stream.worker) = Some(handle);
         let mut streams = lock(&self.streams);
+        if streams.slots.len() as u64 >= MAX_RAW_STREAM {
+            drop(streams);
+            SimDevice::stop_stream(&stream);
+            return Err(DeviceError::Exhausted(format!(
+                "sim device {} has made {MAX_RAW_STREAM} streams, the most one sim device can make",
+                self.ordinal
+            )));
+        }
         streams.slots.push(Some(stream));
         Ok(streams.slots.len() as RawStream)
     }
@@ -444,19 +499,40 @@ impl Device for SimDevice {
             self.stream(raw)?;
             return Ok(raw);
         }
-        if let Some(&raw) = lock(&self.streams).imported.get(&native) {
-            return Ok(raw);
+        let limit = self.foreign_stream_limit.load(Ordering::Relaxed) as usize;
+        let full = |imported: usize| {
+            DeviceError::Exhausted(format!(
+                "sim device {} already runs a worker thread for each of {imported} imported foreign \
+                 streams, its limit (the runtime's stream_pool_size); {native:#x} is not imported \
+                 (open the runtime with a larger pool, or import streams imported before)",
+                self.ordinal
+            ))
+        };
+        {
+            let streams = lock(&self.streams);
+            if let Some(&raw) = streams.imported.get(&native) {
+                return Ok(raw);
+            }
+            if streams.imported.len() >= limit {
+                return Err(full(streams.imported.len()));
+            }
         }
         let raw = self.spawn_stream()?;
         let mut streams = lock(&self.streams);
-        // Another thread may have imported the same handle meanwhile; keep
-        // the first mapping so one native stream has one sim stream.
-        let kept = *streams.imported.entry(native).or_insert(raw);
+        // Another thread may have imported the same handle (or the last
+        // allowed one) meanwhile: keep the first mapping, so one native
+        // stream has one sim stream, and never pass the limit.
+        let outcome = match streams.imported.get(&native) {
+            Some(&kept) => Ok(kept),
+            None if streams.imported.len() >= limit => Err(full(streams.imported.len())),
+            None => {
+                streams.imported.insert(native, raw);
+                return Ok(raw);
+            }
+        };
         drop(streams);
-        if kept != raw {
-            self.destroy_stream(raw)?;
-        }
-        Ok(kept)
+        self.destroy_stream(raw)?;
+        outcome
     }
 
     fn native_stream(&self, raw: RawStream) -> u64 {

@@ -12,9 +12,8 @@ use std::sync::Mutex;
 
 use super::types::*;
 use crate::resource::AllocTag;
-use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runtime};
+use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runtime, write_out};
 use crate::config::{AllocatorKind, Config};
-use crate::device::sim::FaultKind;
 use crate::device::Backend;
 use crate::error::ResourceError;
 use crate::resource::{Access, BlockId, BlockUse, DeviceBlock, Generation, StreamId};
@@ -25,14 +24,6 @@ const MAX_USES: usize = 1 << 20;
 
 fn invalid(msg: String) -> ResourceError {
     ResourceError::InvalidArgument(msg)
-}
-
-/// Store `value` through a caller's out-pointer.
-fn write_out<T>(out: *mut T, value: T) {
-    // SAFETY: every caller checked `out` non-NULL with `out_ptr` first; the
-    // C contract makes the caller responsible for it pointing at writable
-    // storage of type T.
-    unsafe { out.write(value) }
 }
 
 fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
@@ -230,6 +221,7 @@ fn stats_of(s: &Stats) -> xlog_stats {
         cache_hits: s.cache_hits,
         cache_misses: s.cache_misses,
         reserved_bytes: s.reserved_bytes,
+        log_lines_lost: s.log_lines_lost,
     }
 }
 
@@ -340,7 +332,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             pool_release_threshold: 0,
         };
         let mut config = Config::default();
-        let env = config.apply_env(|name| std::env::var(name).ok());
+        let env = config.apply_env(|name| std::env::var_os(name));
         fill_config(&mut out, &config);
         if env.is_err() {
             out.struct_size = 0;
@@ -372,10 +364,12 @@ pub unsafe extern "C" fn xlog_runtime_open(
     })
 }
 
-/// Close a runtime handle. The last close of a runtime frees blocks still
-/// live (each reported on stderr and in the log as a leak), waits for
+/// Close a runtime handle. The last close of a runtime waits for the work
+/// already queued on its streams (host callbacks included), frees blocks
+/// still live (each reported on stderr and in the log as a leak), waits for
 /// pending frees and destroys its streams. The handle is invalid afterwards
-/// even if an error is returned.
+/// even if an error is returned, except when the close is refused from
+/// inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
     close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
@@ -439,7 +433,9 @@ pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) ->
 // ===================================================================== //
 
 /// Take a stream from the bounded pool (XLOG_ERR_POOL_EXHAUSTED past
-/// `stream_pool_size`).
+/// `stream_pool_size`). Ids are never reused: once this process has issued
+/// every id (1 to UINT32_MAX - 1, over acquires and imports), acquire and
+/// import fail with XLOG_ERR_POOL_EXHAUSTED.
 #[no_mangle]
 pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stream) -> xlog_status {
     boundary("xlog_stream_acquire", || {
@@ -459,6 +455,10 @@ pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream
 
 /// Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
 /// same native stream maps to the same id until that id is released.
+/// On sim each distinct foreign handle runs a worker thread until the
+/// runtime closes, so a runtime imports at most `stream_pool_size` distinct
+/// foreign handles (XLOG_ERR_POOL_EXHAUSTED beyond); a handle imported
+/// before, or a stream of the runtime itself, can always be imported again.
 #[no_mangle]
 pub extern "C" fn xlog_stream_import(
     rt: *mut xlog_runtime,
@@ -505,7 +505,24 @@ unsafe impl Send for UserData {}
 
 /// Run `fn(user)` on a host thread once all earlier work on `stream` is
 /// done; later work on the stream waits for it (`cuLaunchHostFunc` on CUDA,
-/// where `fn` must not call the CUDA API; a stream worker on sim).
+/// a worker thread of the stream on sim).
+///
+/// No xlog call from inside `fn`, on either backend: every entry point that
+/// returns a status (on any runtime, including xlog_runtime_open/close and
+/// xlog_config_from_env) returns XLOG_ERR_STREAM_MISUSE there, with a
+/// message saying why, and changes nothing; the framework hooks refuse too
+/// (NULL from the malloc hooks, nothing freed by the free hooks). Only
+/// xlog_version, xlog_status_name and xlog_last_error_message work. The
+/// reasons: on CUDA a host function must not call the driver at all, and a
+/// call that waits for the callback's own stream (drain, close, synchronize,
+/// an allocation waiting on budget pressure) would never return. `fn` may
+/// touch host memory (on sim, block memory through its pointer) and signal
+/// other threads.
+///
+/// xlog_runtime_close waits for every callback already queued on the
+/// runtime's streams, running or not yet started, before it frees anything,
+/// so a callback never has a block freed under it; a callback that waits for
+/// something done only after the close returns therefore blocks the close.
 #[no_mangle]
 pub extern "C" fn xlog_stream_enqueue_host(
     rt: *mut xlog_runtime,
@@ -685,37 +702,4 @@ pub extern "C" fn xlog_drain(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -
             Ok(())
         })
     })
-}
-
-// ===================================================================== //
-// Testing hooks                                                          //
-// ===================================================================== //
-
-/// Sim backend only: make the `nth` call (1 = the next) of kind `fault`
-/// fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
-#[no_mangle]
-pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault, nth: u64) -> xlog_status {
-    boundary("xlog_sim_inject_fault", || {
-        let kind = match fault {
-            XLOG_FAULT_ALLOC => FaultKind::Alloc,
-            XLOG_FAULT_FREE => FaultKind::Free,
-            XLOG_FAULT_EVENT_RECORD => FaultKind::EventRecord,
-            XLOG_FAULT_STREAM_CREATE => FaultKind::StreamCreate,
-            other => return Err(invalid(format!("fault kind {other} is not one of XLOG_FAULT_ALLOC..XLOG_FAULT_STREAM_CREATE (1..4)"))),
-        };
-        with_runtime(rt, |r| {
-            let sim = r
-                .sim()
-                .ok_or_else(|| invalid("fault injection needs a runtime on the sim backend".into()))?;
-            sim.inject_fault(kind, nth);
-            Ok(())
-        })
-    })
-}
-
-/// Panics inside the boundary, to test that a panic becomes
-/// XLOG_ERR_INTERNAL with a message instead of aborting the process.
-#[no_mangle]
-pub extern "C" fn xlog_debug_panic() -> xlog_status {
-    boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
 }

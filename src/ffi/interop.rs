@@ -9,6 +9,9 @@
 //! pointer, so the hooks keep a pointer → block map. Foreign streams are
 //! imported on first sight (the stream pool caches them by native handle).
 
+// The C contract of each entry point (valid or NULL pointers) is in its doc
+// comment, which is also the header's; no separate `# Safety` section.
+#![allow(clippy::missing_safety_doc)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::collections::HashMap;
@@ -18,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::api::config_of;
 use super::types::*;
-use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error};
+use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error, write_out};
 use crate::config::Config;
 use crate::error::ResourceError;
 use crate::resource::{Access, BlockId, StreamId};
@@ -80,6 +83,19 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     Ok(h)
 }
 
+/// The hooks of `device` if they have been opened (and not closed since):
+/// for the calls that only make sense after an allocation, so that a
+/// failing free or record_stream on a device never used opens nothing.
+fn opened_hooks(device: i32) -> Option<Arc<Hooks>> {
+    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
+}
+
+fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
+    ResourceError::InvalidArgument(format!(
+        "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
+    ))
+}
+
 fn hook_allocate(size: usize, device: i32, stream: u64, tag: &str) -> Result<*mut c_void, ResourceError> {
     let h = hooks(device)?;
     let sid = h.runtime.import_stream(stream)?;
@@ -93,13 +109,9 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
-    let h = hooks(device)?;
+    let h = opened_hooks(device).ok_or_else(|| not_a_hook_block(ptr, device))?;
     let key = ptr as u64;
-    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
-        ))
-    })?;
+    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
     // Fence every stream that used the block: the free then waits for the
     // work queued on them so far (the same contract as torch record_stream).
     for &stream in &entry.used_on {
@@ -116,6 +128,23 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
         let _ = h.runtime.reap();
     }
     Ok(())
+}
+
+/// Test support (`xlog_testing_interop_reset`): forget the hooks of
+/// `device` and its config, and drop the hooks' own reference to their
+/// runtime. If no handle from `xlog_interop_runtime` is open, that closes
+/// it, freeing the blocks the hooks still held; returns how many. With
+/// handles open the runtime stays open for them (their last close reports
+/// the blocks), and this returns 0.
+pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
+    let (hooks, _config) = {
+        let mut t = table();
+        (t.hooks.remove(&device), t.configs.remove(&device))
+    };
+    match hooks {
+        Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
+        _ => Ok(0),
+    }
 }
 
 fn report(name: &str, e: &ResourceError) {
@@ -157,9 +186,7 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
     boundary("xlog_interop_runtime", || {
         out_ptr(out, "out")?;
         let shared = hooks(device)?.runtime.share()?;
-        let handle = register_runtime(shared);
-        // SAFETY: `out` checked non-NULL; the caller provides storage.
-        unsafe { out.write(handle) };
+        write_out(out, register_runtime(shared));
         Ok(())
     })
 }
@@ -186,11 +213,16 @@ pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes
     })
 }
 
-/// Blocks the hooks of `device` currently hold (0 if never used).
+/// Blocks the hooks of `device` currently hold (0 if never used, and 0
+/// with a message when called from inside a host callback, where it is
+/// refused as every xlog call is: see xlog_stream_enqueue_host).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
     boundary_value("xlog_interop_live_blocks", 0, || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
+            return 0;
+        }
         table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
     })
 }
@@ -202,6 +234,9 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
 pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
     boundary_value("xlog_torch_malloc", std::ptr::null_mut(), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_torch_malloc").is_some() {
+            return std::ptr::null_mut();
+        }
         hook_allocate(size, device, stream as u64, "torch").unwrap_or_else(|e| {
             report("xlog_torch_malloc", &e);
             std::ptr::null_mut()
@@ -215,6 +250,9 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
     let _ = (size, stream);
     boundary_value("xlog_torch_free", (), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_torch_free").is_some() {
+            return;
+        }
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_torch_free", &e);
             eprintln!("xlog: xlog_torch_free: {e}");
@@ -228,12 +266,15 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
     boundary("xlog_torch_record_stream", || {
-        let h = hooks(device)?;
+        let not_live =
+            || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
+        let h = opened_hooks(device).ok_or_else(not_live)?;
+        if !lock(&h.blocks).contains_key(&(ptr as u64)) {
+            return Err(not_live());
+        }
         let sid = h.runtime.import_stream(stream as u64)?;
         let mut blocks = lock(&h.blocks);
-        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(|| {
-            ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"))
-        })?;
+        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(not_live)?;
         if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
             entry.used_on.push(sid);
         }
@@ -249,6 +290,9 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
     let _ = param;
     boundary_value("xlog_cupy_malloc", std::ptr::null_mut(), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_cupy_malloc").is_some() {
+            return std::ptr::null_mut();
+        }
         hook_allocate(size, device, 0, "cupy").unwrap_or_else(|e| {
             report("xlog_cupy_malloc", &e);
             std::ptr::null_mut()
@@ -262,6 +306,9 @@ pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i
     let _ = param;
     boundary_value("xlog_cupy_free", (), || {
         super::clear_last_error();
+        if super::refused_in_host_callback("xlog_cupy_free").is_some() {
+            return;
+        }
         if let Err(e) = hook_free(ptr, device) {
             report("xlog_cupy_free", &e);
             eprintln!("xlog: xlog_cupy_free: {e}");
@@ -360,7 +407,7 @@ mod tests {
 
     #[test]
     fn interop_trim_empties_the_hook_cache_and_never_opens_the_hooks() {
-        let device = 7004;
+        let device = 7006;
         let mut released = u64::MAX;
         // Never used: nothing to trim, and the hooks stay unopened.
         assert_eq!(xlog_interop_trim(device, 0, &mut released), XLOG_OK);
@@ -388,6 +435,66 @@ mod tests {
         assert_eq!(xlog_interop_trim(device, 0, std::ptr::null_mut()), XLOG_OK);
         let empty = h.runtime.stats().unwrap();
         assert_eq!((empty.cached_bytes, empty.outstanding_bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_failing_free_or_record_stream_on_an_unused_device_opens_nothing() {
+        let device = 7004;
+        let bogus = 0x1234 as *mut c_void;
+        xlog_torch_free(bogus, 64, device, std::ptr::null_mut());
+        assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        xlog_cupy_free(std::ptr::null_mut(), bogus, device);
+        assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        assert_eq!(xlog_torch_record_stream(bogus, device, 0x5000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("not a live hook allocation"), "{}", last_error());
+        assert!(!table().hooks.contains_key(&device), "a failing call opened the hook runtime of device {device}");
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        // So the device can still be configured before its first allocation.
+        let cfg = sim_config(1 << 20);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK, "{}", last_error());
+        let p = xlog_torch_malloc(4096, device, std::ptr::null_mut());
+        assert!(!p.is_null(), "{}", last_error());
+        // On a device in use, a record_stream of a pointer it does not hold
+        // imports nothing either.
+        let h = hooks(device).unwrap();
+        let imported = h.runtime.stream_usage().imported;
+        assert_eq!(xlog_torch_record_stream(bogus, device, 0x6000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(h.runtime.stream_usage().imported, imported);
+        xlog_torch_free(p, 4096, device, std::ptr::null_mut());
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+    }
+
+    #[test]
+    fn testing_reset_frees_what_the_hooks_held_and_forgets_the_config() {
+        use crate::ffi::testing::xlog_testing_interop_reset;
+        let device = 7005;
+        let cfg = sim_config(1 << 20);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let (a, b) = (xlog_torch_malloc(4096, device, std::ptr::null_mut()), xlog_cupy_malloc(std::ptr::null_mut(), 64, device));
+        assert!(!a.is_null() && !b.is_null(), "{}", last_error());
+        let mut leaked = u64::MAX;
+        assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK, "{}", last_error());
+        assert_eq!(leaked, 2);
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        assert!(!table().hooks.contains_key(&device) && !table().configs.contains_key(&device));
+        // Configurable again, as a device never used.
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        // With a handle open, the runtime stays open for it.
+        let p = xlog_torch_malloc(64, device, std::ptr::null_mut());
+        let mut rt = std::ptr::null_mut();
+        assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+        assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK);
+        assert_eq!(leaked, 0);
+        let mut stats = xlog_stats { struct_size: std::mem::size_of::<xlog_stats>() as u32, ..Default::default() };
+        assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+        assert_eq!(stats.live_blocks, 1, "the block is the handle's runtime's until it closes");
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+        xlog_torch_free(p, 64, device, std::ptr::null_mut());
+        assert!(last_error().contains("not allocated through the xlog framework hooks"));
+        assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK, "NULL out, nothing to reset");
     }
 
     #[test]

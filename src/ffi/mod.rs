@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod interop;
+pub mod testing;
 pub mod types;
 
 use std::cell::RefCell;
@@ -42,7 +43,7 @@ pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
         ResourceError::StreamMisuse(_) => XLOG_ERR_STREAM_MISUSE,
         ResourceError::UseAfterFree { .. } => XLOG_ERR_USE_AFTER_FREE,
         ResourceError::UnsatisfiableDependency(_) => XLOG_ERR_UNSATISFIABLE_DEPENDENCY,
-        ResourceError::PoolExhausted { .. } => XLOG_ERR_POOL_EXHAUSTED,
+        ResourceError::PoolExhausted { .. } | ResourceError::Exhausted(_) => XLOG_ERR_POOL_EXHAUSTED,
         ResourceError::NoDevice(_) => XLOG_ERR_NO_DEVICE,
         ResourceError::Internal(_) => XLOG_ERR_INTERNAL,
     }
@@ -79,8 +80,14 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// thread's last-error message, and turns a panic into XLOG_ERR_INTERNAL:
 /// since Rust 1.81 a panic escaping `extern "C"` aborts the host process,
 /// and an engine must never die because of us.
+///
+/// A call from inside a host callback is refused here, before `body` runs,
+/// so it changes nothing (see `refused_in_host_callback`).
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
     clear_last_error();
+    if let Some(status) = refused_in_host_callback(name) {
+        return status;
+    }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => XLOG_OK,
         Ok(Err(e)) => {
@@ -92,6 +99,20 @@ pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> 
             XLOG_ERR_INTERNAL
         }
     }
+}
+
+/// `Some(XLOG_ERR_STREAM_MISUSE)`, with the message set, when the calling
+/// thread is running an xlog host callback: every entry point that touches
+/// a runtime refuses there, on both backends (`device::in_host_callback`).
+/// Only `xlog_version`, `xlog_status_name` and `xlog_last_error_message`,
+/// which touch no runtime, work from a callback.
+pub(crate) fn refused_in_host_callback(name: &'static str) -> Option<xlog_status> {
+    if !crate::device::in_host_callback() {
+        return None;
+    }
+    let e = ResourceError::in_host_callback();
+    set_last_error(format!("{name}: {e}"));
+    Some(status_of(&e))
 }
 
 /// Like `boundary` for the few entry points that return a value rather
@@ -223,6 +244,16 @@ pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtim
     })
 }
 
+/// Store `value` through a caller's out-pointer: the one place the boundary
+/// writes through one (so no exported function dereferences a raw pointer
+/// argument itself).
+pub(crate) fn write_out<T>(out: *mut T, value: T) {
+    // SAFETY: every caller checked `out` non-NULL with `out_ptr` first; the
+    // C contract makes the caller responsible for it pointing at writable
+    // storage of type T.
+    unsafe { out.write(value) }
+}
+
 /// Require a non-NULL out-pointer.
 pub(crate) fn out_ptr<T>(p: *mut T, what: &str) -> Result<(), ResourceError> {
     if p.is_null() {
@@ -241,6 +272,35 @@ mod tests {
             generated == committed,
             "include/xlog_cuda.h is out of date: regenerate with XLOG_WRITE_HEADER=1 cargo build and commit it"
         );
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/testing.h"));
+        let committed = include_str!("../../include/xlog/testing.h");
+        assert!(
+            generated == committed,
+            "include/xlog/testing.h is out of date: regenerate with XLOG_WRITE_HEADER=1 cargo build and commit it"
+        );
+    }
+
+    #[test]
+    fn the_headers_are_regenerated_when_any_source_changes() {
+        // cbindgen reads every file of the crate (items outside src/ffi,
+        // such as the sim's constants, have leaked into the header before),
+        // so the build script must rerun on all of src/, not src/ffi only.
+        let build = include_str!("../../build.rs");
+        for watched in ["src", "cbindgen.toml", "Cargo.toml", "Cargo.lock"] {
+            let line = format!("println!(\"cargo:rerun-if-changed={watched}\");");
+            assert!(build.contains(&line), "build.rs does not rerun when {watched} changes");
+        }
+    }
+
+    #[test]
+    fn test_entry_points_are_only_in_the_testing_header() {
+        let public = include_str!("../../include/xlog_cuda.h");
+        let testing = include_str!("../../include/xlog/testing.h");
+        for name in ["xlog_sim_inject_fault(", "xlog_debug_panic(", "xlog_fault;", "XLOG_FAULT_ALLOC "] {
+            assert!(!public.contains(name), "the public header declares test-only {name}");
+            assert!(testing.contains(name), "the testing header lacks {name}");
+        }
+        assert!(testing.contains("#include \"../xlog_cuda.h\""));
     }
 
     #[test]
@@ -262,7 +322,7 @@ mod tests {
 
     #[test]
     fn panic_becomes_internal_status_with_message() {
-        let status = super::api::xlog_debug_panic();
+        let status = super::testing::xlog_debug_panic();
         assert_eq!(status, super::types::XLOG_ERR_INTERNAL);
         let msg = super::with_last_error(|m| m.to_string());
         assert!(msg.contains("deliberate panic"), "{msg}");

@@ -45,13 +45,6 @@ pub const XLOG_ALLOCATOR_ASYNC: xlog_allocator = 0;
 /// Synchronous allocation, no tracking (prepare/finish → STREAM_MISUSE).
 pub const XLOG_ALLOCATOR_DIRECT: xlog_allocator = 1;
 
-/// Sim fault kinds for `xlog_sim_inject_fault`.
-pub type xlog_fault = u32;
-pub const XLOG_FAULT_ALLOC: xlog_fault = 1;
-pub const XLOG_FAULT_FREE: xlog_fault = 2;
-pub const XLOG_FAULT_EVENT_RECORD: xlog_fault = 3;
-pub const XLOG_FAULT_STREAM_CREATE: xlog_fault = 4;
-
 /// Opaque runtime handle. The pointer value is a token checked on every
 /// call: a closed or never-opened handle is an error, not a crash.
 pub struct xlog_runtime {
@@ -149,6 +142,10 @@ pub struct xlog_stats {
     /// Memory the driver's pool holds for xlog on CUDA
     /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
     pub reserved_bytes: u64,
+    /// CSV log lines that could not be written (full disk, /dev/full, a
+    /// FIFO nobody reads); 0 without a log. The first loss is also reported
+    /// once on stderr.
+    pub log_lines_lost: u64,
 }
 
 /// Host callback run in stream order.

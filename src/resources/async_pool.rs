@@ -302,10 +302,6 @@ const HOARD_HARD_FACTOR: u64 = 2;
 const STALE_FREES: u64 = 4096;
 const STALE_RELEASES_PER_MISS: usize = 8;
 
-/// A miss reaps when pending frees exceed this fraction (1/16) of what is
-/// held, so that bytes the driver already has back are not charged long.
-const PENDING_REAP_DIV: u64 = 16;
-
 pub struct AsyncPool {
     device: Arc<dyn Device>,
     ordinal: u32,
@@ -594,14 +590,10 @@ impl AsyncPool {
     /// `wait_on_pressure` it then waits for pending frees and retries once
     /// more.
     fn allocate_new(&self, class: u64, stream: StreamRef, gate: &dyn ChargeGate) -> ResourceResult<u64> {
-        // Reap only once pending frees are a noticeable share of what is
-        // held (sealing them records an event, too dear for every miss);
-        // otherwise the runtime's reap, which engines and the hooks call
-        // regularly, and the pressure paths retire them.
-        let held = self.held.load(Ordering::Relaxed);
-        if self.pending_bytes.load(Ordering::Relaxed) > held / PENDING_REAP_DIV {
-            self.reap_into(gate);
-        }
+        // No reap here: what it retires depends on how far the GPU got, and
+        // a miss would then make a different number of driver calls from
+        // run to run. The runtime's reap (which engines and the hooks call
+        // regularly) and the pressure paths retire pending frees.
         if self.options.cache {
             self.bound_hoard(class, stream);
         }
@@ -903,11 +895,13 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
+        // A failed release is the caller's error (the block stays cached);
+        // a reap that fails only retires less, and the refusal says so.
         self.release_largest(need)?;
         if wait {
             self.wait_pending()?;
         }
-        self.reap_now()
+        Ok(self.reap_now().unwrap_or(0))
     }
 
     fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {

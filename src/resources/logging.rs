@@ -4,12 +4,22 @@
 //! analysis tools read it; `Tag` follows. Placed under the budget, it sees
 //! only calls the budget let through, so a refusal is logged once (by the
 //! runtime's stats), not twice.
+//!
+//! The log path may name a regular file, a character device (`/dev/null`,
+//! a terminal) or a FIFO that a reader already holds open. It is opened
+//! non-blocking, so a FIFO without a reader is refused at once instead of
+//! hanging the open; directories, block devices and sockets are refused.
+//! Telemetry never fails an allocation: a line that cannot be written
+//! (full disk, `/dev/full`, a FIFO whose reader is too slow) is dropped and
+//! counted (`lines_lost`, `xlog_stats.log_lines_lost`), and the first such
+//! failure is reported once on stderr.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::device::RawStream;
@@ -19,6 +29,10 @@ use crate::resource::{
 };
 
 pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag";
+
+/// Lines are written in batches of about this many bytes (and at every
+/// reap and at close).
+const BUFFER_BYTES: usize = 8 << 10;
 
 fn thread_number() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -42,25 +56,76 @@ fn csv_field(text: &str) -> String {
     }
 }
 
+/// Open `path` for the log without ever blocking, and refuse what cannot
+/// hold one.
+fn open_log(path: &Path) -> ResourceResult<File> {
+    let refuse = |why: String| ResourceError::InvalidArgument(format!("cannot create log file {}: {why}", path.display()));
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        // Opening a FIFO for writing blocks until a reader opens it;
+        // non-blocking, it fails at once (ENXIO) instead.
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => refuse("it is a FIFO (named pipe) that no process has open for reading".into()),
+            _ => refuse(e.to_string()),
+        })?;
+    let kind = file.metadata().map_err(|e| refuse(e.to_string()))?.file_type();
+    if kind.is_file() || kind.is_char_device() || kind.is_fifo() {
+        Ok(file)
+    } else {
+        let what = if kind.is_block_device() { "a block device" } else { "not a regular file" };
+        Err(refuse(format!("it is {what}; a log path must name a regular file, a character device or a FIFO")))
+    }
+}
+
+/// Lines not yet written, and the file they go to.
+struct Sink {
+    file: File,
+    buffer: Vec<u8>,
+    buffered_lines: u64,
+}
+
 pub struct LoggingResource {
     inner: Arc<dyn DeviceMemoryResource>,
     path: PathBuf,
-    out: Mutex<BufWriter<File>>,
+    sink: Mutex<Sink>,
+    lines_lost: AtomicU64,
+    failure_reported: AtomicBool,
 }
 
 impl LoggingResource {
     pub fn new(inner: Arc<dyn DeviceMemoryResource>, path: &Path) -> ResourceResult<Self> {
-        let file = File::create(path).map_err(|e| {
-            ResourceError::InvalidArgument(format!("cannot create log file {}: {e}", path.display()))
-        })?;
-        let mut out = BufWriter::new(file);
-        writeln!(out, "{CSV_HEADER}")
-            .map_err(|e| ResourceError::InvalidArgument(format!("cannot write {}: {e}", path.display())))?;
-        Ok(LoggingResource { inner, path: path.to_path_buf(), out: Mutex::new(out) })
+        let file = open_log(path)?;
+        let mut buffer = Vec::with_capacity(BUFFER_BYTES);
+        buffer.extend_from_slice(CSV_HEADER.as_bytes());
+        buffer.push(b'\n');
+        let log = LoggingResource {
+            inner,
+            path: path.to_path_buf(),
+            sink: Mutex::new(Sink { file, buffer, buffered_lines: 1 }),
+            lines_lost: AtomicU64::new(0),
+            failure_reported: AtomicBool::new(false),
+        };
+        // The header at once: a log that cannot be written is reported now
+        // (once, and counted), not at the first reap.
+        log.flush();
+        Ok(log)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Lines that could not be written (or only in part) since the open.
+    pub fn lines_lost(&self) -> u64 {
+        self.lines_lost.load(Ordering::Relaxed)
+    }
+
+    fn sink(&self) -> MutexGuard<'_, Sink> {
+        self.sink.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn line(&self, action: &str, ptr: u64, size: u64, stream: u32, tag: AllocTag) {
@@ -70,9 +135,34 @@ impl LoggingResource {
             time_of_day(),
             csv_field(&tag.name())
         );
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        // Telemetry must never fail an allocation: a full disk loses lines.
-        let _ = out.write_all(line.as_bytes());
+        let mut sink = self.sink();
+        sink.buffer.extend_from_slice(line.as_bytes());
+        sink.buffered_lines += 1;
+        if sink.buffer.len() >= BUFFER_BYTES {
+            self.write_out(&mut sink);
+        }
+    }
+
+    /// Write the buffered lines. Telemetry must never fail an allocation:
+    /// on a write error they are dropped and counted, and the first failure
+    /// is reported once on stderr.
+    fn write_out(&self, sink: &mut Sink) {
+        if sink.buffer.is_empty() {
+            return;
+        }
+        let Sink { file, buffer, buffered_lines } = sink;
+        if let Err(e) = file.write_all(buffer) {
+            let lost = self.lines_lost.fetch_add(*buffered_lines, Ordering::Relaxed) + *buffered_lines;
+            if !self.failure_reported.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "xlog: cannot write the log {}: {e}; {lost} line(s) lost so far, later losses are \
+                     counted in xlog_stats.log_lines_lost without another message",
+                    self.path.display()
+                );
+            }
+        }
+        buffer.clear();
+        *buffered_lines = 0;
     }
 
     /// Log a block still live when the runtime closed.
@@ -81,7 +171,9 @@ impl LoggingResource {
     }
 
     pub fn flush(&self) {
-        let _ = self.out.lock().unwrap_or_else(|p| p.into_inner()).flush();
+        let mut sink = self.sink();
+        self.write_out(&mut sink);
+        let _ = sink.file.flush();
     }
 }
 

@@ -1,0 +1,69 @@
+//! Test and debug entry points. The library exports them like every other,
+//! but they are declared in `include/xlog/testing.h`, not in the public
+//! `include/xlog_cuda.h`: build.rs runs cbindgen over this file alone for
+//! that header, and leaves every item defined here out of the public one.
+//! Everything `pub` in this file is therefore test-only by construction.
+
+#![allow(non_camel_case_types)]
+
+use super::types::*;
+use super::{boundary, out_ptr, runtime_of, write_out};
+use crate::device::sim::FaultKind;
+use crate::error::ResourceError;
+
+/// Fault kinds for `xlog_sim_inject_fault`.
+pub type xlog_fault = u32;
+pub const XLOG_FAULT_ALLOC: xlog_fault = 1;
+pub const XLOG_FAULT_FREE: xlog_fault = 2;
+pub const XLOG_FAULT_EVENT_RECORD: xlog_fault = 3;
+pub const XLOG_FAULT_STREAM_CREATE: xlog_fault = 4;
+
+/// Sim backend only: make the `nth` call (1 = the next) of kind `fault`
+/// fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
+#[no_mangle]
+pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault, nth: u64) -> xlog_status {
+    boundary("xlog_sim_inject_fault", || {
+        let kind = match fault {
+            XLOG_FAULT_ALLOC => FaultKind::Alloc,
+            XLOG_FAULT_FREE => FaultKind::Free,
+            XLOG_FAULT_EVENT_RECORD => FaultKind::EventRecord,
+            XLOG_FAULT_STREAM_CREATE => FaultKind::StreamCreate,
+            other => {
+                return Err(ResourceError::InvalidArgument(format!(
+                    "fault kind {other} is not one of XLOG_FAULT_ALLOC..XLOG_FAULT_STREAM_CREATE (1..4)"
+                )))
+            }
+        };
+        let runtime = runtime_of(rt)?;
+        let sim = runtime.sim().ok_or_else(|| {
+            ResourceError::InvalidArgument("fault injection needs a runtime on the sim backend".into())
+        })?;
+        sim.inject_fault(kind, nth);
+        Ok(())
+    })
+}
+
+/// Panics inside the boundary, to test that a panic becomes
+/// XLOG_ERR_INTERNAL with a message instead of aborting the process.
+#[no_mangle]
+pub extern "C" fn xlog_debug_panic() -> xlog_status {
+    boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
+}
+
+/// Forget the framework hooks of `device` and its configuration, so that a
+/// test (or a fuzzer input) starts from a clean slate, and drop the hooks'
+/// own reference to their runtime. With no handle from
+/// `xlog_interop_runtime` open, that closes it (on CUDA: unless the device's
+/// shared runtime has other openers), freeing the blocks the hooks still
+/// held; `leaked_blocks` (may be NULL) receives how many. With handles
+/// open, the runtime stays open for them and `leaked_blocks` is 0.
+#[no_mangle]
+pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u64) -> xlog_status {
+    boundary("xlog_testing_interop_reset", || {
+        let leaked = super::interop::reset_device(device)?;
+        if out_ptr(leaked_blocks, "leaked_blocks").is_ok() {
+            write_out(leaked_blocks, leaked);
+        }
+        Ok(())
+    })
+}
