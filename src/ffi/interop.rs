@@ -206,8 +206,7 @@ pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes
             None => 0,
         };
         if !released_bytes.is_null() {
-            // SAFETY: non-NULL; the caller provides storage for one u64.
-            unsafe { released_bytes.write(released) };
+            super::write_out(released_bytes, released);
         }
         Ok(())
     })

@@ -85,7 +85,7 @@ fn index_class(i: usize) -> u64 {
         return (i + 1) * MIN_CLASS_STEP;
     }
     let e = 13 + (i - 16) / CLASSES_PER_OCTAVE;
-    (1 << e) + ((i - 16) % CLASSES_PER_OCTAVE << (e - 4))
+    (1 << e) + (((i - 16) % CLASSES_PER_OCTAVE) << (e - 4))
 }
 
 #[derive(Default)]
