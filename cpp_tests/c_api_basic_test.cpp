@@ -932,8 +932,8 @@ TEST_F(CApiCache, ABlockMuchLargerThanTheRequestIsNotHandedOut) {
 
 // The hoarding bound (docs/caching.md): a workload whose sizes keep
 // changing does not keep every size it ever freed. Before a miss grows
-// what xlog holds past the live peak plus 1/16, cold cached blocks go
-// back to the driver.
+// what xlog holds past twice the live peak, cold cached blocks go back to
+// the driver (down to the live peak plus 1/16).
 TEST_F(CApiCache, SizesThatKeepChangingDoNotPileUpInTheCache) {
   std::uint64_t sum = 0;
   for (std::uint64_t i = 1; i <= 20; ++i) {
@@ -942,7 +942,7 @@ TEST_F(CApiCache, SizesThatKeepChangingDoNotPileUpInTheCache) {
     XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
     const xlog_stats s = StatsOf(rt_);
     const std::uint64_t held = s.live_bytes + s.cached_bytes;
-    EXPECT_LE(held, i * 8192 + i * 8192 / 16) << "step " << i << ": " << Describe(s);
+    EXPECT_LE(held, 2 * i * 8192) << "step " << i << ": " << Describe(s);
   }
   xlog_stats s = StatsOf(rt_);
   EXPECT_GE(s.cached_bytes, 20u * 8192) << "the last (largest) block stays cached";

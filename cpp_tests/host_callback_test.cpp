@@ -212,6 +212,7 @@ xlog_block allocate(xlog_runtime* rt, uint64_t bytes, xlog_stream s, const char*
 
 xlog_stats stats(xlog_runtime* rt) {
   xlog_stats s{};
+  s.struct_size = sizeof s;
   OK_OR_DIE(xlog_get_stats(rt, &s));
   return s;
 }

@@ -280,7 +280,6 @@ def setup_hooks(
         lib = _library.load()
         status, message = call_status(lib.xlog_interop_configure, device, ctypes.byref(raw))
         if status != 0:
-            message = last_error()
             explicit = any(
                 v is not None for v in (budget, log_path, backend, cache, pool_release_threshold)
             )
