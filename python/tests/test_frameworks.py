@@ -732,7 +732,8 @@ x = torch.ones(1 << 20, device="cuda")          # 4 MiB
 base = xt.stats()
 assert base.live_bytes >= 4 << 20, base
 y = torch.empty(12345, dtype=torch.uint8, device="cuda")
-assert xt.stats().live_bytes == base.live_bytes + 12345
+grew = xt.stats().live_bytes - base.live_bytes   # device bytes: the size class
+assert 12345 <= grew <= 12345 + 12345 // 16 + 512, grew
 assert float(x.sum()) == float(1 << 20)
 del x, y
 torch.cuda.synchronize()
@@ -750,7 +751,7 @@ import xlog_cuda.cupy as xcp, xlog_cuda.interop as xi
 xcp.enable(budget="64MiB")
 base = xcp.stats().live_bytes
 a = cupy.arange(1000, dtype=cupy.float64)
-assert xcp.stats().live_bytes - base == 8000, xcp.stats()
+assert 8000 <= xcp.stats().live_bytes - base <= 8000 + 8000 // 16 + 512, xcp.stats()
 assert int(a.sum()) == 499500
 try:
     cupy.empty(65 << 20, dtype=cupy.uint8)
