@@ -19,7 +19,7 @@ MiB = 1 << 20
 
 
 def _handle_is_open(handle: int) -> bool:
-    raw = _library.XlogStats()
+    raw = _library.XlogStats.new()
     return _library.load().xlog_get_stats(handle, ctypes.byref(raw)) == 0
 
 

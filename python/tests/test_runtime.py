@@ -65,7 +65,7 @@ def test_stats_track_allocate_free_reap_drain_without_the_cache(make_runtime):
     rt = make_runtime(cache=False)
     stream = rt.acquire_stream()
     s0 = rt.stats()
-    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
     a = rt.allocate(4096, stream, tag="a")
     b = rt.allocate(12288, stream, tag="b")
@@ -106,7 +106,7 @@ def test_stats_track_allocate_free_reuse_trim_with_the_cache(rt, stream):
     """The default: a free goes to its stream's cache and stays charged;
     trim hands it back to the driver."""
     s0 = rt.stats()
-    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
     a = rt.allocate(4096, stream, tag="a")
     b = rt.allocate(12288, stream, tag="b")
