@@ -160,7 +160,25 @@ impl StreamPool {
     /// Adopt a foreign native stream; the same native handle maps to the
     /// same id until that id is released.
     pub fn import(&self, native: u64) -> ResourceResult<StreamId> {
-        if let Some(&id) = self.read().imported.get(&native) {
+        thread_local! {
+            /// The last foreign stream this thread imported: the framework
+            /// hooks import theirs on every allocation.
+            static IMPORTED: std::cell::Cell<Option<(u64, u64, u64, StreamId)>> = const { std::cell::Cell::new(None) };
+        }
+        let releases = self.releases.load(Ordering::Acquire);
+        if let Some((pool, n, r, id)) = IMPORTED.with(|c| c.get()) {
+            if pool == self.unique && n == native && r == releases {
+                return Ok(id);
+            }
+        }
+        let found = {
+            let st = self.read();
+            let id = st.imported.get(&native).copied();
+            // Read under the lock, as in `resolve`.
+            (id, self.releases.load(Ordering::Acquire))
+        };
+        if let (Some(id), releases) = found {
+            IMPORTED.with(|c| c.set(Some((self.unique, native, releases, id))));
             return Ok(id);
         }
         let mut st = self.write();

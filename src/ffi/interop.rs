@@ -60,7 +60,45 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The hooks of `device`, opening its runtime on first use.
+/// Bumped whenever the table's hooks change, so the per-thread copy below
+/// is used only while it is still the table's.
+static HOOKS_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The hooks this thread used last: (device, epoch, hooks). Frameworks
+    /// call the hooks of one device over and over; this spares them the
+    /// process-wide table lock.
+    static LAST_HOOKS: std::cell::RefCell<Option<(i32, u64, Arc<Hooks>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// This thread's copy of the open hooks of `device`, if still current.
+fn cached_hooks(device: i32) -> Option<Arc<Hooks>> {
+    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
+    LAST_HOOKS.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|(d, e, h)| *d == device && *e == epoch && !h.runtime.is_closed())
+            .map(|(_, _, h)| h.clone())
+    })
+}
+
+fn remember_hooks(device: i32, epoch: u64, h: &Arc<Hooks>) {
+    let old = LAST_HOOKS.with(|c| c.borrow_mut().replace((device, epoch, h.clone())));
+    drop(old);
+}
+
 fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
+    if let Some(h) = cached_hooks(device) {
+        return Ok(h);
+    }
+    let h = hooks_from_table(device)?;
+    // The epoch after the table lookup: a change since then makes the copy
+    // stale at once.
+    remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    Ok(h)
+}
+
+fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     let mut t = table();
     if let Some(h) = t.hooks.get(&device) {
         if !h.runtime.is_closed() {
@@ -80,6 +118,7 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     let runtime = Runtime::open(device, &config)?;
     let h = Arc::new(Hooks { runtime, blocks: Mutex::default(), frees: AtomicU64::new(0) });
     t.hooks.insert(device, h.clone());
+    HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
     Ok(h)
 }
 
@@ -87,7 +126,7 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
 /// for the calls that only make sense after an allocation, so that a
 /// failing free or record_stream on a device never used opens nothing.
 fn opened_hooks(device: i32) -> Option<Arc<Hooks>> {
-    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
+    cached_hooks(device).or_else(|| table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned())
 }
 
 fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
@@ -139,8 +178,11 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
 pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
     let (hooks, _config) = {
         let mut t = table();
+        HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };
+    let mine = LAST_HOOKS.with(|c| c.borrow_mut().take());
+    drop(mine);
     match hooks {
         Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
         _ => Ok(0),
@@ -173,6 +215,7 @@ pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_co
             }
         }
         t.hooks.remove(&device);
+        HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         t.configs.insert(device, config);
         Ok(())
     })
