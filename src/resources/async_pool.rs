@@ -234,6 +234,11 @@ fn shard_index(stream: StreamId) -> usize {
     stream.0 as usize % TABLE_SHARDS
 }
 
+/// Every shard index, `home` first.
+fn shards_from(home: usize) -> impl Iterator<Item = usize> {
+    std::iter::once(home).chain((0..TABLE_SHARDS).filter(move |&i| i != home))
+}
+
 impl TableShard {
     /// The record of a handle whose shard this is; `None` when the
     /// generation is not here (the caller then works out why, see
@@ -401,8 +406,7 @@ impl AsyncPool {
 
     /// The coldest block cached on `stream` (in any shard), taken out.
     fn take_coldest(&self, stream: RawStream, home: usize) -> Option<(CachedBlock, usize)> {
-        let order = std::iter::once(home).chain((0..TABLE_SHARDS).filter(|&i| i != home));
-        order.into_iter().find_map(|i| lock(&self.table[i]).cache.take_coldest(stream).map(|b| (b, i)))
+        shards_from(home).find_map(|i| lock(&self.table[i]).cache.take_coldest(stream).map(|b| (b, i)))
     }
 
     /// Queue on `stream` a wait for each event (already deduplicated).
@@ -599,72 +603,48 @@ impl AsyncPool {
         }
         let stream = stream.raw;
         gate.try_charge(class)?;
-        let mut attempt = 0;
-        let ptr = loop {
-            match self.device.alloc_async(class, stream) {
-                Ok(ptr) => break ptr,
-                Err(crate::error::DeviceError::OutOfMemory { .. }) if attempt < 2 => {
-                    let wait = attempt == 1;
-                    if wait && !self.options.wait_on_pressure {
-                        attempt = 2;
-                        continue;
-                    }
-                    let _ = self.release_largest(u64::MAX);
-                    if wait {
-                        let _ = self.wait_pending();
-                    }
-                    self.reap_into(gate);
-                    attempt += 1;
-                }
-                Err(e) => {
-                    gate.uncharge(class);
-                    return Err(e.into());
-                }
+        let mut result = self.device.alloc_async(class, stream);
+        for wait in [false, true] {
+            let out_of_memory = matches!(result, Err(crate::error::DeviceError::OutOfMemory { .. }));
+            if !out_of_memory || (wait && !self.options.wait_on_pressure) {
+                break;
             }
-        };
+            let _ = self.release_largest(u64::MAX);
+            if wait {
+                let _ = self.wait_pending();
+            }
+            self.reap_into(gate);
+            result = self.device.alloc_async(class, stream);
+        }
+        let ptr = result.map_err(|e| {
+            gate.uncharge(class);
+            ResourceError::from(e)
+        })?;
         let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
         self.peak_held.fetch_max(held, Ordering::Relaxed);
         Ok(ptr)
     }
 
-    /// A fitting block from any other shard's cache, with `stream` ordered
-    /// after its free on the stream it came from (no wait when that is
-    /// `stream` itself under another id).
-    fn take_from_other_shards(&self, stream: StreamRef, class: u64) -> ResourceResult<Option<CachedBlock>> {
-        let home = shard_index(stream.id);
-        for i in (0..TABLE_SHARDS).filter(|&i| i != home) {
+    /// A fitting block cached on another stream (this stream's own shard
+    /// first, then the others), with `stream` ordered after its free on the
+    /// stream it came from (no wait when that is `stream` itself under
+    /// another id).
+    fn take_from_another_stream(&self, stream: StreamRef, class: u64) -> ResourceResult<Option<CachedBlock>> {
+        for i in shards_from(shard_index(stream.id)) {
             let found = lock(&self.table[i]).cache.take_any(stream.raw, class);
-            if let Some((owner, block)) = found {
-                if owner == stream.raw {
-                    return Ok(Some(block));
-                }
-                return match self.fence_after(owner, stream.raw) {
-                    Ok(()) => Ok(Some(block)),
-                    Err(e) => {
-                        lock(&self.table[i]).cache.put_back(owner, block);
-                        Err(e)
-                    }
-                };
+            let Some((owner, block)) = found else { continue };
+            if owner == stream.raw {
+                return Ok(Some(block));
             }
-        }
-        Ok(None)
-    }
-
-    /// A fitting block cached on another stream: first in this stream's own
-    /// shard (streams that share it), then in the others.
-    fn take_from_other_shards_or_home(&self, stream: StreamRef, class: u64) -> ResourceResult<Option<CachedBlock>> {
-        let home = shard_index(stream.id);
-        let found = lock(&self.table[home]).cache.take_any(stream.raw, class);
-        if let Some((owner, block)) = found {
             return match self.fence_after(owner, stream.raw) {
                 Ok(()) => Ok(Some(block)),
                 Err(e) => {
-                    lock(&self.table[home]).cache.put_back(owner, block);
+                    lock(&self.table[i]).cache.put_back(owner, block);
                     Err(e)
                 }
             };
         }
-        self.take_from_other_shards(stream, class)
+        Ok(None)
     }
 
     /// Make `stream` wait (on the GPU) for everything queued on `owner` so
@@ -751,7 +731,7 @@ impl DeviceMemoryResource for AsyncPool {
             }
         }
         if self.options.cache {
-            if let Some(block) = self.take_from_other_shards_or_home(stream, class)? {
+            if let Some(block) = self.take_from_another_stream(stream, class)? {
                 return Ok(self.register_in(&mut self.shard(stream.id), block.ptr, bytes, block.bytes, stream, tag));
             }
         }

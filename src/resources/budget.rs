@@ -124,9 +124,7 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
     }
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        let (result, released) = self.inner.deallocate_released(block);
-        self.release(released);
-        result
+        self.deallocate_released(block).0
     }
 
     fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
