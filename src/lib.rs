@@ -5,11 +5,13 @@
 //! (the `DeviceMemoryResource` stack: budget, logging, async pool, direct),
 //! [`stream_pool`], [`runtime`], and the C ABI in `ffi`.
 
+pub mod call_gate;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod fast_hash;
 pub mod ids;
+pub mod inline_list;
 pub mod resource;
 pub mod resources;
 pub mod runtime;

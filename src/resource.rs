@@ -51,6 +51,17 @@ pub struct BlockUse {
     pub access: Access,
 }
 
+impl Default for BlockUse {
+    /// A placeholder (a read of the null handle) for fixed-size buffers of
+    /// uses; never a live block.
+    fn default() -> Self {
+        BlockUse {
+            block: BlockId { ptr: 0, size: 0, generation: Generation(0), alloc_stream: StreamId(0), device: 0 },
+            access: Access::Read,
+        }
+    }
+}
+
 /// Lifecycle of a block: Live → Cached (freed into its stream's cache; the
 /// generation is dead, the memory is kept for reuse) or Pending (freed to
 /// the driver, GPU not done yet) → Retired. Quarantined is for debug-guard

@@ -7,8 +7,10 @@
 //! parallel.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::call_gate::{CallGate, Pass};
 
 use crate::config::{AllocatorKind, Config};
 use crate::device::cuda::CudaDevice;
@@ -77,11 +79,10 @@ pub struct Runtime {
     logging: Option<Arc<LoggingResource>>,
     streams: StreamPool,
     counters: Counters,
-    closed: AtomicBool,
-    /// Held shared by every call, exclusively by close: close waits for the
-    /// calls in flight, and calls that start after the `closed` flag is set
-    /// fail fast without waiting.
-    lifecycle: RwLock<()>,
+    /// Every call holds a pass, close closes the gate and waits for the
+    /// calls in flight; calls that start after that fail fast without
+    /// waiting (see `call_gate.rs`).
+    gate: CallGate,
     openers: AtomicU32,
 }
 
@@ -101,7 +102,7 @@ impl Runtime {
     pub fn share(self: &Arc<Self>) -> ResourceResult<Arc<Self>> {
         refuse_in_host_callback()?;
         let _registry = registry_lock();
-        if self.closed.load(Ordering::Acquire) {
+        if self.gate.is_closed() {
             return Err(closed_error());
         }
         self.openers.fetch_add(1, Ordering::AcqRel);
@@ -207,30 +208,16 @@ impl Runtime {
             budget,
             logging,
             counters: Counters::default(),
-            closed: AtomicBool::new(false),
-            lifecycle: RwLock::new(()),
+            gate: CallGate::default(),
             openers: AtomicU32::new(1),
         })
     }
 
-    fn enter(&self) -> ResourceResult<std::sync::RwLockReadGuard<'_, ()>> {
+    fn enter(&self) -> ResourceResult<Pass<'_>> {
         refuse_in_host_callback()?;
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed_error());
-        }
-        // Never block here: only close takes the lock exclusively, after
-        // setting `closed`, so a call that cannot take it shared is racing
-        // a close and fails now. Waiting instead deadlocks a host callback
-        // that calls in while close waits for that callback's stream.
-        let guard = match self.lifecycle.try_read() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Err(closed_error()),
-        };
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed_error());
-        }
-        Ok(guard)
+        // Never blocks: a host callback that calls in while close waits for
+        // that callback's stream must fail, not deadlock.
+        self.gate.enter().ok_or_else(closed_error)
     }
 
     pub fn device(&self) -> &Arc<dyn Device> {
@@ -251,7 +238,7 @@ impl Runtime {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.gate.is_closed()
     }
 
     /// The top of the resource stack (for tests of the layers' invariants).
@@ -296,7 +283,7 @@ impl Runtime {
     }
 
     pub fn synchronize(&self, id: StreamId) -> ResourceResult<()> {
-        // The wait holds the lifecycle lock shared, so close (which waits
+        // The wait holds a pass of the call gate, so close (which waits
         // for it) cannot destroy the stream under it; calls that start
         // meanwhile do not wait behind it (see `enter`).
         let _g = self.enter()?;
@@ -390,7 +377,7 @@ impl Runtime {
 
     /// Block until every queued free has completed, then reap.
     pub fn drain(&self) -> ResourceResult<u64> {
-        // As in `synchronize`: the wait holds the lifecycle lock shared so
+        // As in `synchronize`: the wait holds a pass of the call gate so
         // close cannot destroy the streams it waits on.
         let _g = self.enter()?;
         self.stack.wait_pending()?;
@@ -449,7 +436,7 @@ impl Runtime {
             // The registry lock also serialises opens and closes of shared
             // runtimes, so an open never revives a runtime being shut down.
             let mut registry = registry_lock();
-            if self.closed.load(Ordering::Acquire) {
+            if self.gate.is_closed() {
                 return Err(closed_error());
             }
             if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
@@ -460,10 +447,10 @@ impl Runtime {
                 registry.remove(&ordinal);
             }
         }
-        if self.closed.swap(true, Ordering::AcqRel) {
+        // Later calls fail; the calls in flight are waited for.
+        if !self.gate.close() {
             return Err(closed_error());
         }
-        let _exclusive = self.lifecycle.write().unwrap_or_else(|p| p.into_inner());
         // First let every host callback already queued or running finish:
         // a callback may still touch any block (a sim callback writes block
         // memory through its pointer), so nothing is freed before they are

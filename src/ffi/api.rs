@@ -16,6 +16,7 @@ use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runt
 use crate::config::{AllocatorKind, Config};
 use crate::device::Backend;
 use crate::error::ResourceError;
+use crate::inline_list::InlineList;
 use crate::resource::{Access, BlockId, BlockUse, DeviceBlock, Generation, StreamId};
 use crate::runtime::{Runtime, Stats};
 
@@ -64,9 +65,14 @@ fn block_of(d: &DeviceBlock) -> xlog_block {
     }
 }
 
-fn uses_of(uses: *const xlog_use, n: usize) -> Result<Vec<BlockUse>, ResourceError> {
+/// A launch's uses, converted and checked. Up to 16 stay on the stack: the
+/// recorded-launch path allocates nothing per call.
+type Uses = InlineList<BlockUse, 16>;
+
+fn uses_of(uses: *const xlog_use, n: usize) -> Result<Uses, ResourceError> {
+    let mut out = Uses::new();
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(out);
     }
     if uses.is_null() {
         return Err(invalid(format!("uses is NULL but n is {n}")));
@@ -77,14 +83,11 @@ fn uses_of(uses: *const xlog_use, n: usize) -> Result<Vec<BlockUse>, ResourceErr
     // SAFETY: non-NULL, n bounded; the caller guarantees `uses` points at n
     // initialised xlog_use values (plain data, any bit pattern is valid).
     let slice = unsafe { std::slice::from_raw_parts(uses, n) };
-    slice
-        .iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let access = access_of(u.access).map_err(|e| invalid(format!("uses[{i}]: {e}")))?;
-            Ok(BlockUse { block: block_id(&u.block), access })
-        })
-        .collect()
+    for (i, u) in slice.iter().enumerate() {
+        let access = access_of(u.access).map_err(|e| invalid(format!("uses[{i}]: {e}")))?;
+        out.push(BlockUse { block: block_id(&u.block), access });
+    }
+    Ok(out)
 }
 
 fn backend_of(value: xlog_backend) -> Result<Backend, ResourceError> {
@@ -637,7 +640,7 @@ pub unsafe extern "C" fn xlog_prepare_all(
 ) -> xlog_status {
     boundary("xlog_prepare_all", || {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, &uses))
+        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 
@@ -652,7 +655,7 @@ pub unsafe extern "C" fn xlog_finish_all(
 ) -> xlog_status {
     boundary("xlog_finish_all", || {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, &uses))
+        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 
