@@ -150,10 +150,9 @@ mod tests {
         let workers: Vec<_> = (0..8)
             .map(|_| {
                 let (gate, closed_seen) = (gate.clone(), closed_seen.clone());
-                std::thread::spawn(move || loop {
-                    match gate.enter() {
-                        Some(_pass) => assert!(!closed_seen.load(Ordering::SeqCst), "a pass after close returned"),
-                        None => break,
+                std::thread::spawn(move || {
+                    while let Some(_pass) = gate.enter() {
+                        assert!(!closed_seen.load(Ordering::SeqCst), "a pass after close returned");
                     }
                 })
             })
