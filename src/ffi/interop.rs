@@ -15,6 +15,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::collections::HashMap;
+
+use crate::fast_hash::FastMap;
+use crate::resource::AllocTag;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,9 +41,34 @@ struct HookBlock {
     used_on: Vec<StreamId>,
 }
 
+/// The pointer → block map of the hooks, sharded by address so threads
+/// that allocate on different blocks rarely meet on one lock.
+struct HookBlocks {
+    shards: Box<[Mutex<FastMap<u64, HookBlock>>]>,
+}
+
+const HOOK_SHARDS: usize = 16;
+
+impl Default for HookBlocks {
+    fn default() -> Self {
+        HookBlocks { shards: (0..HOOK_SHARDS).map(|_| Mutex::default()).collect() }
+    }
+}
+
+impl HookBlocks {
+    /// The shard that holds `ptr` (blocks are at least 256-byte aligned).
+    fn lock(&self, ptr: u64) -> MutexGuard<'_, FastMap<u64, HookBlock>> {
+        lock(&self.shards[((ptr >> 8) ^ (ptr >> 20)) as usize % HOOK_SHARDS])
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+}
+
 struct Hooks {
     runtime: Arc<Runtime>,
-    blocks: Mutex<HashMap<u64, HookBlock>>,
+    blocks: HookBlocks,
     frees: AtomicU64,
 }
 
@@ -98,6 +126,36 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     Ok(h)
 }
 
+/// Run `f` with the hooks of `device`: borrowed from this thread's copy
+/// while it is current (no reference count touched, no table lock), else
+/// from the table (opened there on first use when `open`; else an error
+/// from `missing` when the device has no open hooks).
+fn with_hooks<T>(
+    device: i32,
+    open: bool,
+    missing: impl FnOnce() -> ResourceError,
+    f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
+) -> Result<T, ResourceError> {
+    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
+    let mut f = Some(f);
+    let hit = LAST_HOOKS.with(|c| match c.borrow().as_ref() {
+        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => {
+            Some((f.take().expect("called once"))(h))
+        }
+        _ => None,
+    });
+    if let Some(result) = hit {
+        return result;
+    }
+    let h = if open {
+        hooks_from_table(device)?
+    } else {
+        table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned().ok_or_else(missing)?
+    };
+    remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    (f.take().expect("called once"))(&h)
+}
+
 fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     let mut t = table();
     if let Some(h) = t.hooks.get(&device) {
@@ -116,7 +174,7 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
         }
     };
     let runtime = Runtime::open(device, &config)?;
-    let h = Arc::new(Hooks { runtime, blocks: Mutex::default(), frees: AtomicU64::new(0) });
+    let h = Arc::new(Hooks { runtime, blocks: HookBlocks::default(), frees: AtomicU64::new(0) });
     t.hooks.insert(device, h.clone());
     HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
     Ok(h)
@@ -135,38 +193,51 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
     ))
 }
 
-fn hook_allocate(size: usize, device: i32, stream: u64, tag: &str) -> Result<*mut c_void, ResourceError> {
-    let h = hooks(device)?;
-    let sid = h.runtime.import_stream(stream)?;
-    // Frameworks expect a usable, distinct pointer even for 0 bytes.
-    let block = h.runtime.allocate((size as u64).max(1), sid, tag)?;
-    lock(&h.blocks).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
-    Ok(block.id.ptr as usize as *mut c_void)
+fn hook_allocate(size: usize, device: i32, stream: u64, tag: AllocTag) -> Result<*mut c_void, ResourceError> {
+    with_hooks(device, true, || unreachable!("opened on first use"), |h| {
+        let sid = h.runtime.import_stream(stream)?;
+        // Frameworks expect a usable, distinct pointer even for 0 bytes.
+        let block = h.runtime.allocate_tagged((size as u64).max(1), sid, tag)?;
+        h.blocks.lock(block.id.ptr).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
+        Ok(block.id.ptr as usize as *mut c_void)
+    })
 }
 
 fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
-    let h = opened_hooks(device).ok_or_else(|| not_a_hook_block(ptr, device))?;
-    let key = ptr as u64;
-    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
-    // Fence every stream that used the block: the free then waits for the
-    // work queued on them so far (the same contract as torch record_stream).
-    for &stream in &entry.used_on {
-        if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-            lock(&h.blocks).insert(key, entry);
+    with_hooks(device, false, || not_a_hook_block(ptr, device), |h| {
+        let key = ptr as u64;
+        let entry = h.blocks.lock(key).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
+        // Fence every stream that used the block: the free then waits for
+        // the work queued on them so far (the contract of record_stream).
+        for &stream in &entry.used_on {
+            if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
+                h.blocks.lock(key).insert(key, entry);
+                return Err(e);
+            }
+        }
+        if let Err(e) = h.runtime.deallocate(&entry.id) {
+            h.blocks.lock(key).insert(key, entry);
             return Err(e);
         }
+        if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
+            let _ = h.runtime.reap();
+        }
+        Ok(())
+    })
+}
+
+/// Tags of the framework hooks, interned once.
+fn framework_tag(name: &'static str) -> AllocTag {
+    static TORCH: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("torch"));
+    static CUPY: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("cupy"));
+    match name {
+        "torch" => *TORCH,
+        "cupy" => *CUPY,
+        other => AllocTag::new(other),
     }
-    if let Err(e) = h.runtime.deallocate(&entry.id) {
-        lock(&h.blocks).insert(key, entry);
-        return Err(e);
-    }
-    if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
-        let _ = h.runtime.reap();
-    }
-    Ok(())
 }
 
 /// Test support (`xlog_testing_interop_reset`): forget the hooks of
@@ -265,7 +336,7 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
         if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
             return 0;
         }
-        table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
+        table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
     })
 }
 
@@ -279,7 +350,7 @@ pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_voi
         if super::refused_in_host_callback("xlog_torch_malloc").is_some() {
             return std::ptr::null_mut();
         }
-        hook_allocate(size, device, stream as u64, "torch").unwrap_or_else(|e| {
+        hook_allocate(size, device, stream as u64, framework_tag("torch")).unwrap_or_else(|e| {
             report("xlog_torch_malloc", &e);
             std::ptr::null_mut()
         })
@@ -311,11 +382,11 @@ pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream
         let not_live =
             || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
         let h = opened_hooks(device).ok_or_else(not_live)?;
-        if !lock(&h.blocks).contains_key(&(ptr as u64)) {
+        if !h.blocks.lock(ptr as u64).contains_key(&(ptr as u64)) {
             return Err(not_live());
         }
         let sid = h.runtime.import_stream(stream as u64)?;
-        let mut blocks = lock(&h.blocks);
+        let mut blocks = h.blocks.lock(ptr as u64);
         let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(not_live)?;
         if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
             entry.used_on.push(sid);
@@ -335,7 +406,7 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
         if super::refused_in_host_callback("xlog_cupy_malloc").is_some() {
             return std::ptr::null_mut();
         }
-        hook_allocate(size, device, 0, "cupy").unwrap_or_else(|e| {
+        hook_allocate(size, device, 0, framework_tag("cupy")).unwrap_or_else(|e| {
             report("xlog_cupy_malloc", &e);
             std::ptr::null_mut()
         })
