@@ -514,6 +514,15 @@ def scenario_numba(r: Result, workdir: str) -> None:
     """Enabled by NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba (set by the
     driver, with XLOG_BACKEND=cuda, XLOG_BUDGET_BYTES=256MiB and a log)."""
     import numpy as np
+
+    # The GPU image pairs numba-cuda with numpy 2.5, which no longer has
+    # `numpy.row_stack` (deprecated since numpy 2.0); numba-cuda still calls
+    # it when it launches a kernel. That is the image's mismatch, not the
+    # plug-in's: give numpy its old alias back (the same function) and say
+    # so in the results.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+        r.metrics["numpy_row_stack_alias"] = f"added for numpy {np.__version__}"
     from numba import cuda
     from numba.cuda.cudadrv import driver as nb_driver
 
