@@ -206,7 +206,9 @@ def scenario_train(r: Result, workdir: str) -> None:
     )
 
     rows = list(csv.reader(open(log_path, newline="")))
-    header_ok = bool(rows) and rows[0] == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag"]
+    header_ok = bool(rows) and rows[0] == [
+        "Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag", "Device", "Process", "Detail"
+    ]
     actions: Dict[str, int] = {}
     tags = set()
     for row in rows[1:]:
