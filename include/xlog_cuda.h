@@ -496,6 +496,16 @@ void xlog_torch_free(void *ptr, size_t size, int32_t device, void *stream);
 xlog_status xlog_torch_record_stream(void *ptr, int32_t device, void *stream);
 
 /*
+ `xlog_torch_record_stream` with the signature of PyTorch's
+ record-stream hook (`CUDAPluggableAllocator::set_record_stream_fn`:
+ a pointer and a stream, no device): the block is looked up in the hooks
+ of every device opened so far (device pointers are unique within a
+ process). The OOM shim of `xlog_cuda.torch` installs it, so that
+ `Tensor.record_stream` and PyTorch's own calls reach xlog.
+ */
+xlog_status xlog_torch_record_stream_hook(void *ptr, void *stream);
+
+/*
  CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
  CuPy does not pass a stream: blocks are ordered on the legacy default
  stream, which CuPy's (blocking) streams synchronise with.

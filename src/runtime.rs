@@ -23,6 +23,7 @@ use crate::resource::{
 };
 use crate::resource::Trimmed;
 use crate::resources::async_pool::PoolOptions;
+use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
 
@@ -76,7 +77,7 @@ pub struct Runtime {
     config: Config,
     stack: Arc<dyn DeviceMemoryResource>,
     budget: Option<Arc<GlobalDeviceBudget>>,
-    logging: Option<Arc<LoggingResource>>,
+    log: Option<Arc<CsvLog>>,
     streams: StreamPool,
     counters: Counters,
     /// Every call holds a pass, close closes the gate and waits for the
@@ -180,19 +181,21 @@ impl Runtime {
     /// Build the stack Budget(Logging(base)) over `device`, leaving out the
     /// layers the config does not ask for.
     pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
+        // The log first: the base resource writes its driver traffic into it.
+        let log = match &config.log_path {
+            Some(path) => Some(CsvLog::open(path, device.ordinal())?),
+            None => None,
+        };
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
                 device.use_private_pool(config.pool_release_threshold)?;
                 let options = PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure };
-                Arc::new(AsyncPool::with_options(device.clone(), options))
+                Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
             }
-            AllocatorKind::Direct => Arc::new(Direct::new(device.clone())),
+            AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),
         };
-        let mut logging = None;
-        if let Some(path) = &config.log_path {
-            let layer = Arc::new(LoggingResource::new(stack, path)?);
-            logging = Some(layer.clone());
-            stack = layer;
+        if let Some(log) = &log {
+            stack = Arc::new(LoggingResource::new(stack, log.clone()));
         }
         let mut budget = None;
         if config.budget_bytes > 0 {
@@ -206,7 +209,7 @@ impl Runtime {
             config: config.clone(),
             stack,
             budget,
-            logging,
+            log,
             counters: Counters::default(),
             gate: CallGate::default(),
             openers: AtomicU32::new(1),
@@ -317,6 +320,9 @@ impl Runtime {
             Ok(b) => Ok(b),
             Err(e) => {
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
+                if let Some(log) = &self.log {
+                    log.refused(bytes, stream.0, tag, &e.to_string());
+                }
                 Err(e)
             }
         }
@@ -416,7 +422,7 @@ impl Runtime {
             cache_hits: u.cache_hits,
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
-            log_lines_lost: self.logging.as_ref().map_or(0, |log| log.lines_lost()),
+            log_lines_lost: self.log.as_ref().map_or(0, |log| log.lines_lost()),
         }
     }
 
@@ -475,8 +481,8 @@ impl Runtime {
                 "xlog:   leaked block tag={:?} size={} generation={} ptr={:#x}",
                 block.tag, block.id.size, block.id.generation, block.id.ptr
             );
-            if let Some(log) = &self.logging {
-                log.log_leak(block);
+            if let Some(log) = &self.log {
+                log.leaked(block);
             }
             if let Err(e) = self.stack.deallocate(&block.id) {
                 first_error.get_or_insert(e);
@@ -498,7 +504,7 @@ impl Runtime {
         if let Err(e) = self.streams.shutdown() {
             first_error.get_or_insert(e);
         }
-        if let Some(log) = &self.logging {
+        if let Some(log) = &self.log {
             log.flush();
         }
         match first_error {

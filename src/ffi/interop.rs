@@ -382,17 +382,55 @@ pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream
         let not_live =
             || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
         let h = opened_hooks(device).ok_or_else(not_live)?;
-        if !h.blocks.lock(ptr as u64).contains_key(&(ptr as u64)) {
+        record_use_on(&h, ptr, stream).map_err(|()| not_live())?
+    })
+}
+
+/// `xlog_torch_record_stream` with the signature of PyTorch's
+/// record-stream hook (`CUDAPluggableAllocator::set_record_stream_fn`:
+/// a pointer and a stream, no device): the block is looked up in the hooks
+/// of every device opened so far (device pointers are unique within a
+/// process). The OOM shim of `xlog_cuda.torch` installs it, so that
+/// `Tensor.record_stream` and PyTorch's own calls reach xlog.
+#[no_mangle]
+pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c_void) -> xlog_status {
+    boundary("xlog_torch_record_stream_hook", || {
+        let not_live = || {
+            ResourceError::InvalidArgument(format!(
+                "{ptr:p} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
+            ))
+        };
+        if ptr.is_null() {
             return Err(not_live());
         }
-        let sid = h.runtime.import_stream(stream as u64)?;
-        let mut blocks = h.blocks.lock(ptr as u64);
-        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(not_live)?;
-        if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
-            entry.used_on.push(sid);
+        let opened: Vec<Arc<Hooks>> = table().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
+        for h in opened {
+            if let Ok(result) = record_use_on(&h, ptr, stream) {
+                return result;
+            }
         }
-        Ok(())
+        Err(not_live())
     })
+}
+
+/// Add `stream` to the streams that used the hook block at `ptr` in `h`:
+/// `Err(())` when `h` does not hold `ptr` (nothing changed, no stream
+/// imported), else the import's result.
+fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Result<(), ResourceError>, ()> {
+    if !h.blocks.lock(ptr as u64).contains_key(&(ptr as u64)) {
+        return Err(());
+    }
+    let sid = match h.runtime.import_stream(stream as u64) {
+        Ok(sid) => sid,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut blocks = h.blocks.lock(ptr as u64);
+    // Freed by another thread between the two lookups.
+    let entry = blocks.get_mut(&(ptr as u64)).ok_or(())?;
+    if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
+        entry.used_on.push(sid);
+    }
+    Ok(Ok(()))
 }
 
 /// CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
@@ -516,6 +554,42 @@ mod tests {
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
         assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn the_record_stream_hook_finds_the_device_and_fences_the_free() {
+        // Two devices in use; the hook (no device argument, as PyTorch's
+        // set_record_stream_fn calls it) finds the one holding the pointer.
+        let (d1, d2) = (7007, 7008);
+        for d in [d1, d2] {
+            let cfg = sim_config(0);
+            // SAFETY: a valid config pointer.
+            assert_eq!(unsafe { xlog_interop_configure(d, &cfg) }, XLOG_OK);
+        }
+        let a = xlog_torch_malloc(4096, d1, std::ptr::null_mut());
+        let b = xlog_torch_malloc(8192, d2, std::ptr::null_mut());
+        assert!(!a.is_null() && !b.is_null(), "{}", last_error());
+        let side = 0x7000 as *mut c_void;
+        let (h1, h2) = (hooks(d1).unwrap(), hooks(d2).unwrap());
+        let imported = (h1.runtime.stream_usage().imported, h2.runtime.stream_usage().imported);
+        assert_eq!(xlog_torch_record_stream_hook(b, side), XLOG_OK, "{}", last_error());
+        assert_eq!(h2.runtime.stream_usage().imported, imported.1 + 1, "the side stream was imported on the block's device");
+        assert_eq!(h1.runtime.stream_usage().imported, imported.0, "and not on the other one");
+        let waits = (h1.runtime.usage().cross_stream_waits, h2.runtime.usage().cross_stream_waits);
+        xlog_torch_free(a, 4096, d1, std::ptr::null_mut());
+        xlog_torch_free(b, 8192, d2, std::ptr::null_mut());
+        assert_eq!(h1.runtime.usage().cross_stream_waits, waits.0, "a's free waited on nothing");
+        assert_eq!(h2.runtime.usage().cross_stream_waits, waits.1 + 1, "b's free waited on the side stream");
+        // Freed, NULL, or never a hook block: an error naming the pointer, nothing imported.
+        assert_eq!(xlog_torch_record_stream_hook(b, side), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("not a live hook allocation of any device"), "{}", last_error());
+        assert_eq!(xlog_torch_record_stream_hook(std::ptr::null_mut(), side), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(xlog_torch_record_stream_hook(0x1234 as *mut c_void, 0x7100 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            (h1.runtime.stream_usage().imported, h2.runtime.stream_usage().imported),
+            (imported.0, imported.1 + 1),
+            "the failed calls imported nothing"
+        );
     }
 
     #[test]

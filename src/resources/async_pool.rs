@@ -42,6 +42,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::logging::CsvLog;
 use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
@@ -362,6 +363,9 @@ pub struct AsyncPool {
     /// Highest live total seen at a miss (the hoarding bound's base).
     peak_live: AtomicU64,
     waits: AtomicU64,
+    /// The runtime's CSV log, if any: `reserve`, `release` (from the
+    /// cache) and `retire` rows.
+    log: Option<Arc<CsvLog>>,
 }
 
 
@@ -385,7 +389,14 @@ impl AsyncPool {
             peak_held: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            log: None,
         }
+    }
+
+    /// Write the driver traffic (`reserve`, `release`, `retire`) into `log`.
+    pub fn with_log(mut self, log: Option<Arc<CsvLog>>) -> AsyncPool {
+        self.log = log;
+        self
     }
 
     pub fn options(&self) -> PoolOptions {
@@ -506,7 +517,12 @@ impl AsyncPool {
     /// it goes back into the cache, unchanged.
     fn release_cached(&self, stream: RawStream, block: CachedBlock, home: usize) -> ResourceResult<u64> {
         match self.free_to_driver(stream, block.ptr, block.bytes) {
-            Ok(()) => Ok(block.bytes),
+            Ok(()) => {
+                if let Some(log) = &self.log {
+                    log.released(block.ptr, block.bytes);
+                }
+                Ok(block.bytes)
+            }
             Err(e) => {
                 lock(&self.table[home]).cache.put(stream, block.ptr, block.bytes);
                 Err(e)
@@ -561,6 +577,11 @@ impl AsyncPool {
         pending.blocks -= blocks;
         self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.held.fetch_sub(bytes, Ordering::AcqRel);
+        if bytes > 0 {
+            if let Some(log) = &self.log {
+                log.retired(bytes, blocks);
+            }
+        }
         match first_error {
             Some(e) if bytes == 0 => Err(e),
             _ => Ok(bytes),
@@ -642,6 +663,7 @@ impl AsyncPool {
         if self.options.cache {
             self.bound_hoard(class, stream);
         }
+        let stream_id = stream.id;
         let stream = stream.raw;
         gate.try_charge(class)?;
         let mut result = self.device.alloc_async(class, stream);
@@ -663,6 +685,9 @@ impl AsyncPool {
         })?;
         let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
         self.peak_held.fetch_max(held, Ordering::Relaxed);
+        if let Some(log) = &self.log {
+            log.reserved(ptr, class, stream_id.0);
+        }
         Ok(ptr)
     }
 

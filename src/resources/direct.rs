@@ -39,12 +39,21 @@ pub struct Direct {
     device: Arc<dyn Device>,
     ordinal: u32,
     state: Mutex<DirectState>,
+    /// The runtime's CSV log, if any: a `reserve` row per allocation (a
+    /// free's `release` and `retire` rows are the logging layer's).
+    log: Option<Arc<super::logging::CsvLog>>,
 }
 
 impl Direct {
     pub fn new(device: Arc<dyn Device>) -> Direct {
         let ordinal = device.ordinal().max(0) as u32;
-        Direct { device, ordinal, state: Mutex::default() }
+        Direct { device, ordinal, state: Mutex::default(), log: None }
+    }
+
+    /// Write a `reserve` row per allocation into `log`.
+    pub fn with_log(mut self, log: Option<Arc<super::logging::CsvLog>>) -> Direct {
+        self.log = log;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, DirectState> {
@@ -75,7 +84,12 @@ impl DeviceMemoryResource for Direct {
         } else {
             gate.try_charge(held)?;
             match self.device.alloc_sync(bytes) {
-                Ok(ptr) => ptr,
+                Ok(ptr) => {
+                    if let Some(log) = &self.log {
+                        log.reserved(ptr, held, stream.id.0);
+                    }
+                    ptr
+                }
                 Err(e) => {
                     gate.uncharge(held);
                     return Err(e.into());

@@ -655,6 +655,9 @@ pub struct LogLine {
     pub size: u64,
     pub stream: u32,
     pub tag: String,
+    pub device: i32,
+    pub process: u32,
+    pub detail: String,
 }
 
 /// Split one CSV record; a quoted field may hold commas and doubled quotes.
@@ -685,7 +688,7 @@ pub fn parse_log(text: &str) -> (String, Vec<LogLine>) {
     let records = lines
         .map(|l| {
             let f = csv_fields(l);
-            assert_eq!(f.len(), 7, "log line {l:?} has {} fields", f.len());
+            assert_eq!(f.len(), 10, "log line {l:?} has {} fields", f.len());
             LogLine {
                 thread: f[0].clone(),
                 time: f[1].clone(),
@@ -694,6 +697,9 @@ pub fn parse_log(text: &str) -> (String, Vec<LogLine>) {
                 size: f[4].parse().unwrap_or_else(|_| panic!("size in {l:?}")),
                 stream: f[5].parse().unwrap_or_else(|_| panic!("stream in {l:?}")),
                 tag: f[6].clone(),
+                device: f[7].parse().unwrap_or_else(|_| panic!("device in {l:?}")),
+                process: f[8].parse().unwrap_or_else(|_| panic!("process in {l:?}")),
+                detail: f[9].clone(),
             }
         })
         .collect();
