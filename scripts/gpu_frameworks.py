@@ -646,7 +646,8 @@ def scenario_numba(r: Result, workdir: str) -> None:
     log = os.environ.get("XLOG_LOG_PATH")
     if log and os.path.exists(log):
         rows = list(csv.reader(open(log, newline="")))
-        numba_rows = sum(1 for row in rows[1:] if row[-1] == "numba")
+        tag = rows[0].index("Tag") if rows and "Tag" in rows[0] else 6
+        numba_rows = sum(1 for row in rows[1:] if len(row) > tag and row[tag] == "numba")
         r.check("Numba's allocations are in the log, tagged numba", numba_rows >= 6, f"{numba_rows} rows tagged numba in {log}")
     r.metrics["stats"] = stats_dict(xn.stats(0))
 ENABLE_PROCESS = r"""
