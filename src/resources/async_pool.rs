@@ -135,6 +135,8 @@ struct BlockRecord {
     held: u64,
     stream: StreamRef,
     tag: AllocTag,
+    /// Allocation sequence number (see `LeakedBlock::sequence`).
+    sequence: u64,
     tracking: Option<Box<Tracking>>,
 }
 
@@ -322,6 +324,8 @@ pub struct AsyncPool {
     /// Highest live total seen at a miss (the hoarding bound's base).
     peak_live: AtomicU64,
     waits: AtomicU64,
+    /// Allocation sequence numbers issued (the live-block list's age).
+    sequence: AtomicU64,
 }
 
 
@@ -345,6 +349,7 @@ impl AsyncPool {
             peak_held: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            sequence: AtomicU64::new(0),
         }
     }
 
@@ -441,7 +446,8 @@ impl AsyncPool {
         tag: AllocTag,
     ) -> DeviceBlock {
         let generation = Generation::next();
-        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None });
         self.shard_live[shard_index(stream.id)].add(held as i64);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
@@ -820,9 +826,20 @@ impl DeviceMemoryResource for AsyncPool {
             out.extend(shard.blocks.iter().map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
                 tag: r.tag.name(),
+                tag_id: r.tag,
+                held: r.held,
+                sequence: r.sequence,
             }));
         }
         out
+    }
+
+    fn allocation_sequence(&self) -> u64 {
+        self.sequence.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
