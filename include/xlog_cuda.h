@@ -172,6 +172,11 @@ typedef struct xlog_stats {
    */
   uint64_t peak_live_bytes;
   uint64_t peak_live_blocks;
+  /*
+   Refused allocations tried again after relieving pressure (the cache
+   given back, pending frees reaped or waited for).
+   */
+  uint64_t alloc_retries;
 } xlog_stats;
 
 /*

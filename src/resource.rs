@@ -265,6 +265,9 @@ pub struct Usage {
     /// its block records, so the hot path adds no shared counter).
     pub allocations: u64,
     pub deallocations: u64,
+    /// Driver refusals answered by giving the cache back (and, with
+    /// wait_on_pressure, waiting) and trying again.
+    pub alloc_retries: u64,
 }
 
 impl Usage {

@@ -55,6 +55,9 @@ pub struct Stats {
     /// the last `reset_peak` (counted by `telemetry`).
     pub peak_live_bytes: u64,
     pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (by the
+    /// pool after a driver refusal, by the budget after its own).
+    pub alloc_retries: u64,
 }
 
 /// What `close` found.
@@ -508,6 +511,7 @@ impl Runtime {
             log_lines_lost: self.logging.as_ref().map_or(0, |log| log.lines_lost()),
             peak_live_bytes: totals.peak_live_bytes,
             peak_live_blocks: totals.peak_live_blocks,
+            alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }
     }
 

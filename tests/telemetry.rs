@@ -336,3 +336,21 @@ fn blocks_leaked_at_close_are_counted_as_freed() {
     assert_eq!(report.leaked[0].sequence, live[0].sequence);
     assert!(rt.live_blocks().is_err(), "a closed runtime refuses");
 }
+
+#[test]
+fn retries_after_relieving_pressure_are_counted() {
+    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, ..Config::default() };
+    let rt = Runtime::open(0, &config).unwrap();
+    let s = rt.acquire_stream().unwrap();
+    let a = rt.allocate(600 << 10, s, "retry").unwrap();
+    rt.deallocate(&a.id).unwrap();
+    assert_eq!(rt.stats().unwrap().alloc_retries, 0);
+    // The cached 600 KiB block does not fit this size: the budget refuses,
+    // the cache goes back to the driver, and the second try fits.
+    let b = rt.allocate(900 << 10, s, "retry").unwrap();
+    let stats = rt.stats().unwrap();
+    assert_eq!(stats.alloc_retries, 1, "{stats:?}");
+    assert_eq!(stats.failed_allocations, 0);
+    rt.deallocate(&b.id).unwrap();
+    rt.close().unwrap();
+}

@@ -229,6 +229,7 @@ fn stats_of(s: &Stats) -> xlog_stats {
         log_lines_lost: s.log_lines_lost,
         peak_live_bytes: s.peak_live_bytes,
         peak_live_blocks: s.peak_live_blocks,
+        alloc_retries: s.alloc_retries,
     }
 }
 

@@ -154,6 +154,9 @@ pub struct xlog_stats {
     /// last `xlog_reset_peak`.
     pub peak_live_bytes: u64,
     pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (the cache
+    /// given back, pending frees reaped or waited for).
+    pub alloc_retries: u64,
 }
 
 /// Host callback run in stream order.

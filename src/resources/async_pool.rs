@@ -326,6 +326,8 @@ pub struct AsyncPool {
     waits: AtomicU64,
     /// Allocation sequence numbers issued (the live-block list's age).
     sequence: AtomicU64,
+    /// Driver refusals retried after giving the cache back.
+    retries: AtomicU64,
 }
 
 
@@ -350,6 +352,7 @@ impl AsyncPool {
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             sequence: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
     }
 
@@ -615,6 +618,7 @@ impl AsyncPool {
             if !out_of_memory || (wait && !self.options.wait_on_pressure) {
                 break;
             }
+            self.retries.fetch_add(1, Ordering::Relaxed);
             let _ = self.release_largest(u64::MAX);
             if wait {
                 let _ = self.wait_pending();
@@ -805,6 +809,7 @@ impl DeviceMemoryResource for AsyncPool {
             events_recorded: recorded,
             allocations,
             deallocations,
+            alloc_retries: self.retries.load(Ordering::Relaxed),
         }
     }
 
