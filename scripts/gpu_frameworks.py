@@ -44,6 +44,12 @@ The train scenario also writes a memory report of its log
                 side stream reads the new data; with Tensor.record_stream
                 (through the shim's record-stream hook) and with
                 xlog_cuda.torch.record_stream it reads the original data.
+  inspect       with XLOG_TRACK_CALLSITES=1: xlog_cuda.torch.memory_stats()
+                (PyTorch's key names) agrees with the tensors alive,
+                live_blocks() finds a tensor's block with the label set by
+                xlog_cuda.call_site(), peaks hold after a free and restart at
+                reset_peak_memory_stats(), per-tag counters add up, and
+                memory_summary() names the tensor.
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -74,11 +80,11 @@ TIMED_STEPS = 300
 WARMUP_STEPS = 30
 SCENARIO_TIMEOUT_S = 150
 NUMBA_BUDGET = 256 * MiB
-ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost", "record_stream"]
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost", "record_stream", "inspect"]
 # What each scenario imports (the driver skips when one is missing).
 NEEDS = {"train": ["torch"], "oom": ["torch"], "shared": ["torch", "cupy"], "time_default": ["torch"],
          "time_xlog": ["torch"], "numba": ["numba.cuda", "numpy"], "enable_cost": ["torch"],
-         "record_stream": ["torch"]}
+         "record_stream": ["torch"], "inspect": ["torch"]}
 ENABLE_TARGET_S = 0.5
 SKIP = 77
 
@@ -801,6 +807,91 @@ def scenario_record_stream(r: Result, workdir: str) -> None:
     r.metrics["stats"] = stats_dict(xt.stats(0))
 
 
+def scenario_inspect(r: Result, workdir: str) -> None:
+    """memory_stats / live_blocks / reset_peak / memory_summary under xlog
+    (the driver sets XLOG_BACKEND=cuda and XLOG_TRACK_CALLSITES=1)."""
+    import torch
+
+    import xlog_cuda
+    import xlog_cuda.torch as xt
+
+    xt.enable()
+    dev = torch.device("cuda", 0)
+    big_bytes, small_bytes = 64 * MiB, 1 * MiB
+    with xlog_cuda.call_site("inspect-big"):
+        big = torch.empty(big_bytes, dtype=torch.uint8, device=dev)
+    small = torch.empty(small_bytes, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    st = xt.stats(0)
+    ms = xt.memory_stats(0)
+    r.check(
+        "allocated_bytes.all.current is the live bytes",
+        ms["allocated_bytes.all.current"] == st.live_bytes >= big_bytes + small_bytes,
+        f"allocated {ms['allocated_bytes.all.current']}, stats live {st.live_bytes}",
+    )
+    r.check(
+        "requested_bytes.all.current counts both tensors",
+        ms["requested_bytes.all.current"] >= big_bytes + small_bytes,
+        f"requested {ms['requested_bytes.all.current']}",
+    )
+    r.check(
+        "reserved >= allocated, no inactive split",
+        ms["reserved_bytes.all.current"] >= ms["allocated_bytes.all.current"]
+        and ms["inactive_split_bytes.all.current"] == 0,
+        f"reserved {ms['reserved_bytes.all.current']}",
+    )
+    blocks = {b.ptr: b for b in xt.live_blocks(0)}
+    mine = blocks.get(big.untyped_storage().data_ptr())
+    r.check(
+        "live_blocks() has the big tensor with its call-site label",
+        mine is not None and mine.size == big_bytes and mine.call_site == "inspect-big" and mine.age_s is not None,
+        f"{mine}",
+    )
+    r.check(
+        "the small tensor has no label",
+        blocks.get(small.untyped_storage().data_ptr()) is not None
+        and blocks[small.untyped_storage().data_ptr()].call_site is None,
+        f"{blocks.get(small.untyped_storage().data_ptr())}",
+    )
+    peak = ms["allocated_bytes.all.peak"]
+    del big
+    torch.cuda.synchronize()
+    after = xt.memory_stats(0)
+    r.check(
+        "a free lowers current, the peak stays",
+        after["allocated_bytes.all.current"] <= peak - big_bytes and after["allocated_bytes.all.peak"] == peak,
+        f"current {after['allocated_bytes.all.current']}, peak {after['allocated_bytes.all.peak']} (was {peak})",
+    )
+    xt.reset_peak_memory_stats(0)
+    reset = xt.memory_stats(0)
+    r.check(
+        "reset_peak_memory_stats restarts the peaks",
+        reset["allocated_bytes.all.peak"] == reset["allocated_bytes.all.current"]
+        and reset["reserved_bytes.all.peak"] == reset["reserved_bytes.all.current"],
+        f"allocated peak {reset['allocated_bytes.all.peak']}, reserved peak {reset['reserved_bytes.all.peak']}",
+    )
+    tags = xt.tag_stats(0)
+    r.check(
+        "per-tag live bytes add up to the live bytes",
+        sum(t.live_bytes for t in tags) == xt.stats(0).live_bytes and all(t.allocations >= t.frees for t in tags),
+        ", ".join(f"{t.tag or '(untagged)'}: {t.live_bytes} B live, {t.allocations} allocations" for t in tags),
+    )
+    text = xt.memory_summary(0)
+    with open(os.path.join(workdir, "inspect-summary.txt"), "w") as f:
+        f.write(text)
+    r.check(
+        "memory_summary() names the live bytes and the small tensor's size",
+        f"{xt.stats(0).live_bytes} B" in text and str(small_bytes) in text,
+        text.splitlines()[0] if text else "empty",
+    )
+    try:
+        theirs = torch.cuda.memory_stats(0)
+        r.info("torch.cuda.memory_stats() under the pluggable allocator", f"{len(theirs)} keys")
+    except Exception as e:  # noqa: BLE001 - what PyTorch does is informational
+        r.info("torch.cuda.memory_stats() under the pluggable allocator", f"{type(e).__name__}: {str(e)[:160]}")
+    del small
+
+
 SCENARIOS = {
     "train": scenario_train,
     "oom": scenario_oom,
@@ -810,6 +901,7 @@ SCENARIOS = {
     "numba": scenario_numba,
     "enable_cost": scenario_enable_cost,
     "record_stream": scenario_record_stream,
+    "inspect": scenario_inspect,
 }
 
 
@@ -866,6 +958,9 @@ def scenario_env(name: str, workdir: str) -> Dict[str, str]:
         env["XLOG_BACKEND"] = "cuda"
         env["XLOG_BUDGET_BYTES"] = "256MiB"
         env["XLOG_LOG_PATH"] = os.path.join(workdir, "numba-log.csv")
+    if name == "inspect":
+        env["XLOG_BACKEND"] = "cuda"
+        env["XLOG_TRACK_CALLSITES"] = "1"
     return env
 
 

@@ -16,6 +16,7 @@ pub mod resource;
 pub mod resources;
 pub mod runtime;
 pub mod stream_pool;
+pub mod telemetry;
 pub mod ffi;
 
 pub use config::{AllocatorKind, Config};

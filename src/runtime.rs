@@ -26,6 +26,7 @@ use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
+use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
 
 /// Counters and byte totals of a runtime (mirrors `xlog_stats`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -53,6 +54,13 @@ pub struct Stats {
     pub reserved_bytes: u64,
     /// CSV log lines that could not be written (0 without a log).
     pub log_lines_lost: u64,
+    /// Highest `live_bytes` and `live_blocks` since the runtime opened or
+    /// the last `reset_peak` (counted by `telemetry`).
+    pub peak_live_bytes: u64,
+    pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (by the
+    /// pool after a driver refusal, by the budget after its own).
+    pub alloc_retries: u64,
 }
 
 /// What `close` found.
@@ -84,6 +92,7 @@ pub struct Runtime {
     /// calls in flight; calls that start after that fail fast without
     /// waiting (see `call_gate.rs`).
     gate: CallGate,
+    telemetry: Telemetry,
     openers: AtomicU32,
 }
 
@@ -212,6 +221,7 @@ impl Runtime {
             log,
             counters: Counters::default(),
             gate: CallGate::default(),
+            telemetry: Telemetry::new(config.track_call_sites),
             openers: AtomicU32::new(1),
         })
     }
@@ -314,10 +324,20 @@ impl Runtime {
 
     /// `allocate` with the tag already interned.
     pub fn allocate_tagged(&self, bytes: u64, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        self.allocate_at(bytes, stream, tag, CallSite::NONE)
+    }
+
+    /// `allocate_tagged` recording `site` as the call site when the runtime
+    /// tracks call sites (`Config::track_call_sites`; NONE: this thread's
+    /// current site, see `CallSite::set_thread_current`).
+    pub fn allocate_at(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
         match self.stack.allocate(bytes, s, tag) {
-            Ok(b) => Ok(b),
+            Ok(b) => {
+                self.telemetry.allocated(&b, site);
+                Ok(b)
+            }
             Err(e) => {
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
                 if let Some(log) = &self.log {
@@ -330,7 +350,9 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.deallocate(block)
+        let freed = self.stack.deallocate(block)?;
+        self.telemetry.freed(&freed);
+        Ok(freed)
     }
 
     /// Check that `block` is live here.
@@ -399,8 +421,65 @@ impl Runtime {
         Ok(self.stats_now())
     }
 
+    // ----- inspection (see `telemetry`) -----
+
+    /// Whether this runtime records call sites (`Config::track_call_sites`).
+    pub fn tracks_call_sites(&self) -> bool {
+        self.telemetry.tracks_call_sites()
+    }
+
+    /// Every live block, oldest first.
+    pub fn live_blocks(&self) -> ResourceResult<Vec<LiveBlock>> {
+        let _g = self.enter()?;
+        Ok(self.live_blocks_now())
+    }
+
+    fn live_blocks_now(&self) -> Vec<LiveBlock> {
+        let sequence_now = self.stack.allocation_sequence();
+        self.telemetry.live_blocks(self.stack.live_blocks(), sequence_now)
+    }
+
+    /// Counters per tag, largest live bytes first.
+    pub fn tag_stats(&self) -> ResourceResult<Vec<TagStats>> {
+        let _g = self.enter()?;
+        Ok(self.telemetry.tag_stats())
+    }
+
+    /// Restart every peak (`peak_outstanding_bytes`, the live peaks, the
+    /// per-tag peaks) from its current value.
+    pub fn reset_peak(&self) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        self.stack.reset_peak();
+        self.telemetry.reset_peak();
+        Ok(())
+    }
+
+    /// The text summary: totals, per-tag table, the `top_n` largest live
+    /// blocks.
+    pub fn memory_summary(&self, top_n: usize) -> ResourceResult<String> {
+        let _g = self.enter()?;
+        let stats = self.stats_now();
+        let tags = self.telemetry.tag_stats();
+        let blocks = self.live_blocks_now();
+        let backend = match self.backend() {
+            Backend::Cuda => "cuda",
+            Backend::Sim => "sim",
+            Backend::Auto => "auto",
+        };
+        Ok(summary::format(&summary::SummaryInput {
+            device: self.device.ordinal(),
+            backend,
+            stats: &stats,
+            totals: self.telemetry.totals(),
+            tags: &tags,
+            blocks: &blocks,
+            top_n,
+        }))
+    }
+
     fn stats_now(&self) -> Stats {
         let u = self.stack.usage();
+        let totals = self.telemetry.totals();
         let (limit, remaining) = match &self.budget {
             Some(b) => (b.limit(), b.remaining()),
             None => (0, u64::MAX),
@@ -423,6 +502,9 @@ impl Runtime {
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
             log_lines_lost: self.log.as_ref().map_or(0, |log| log.lines_lost()),
+            peak_live_bytes: totals.peak_live_bytes,
+            peak_live_blocks: totals.peak_live_blocks,
+            alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }
     }
 
@@ -484,8 +566,11 @@ impl Runtime {
             if let Some(log) = &self.log {
                 log.leaked(block);
             }
-            if let Err(e) = self.stack.deallocate(&block.id) {
-                first_error.get_or_insert(e);
+            match self.stack.deallocate(&block.id) {
+                Ok(freed) => self.telemetry.freed(&freed),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         // Everything cached goes back to the driver (trim waits for it).

@@ -24,14 +24,29 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Dict, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
 from . import _library, interop
 from ._config import Backend, SizeLike
 from ._errors import InvalidArgumentError
-from ._runtime import Stats
+from ._runtime import LiveBlock, Stats, TagStats
 
-__all__ = ["enable", "is_enabled", "enable_info", "stats", "trim", "record_stream", "oom_shim", "shim_cache_dir"]
+__all__ = [
+    "enable",
+    "is_enabled",
+    "enable_info",
+    "stats",
+    "trim",
+    "record_stream",
+    "oom_shim",
+    "shim_cache_dir",
+    "memory_stats",
+    "memory_stats_of",
+    "memory_summary",
+    "reset_peak_memory_stats",
+    "live_blocks",
+    "tag_stats",
+]
 
 _WHO = "xlog_cuda.torch.enable"
 
@@ -387,6 +402,89 @@ def stats(device: int = 0) -> Stats:
     `xlog_cuda.cupy`) and any other user of the hooks of this device are
     counted in it too. Opens the hook runtime if nothing has yet."""
     return interop.stats(device)
+
+
+def memory_stats_of(st: Stats, requested_bytes: Optional[int] = None) -> Dict[str, int]:
+    """`st` under the key names of `torch.cuda.memory_stats()`, for the
+    keys that have a meaning here (pool "all" only: xlog has no large/small
+    pools). Bytes are device bytes (sizes rounded up as xlog hands them out).
+
+    - allocation / active .{current,peak,allocated,freed}: live blocks, their
+      peak, allocations and frees (a block is active exactly while it is
+      allocated: a freed block's pending stream uses are waits queued on
+      the GPU, not held memory).
+    - allocated_bytes / active_bytes .{current,peak}: live bytes and their
+      peak.
+    - reserved_bytes.all.{current,peak}: what xlog holds from the driver
+      (live + cached + pending) and its peak; the driver pool's own figure is
+      `stats().reserved_bytes`.
+    - segment.all.current: blocks xlog holds from the driver (live, cached,
+      pending), each one driver allocation.
+    - inactive_split / inactive_split_bytes .all.current: 0, as xlog never
+      splits a block.
+    - requested_bytes.all.current: the requested (unrounded) sizes of the
+      live blocks, when `requested_bytes` is given.
+    - num_alloc_retries: refusals answered by releasing the cache and trying
+      again; num_ooms: refused allocations; num_device_alloc: allocations
+      that went to the driver (cache misses).
+    """
+    out: Dict[str, int] = {}
+    for kind in ("allocation", "active"):
+        out[f"{kind}.all.current"] = st.live_blocks
+        out[f"{kind}.all.peak"] = max(st.peak_live_blocks, st.live_blocks)
+        out[f"{kind}.all.allocated"] = st.allocations
+        out[f"{kind}.all.freed"] = st.deallocations
+    for kind in ("allocated_bytes", "active_bytes"):
+        out[f"{kind}.all.current"] = st.live_bytes
+        out[f"{kind}.all.peak"] = max(st.peak_live_bytes, st.live_bytes)
+    out["reserved_bytes.all.current"] = st.outstanding_bytes
+    out["reserved_bytes.all.peak"] = max(st.peak_outstanding_bytes, st.outstanding_bytes)
+    out["segment.all.current"] = st.live_blocks + st.cached_blocks + st.pending_blocks
+    out["inactive_split.all.current"] = 0
+    out["inactive_split_bytes.all.current"] = 0
+    if requested_bytes is not None:
+        out["requested_bytes.all.current"] = requested_bytes
+    out["num_alloc_retries"] = st.alloc_retries
+    out["num_ooms"] = st.failed_allocations
+    out["num_device_alloc"] = st.cache_misses
+    return dict(sorted(out.items()))
+
+
+def memory_stats(device: int = 0) -> Dict[str, int]:
+    """`torch.cuda.memory_stats()` for memory PyTorch allocates through
+    xlog (`device`'s hook runtime, shared with CuPy and other hook users):
+    PyTorch's own function reports nothing for a pluggable allocator. See
+    `memory_stats_of` for the keys. PyTorch is not needed."""
+    with interop.runtime(device) as rt:
+        st = rt.stats()
+        requested = sum(b.size for b in rt.live_blocks())
+    return memory_stats_of(st, requested)
+
+
+def memory_summary(device: int = 0) -> str:
+    """`torch.cuda.memory_summary()` for xlog: totals (live, cached,
+    pending, held, reserved, peaks, budget), the per-tag table and the
+    largest live blocks of `device`'s hook runtime."""
+    return interop.memory_summary(device)
+
+
+def reset_peak_memory_stats(device: int = 0) -> None:
+    """`torch.cuda.reset_peak_memory_stats()` for xlog: every peak of
+    `device`'s hook runtime restarts from its current value."""
+    interop.reset_peak(device)
+
+
+def live_blocks(device: int = 0) -> List[LiveBlock]:
+    """The blocks live in `device`'s hook runtime, oldest first: the
+    memory-snapshot counterpart. With XLOG_TRACK_CALLSITES=1 each carries its
+    age in seconds and the label `xlog_cuda.call_site(...)` set around the
+    code that allocated it."""
+    return interop.live_block_list(device)
+
+
+def tag_stats(device: int = 0) -> List[TagStats]:
+    """Counters per tag of `device`'s hook runtime."""
+    return interop.tag_stats(device)
 
 
 def trim(device: int = 0, keep_bytes: int = 0) -> int:

@@ -23,11 +23,11 @@ use crate::runtime::{Runtime, Stats};
 /// Most uses one recorded launch may name.
 const MAX_USES: usize = 1 << 20;
 
-fn invalid(msg: String) -> ResourceError {
+pub(crate) fn invalid(msg: String) -> ResourceError {
     ResourceError::InvalidArgument(msg)
 }
 
-fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
+pub(crate) fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
     if stream == 0 {
         return Err(invalid("stream 0 is never a valid stream id".into()));
     }
@@ -55,7 +55,7 @@ fn block_id(b: &xlog_block) -> BlockId {
     }
 }
 
-fn block_of(d: &DeviceBlock) -> xlog_block {
+pub(crate) fn block_of(d: &DeviceBlock) -> xlog_block {
     xlog_block {
         ptr: d.id.ptr as usize as *mut c_void,
         size: d.id.size,
@@ -147,6 +147,7 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
         wait_on_pressure: cfg.wait_on_pressure as u8,
         cache: cfg.cache as u8,
         pool_release_threshold: cfg.pool_release_threshold,
+        track_call_sites: cfg.track_call_sites as u8,
     };
 }
 
@@ -178,6 +179,9 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
     if c.cache > 1 {
         return Err(invalid(format!("cache is {} (must be 0 or 1)", c.cache)));
     }
+    if c.track_call_sites > 1 {
+        return Err(invalid(format!("track_call_sites is {} (must be 0 or 1)", c.track_call_sites)));
+    }
     let log_path = if c.log_path.is_null() {
         None
     } else {
@@ -200,6 +204,7 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
         wait_on_pressure: c.wait_on_pressure == 1,
         cache: c.cache == 1,
         pool_release_threshold: c.pool_release_threshold,
+        track_call_sites: c.track_call_sites == 1,
     };
     config.validate()?;
     Ok(config)
@@ -225,6 +230,9 @@ fn stats_of(s: &Stats) -> xlog_stats {
         cache_misses: s.cache_misses,
         reserved_bytes: s.reserved_bytes,
         log_lines_lost: s.log_lines_lost,
+        peak_live_bytes: s.peak_live_bytes,
+        peak_live_blocks: s.peak_live_blocks,
+        alloc_retries: s.alloc_retries,
     }
 }
 
@@ -333,6 +341,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             wait_on_pressure: 0,
             cache: 0,
             pool_release_threshold: 0,
+            track_call_sites: 0,
         };
         let mut config = Config::default();
         let env = config.apply_env(|name| std::env::var_os(name));

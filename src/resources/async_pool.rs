@@ -144,6 +144,8 @@ struct BlockRecord {
     held: u64,
     stream: StreamRef,
     tag: AllocTag,
+    /// Allocation sequence number (see `LeakedBlock::sequence`).
+    sequence: u64,
     tracking: Option<Box<Tracking>>,
 }
 
@@ -366,6 +368,10 @@ pub struct AsyncPool {
     /// The runtime's CSV log, if any: `reserve`, `release` (from the
     /// cache) and `retire` rows.
     log: Option<Arc<CsvLog>>,
+    /// Allocation sequence numbers issued (the live-block list's age).
+    sequence: AtomicU64,
+    /// Driver refusals retried after giving the cache back.
+    retries: AtomicU64,
 }
 
 
@@ -390,6 +396,8 @@ impl AsyncPool {
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             log: None,
+            sequence: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
     }
 
@@ -493,7 +501,8 @@ impl AsyncPool {
         tag: AllocTag,
     ) -> DeviceBlock {
         let generation = Generation::next();
-        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None });
         self.shard_live[shard_index(stream.id)].add(held as i64);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
@@ -672,6 +681,7 @@ impl AsyncPool {
             if !out_of_memory || (wait && !self.options.wait_on_pressure) {
                 break;
             }
+            self.retries.fetch_add(1, Ordering::Relaxed);
             let _ = self.release_largest(u64::MAX);
             if wait {
                 let _ = self.wait_pending();
@@ -906,6 +916,7 @@ impl DeviceMemoryResource for AsyncPool {
             events_recorded: recorded,
             allocations,
             deallocations,
+            alloc_retries: self.retries.load(Ordering::Relaxed),
         }
     }
 
@@ -927,9 +938,20 @@ impl DeviceMemoryResource for AsyncPool {
             out.extend(shard.blocks.iter().map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
                 tag: r.tag.name(),
+                tag_id: r.tag,
+                held: r.held,
+                sequence: r.sequence,
             }));
         }
         out
+    }
+
+    fn allocation_sequence(&self) -> u64 {
+        self.sequence.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {

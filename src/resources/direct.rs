@@ -24,6 +24,8 @@ struct Record {
     held: u64,
     stream: StreamRef,
     tag: AllocTag,
+    /// Allocation sequence number (see `LeakedBlock::sequence`).
+    sequence: u64,
 }
 
 #[derive(Default)]
@@ -97,10 +99,11 @@ impl DeviceMemoryResource for Direct {
             }
         };
         let mut st = self.lock();
-        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag });
+        st.allocations += 1;
+        let sequence = st.allocations;
+        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
-        st.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
@@ -160,7 +163,19 @@ impl DeviceMemoryResource for Direct {
             .map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
                 tag: r.tag.name(),
+                tag_id: r.tag,
+                held: r.held,
+                sequence: r.sequence,
             })
             .collect()
+    }
+
+    fn allocation_sequence(&self) -> u64 {
+        self.lock().allocations
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak = st.live_bytes;
     }
 }

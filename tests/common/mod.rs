@@ -178,6 +178,7 @@ impl Stack {
             wait_on_pressure: opts.wait_on_pressure,
             cache: kind.caches(),
             pool_release_threshold: u64::MAX,
+            track_call_sites: false,
         }
     }
 
@@ -277,6 +278,10 @@ impl Stack {
         let n = self.name();
         let now = self.snapshot();
         let mut usage = now.usage;
+        // A refusal by the driver is retried once the cache is given back:
+        // the retry counter is telemetry of that attempt, not state.
+        assert!(usage.alloc_retries >= before.usage.alloc_retries, "[{n}] {what}");
+        usage.alloc_retries = before.usage.alloc_retries;
         if reaped {
             assert!(usage.events_recorded >= before.usage.events_recorded, "[{n}] {what}");
             usage.events_recorded = before.usage.events_recorded;
