@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod fast_hash;
 pub mod ids;
+pub mod multi_device;
 pub mod resource;
 pub mod resources;
 pub mod runtime;

@@ -437,6 +437,15 @@ class Runtime {
     return allocate(bytes, stream.id(), tag.c_str());
   }
 
+  /// Let this runtime's device and `peer`'s (another device) use each
+  /// other's memory: afterwards a stream of either may be passed to the
+  /// other's prepare/finish for its blocks. Once per device pair (again is a
+  /// no-op); throws XLOG_ERR_UNSATISFIABLE_DEPENDENCY, naming both devices,
+  /// where the hardware has no peer access between them.
+  void enable_peer_access(const Runtime& peer) {
+    check(xlog_enable_peer_access(rt_, peer.rt_), "xlog_enable_peer_access");
+  }
+
   /// XLOG_OK if `block` is live here, else the reason (does not throw).
   xlog_status validate(const xlog_block& block) const noexcept { return xlog_block_validate(rt_, block); }
   xlog_status validate(const Block& block) const noexcept { return validate(block.handle()); }

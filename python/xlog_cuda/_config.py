@@ -174,6 +174,8 @@ class Config:
     `pool_release_threshold` is the freed memory (bytes, a size string, or
     "max" = keep all, the default) xlog's driver pool keeps mapped at
     synchronisation points.
+    `sim_devices` is how many devices the sim backend simulates (env
+    `XLOG_SIM_DEVICES`, default 1); ignored on CUDA.
     """
 
     backend: Union[str, Backend] = "auto"
@@ -185,6 +187,7 @@ class Config:
     wait_on_pressure: bool = False
     cache: bool = True
     pool_release_threshold: SizeLike = U64_MAX
+    sim_devices: int = 1
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -215,6 +218,7 @@ class Config:
             wait_on_pressure=bool(raw.wait_on_pressure),
             cache=bool(raw.cache),
             pool_release_threshold=raw.pool_release_threshold,
+            sim_devices=raw.sim_devices,
         )
 
     def to_c(self) -> _library.XlogConfig:
@@ -228,6 +232,9 @@ class Config:
             raise _errors.InvalidArgumentError(f"stream_pool_size {pool!r} is not a uint32")
         wait_on_pressure = _flag_value("wait_on_pressure", self.wait_on_pressure)
         cache = _flag_value("cache", self.cache)
+        sim_devices = self.sim_devices
+        if isinstance(sim_devices, bool) or not isinstance(sim_devices, int) or not 0 <= sim_devices <= U32_MAX:
+            raise _errors.InvalidArgumentError(f"sim_devices {sim_devices!r} is not a uint32")
         log_bytes = None
         if self.log_path is not None:
             log_bytes = os.fsencode(self.log_path)
@@ -244,6 +251,7 @@ class Config:
             wait_on_pressure=wait_on_pressure,
             cache=cache,
             pool_release_threshold=_threshold_value("pool_release_threshold", self.pool_release_threshold),
+            sim_devices=sim_devices,
         )
         raw._log_path_bytes = log_bytes  # keeps the C string alive
         return raw

@@ -66,6 +66,7 @@ class XlogConfig(ctypes.Structure):
         ("wait_on_pressure", ctypes.c_uint8),
         ("cache", ctypes.c_uint8),
         ("pool_release_threshold", ctypes.c_uint64),
+        ("sim_devices", ctypes.c_uint32),
     ]
 
 

@@ -104,6 +104,10 @@ pub struct xlog_config {
     /// synchronisation points; UINT64_MAX (the default, env
     /// `XLOG_POOL_RELEASE_THRESHOLD`, e.g. `max` or `2GiB`) keeps all.
     pub pool_release_threshold: u64,
+    /// Devices the sim backend simulates (default 1, env
+    /// `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
+    /// XLOG_ERR_NO_DEVICE. Ignored on CUDA.
+    pub sim_devices: u32,
 }
 
 /// Runtime statistics. Byte counts are device bytes (sizes rounded up to

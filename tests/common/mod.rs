@@ -178,6 +178,7 @@ impl Stack {
             wait_on_pressure: opts.wait_on_pressure,
             cache: kind.caches(),
             pool_release_threshold: u64::MAX,
+            sim_devices: 1,
         }
     }
 
