@@ -21,7 +21,7 @@
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 XLOG_CHECK_LAYOUT(block_is_32_bytes, sizeof(xlog_block) == 32);
 XLOG_CHECK_LAYOUT(use_is_40_bytes, sizeof(xlog_use) == 40);
-XLOG_CHECK_LAYOUT(config_is_64_bytes, sizeof(xlog_config) == 64);
+XLOG_CHECK_LAYOUT(config_is_72_bytes, sizeof(xlog_config) == 72);
 XLOG_CHECK_LAYOUT(stats_is_144_bytes, sizeof(xlog_stats) == 144);
 #endif
 XLOG_CHECK_LAYOUT(status_is_32_bits, sizeof(xlog_status) == 4);

@@ -35,6 +35,7 @@
 //!     the pool records its use event on P, which therefore completes only
 //!     after F's work. A's free (on the block's allocation stream) waits on
 //!     that event, so it waits for B's readers and writers.
+//!
 //!   The bridge's events are re-recorded on every use: a wait captures the
 //!   record current when it is queued, so one pair per bridge suffices; the
 //!   bridge's lock keeps a record and its wait together.

@@ -136,7 +136,12 @@ def test_header_parses_into_the_known_api():
 
 def test_test_entry_points_are_declared_only_in_the_testing_header():
     testing = _functions(TESTING_TEXT)
-    assert set(testing) == {"xlog_sim_inject_fault", "xlog_debug_panic", "xlog_testing_interop_reset"}
+    assert set(testing) == {
+        "xlog_sim_inject_fault",
+        "xlog_debug_panic",
+        "xlog_testing_interop_reset",
+        "xlog_sim_deny_peer_access",
+    }
     assert not set(testing) & set(_functions(PUBLIC_TEXT)), "test-only functions in xlog_cuda.h"
     assert "XLOG_FAULT_ALLOC" not in PUBLIC_TEXT and "xlog_fault" not in PUBLIC_TEXT
     assert '#include "../xlog_cuda.h"' in TESTING_TEXT
