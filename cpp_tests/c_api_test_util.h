@@ -156,8 +156,8 @@ inline void Close(xlog_runtime* rt) {
 }
 
 // The suites expect the library's own defaults: a developer's XLOG_BACKEND,
-// XLOG_BUDGET_BYTES, XLOG_LOG_PATH, XLOG_CACHE or XLOG_POOL_RELEASE_THRESHOLD
-// must not leak into them. Tests that
+// XLOG_BUDGET_BYTES, XLOG_LOG_PATH, XLOG_CACHE, XLOG_POOL_RELEASE_THRESHOLD or
+// XLOG_SIM_DEVICES must not leak into them. Tests that
 // exercise the environment set the variables themselves and unset them after.
 class ClearXlogEnvironment : public ::testing::Environment {
  public:
@@ -168,6 +168,7 @@ class ClearXlogEnvironment : public ::testing::Environment {
     unsetenv("XLOG_CACHE");
     unsetenv("XLOG_POOL_RELEASE_THRESHOLD");
     unsetenv("XLOG_TRACK_CALLSITES");
+    unsetenv("XLOG_SIM_DEVICES");
   }
 };
 inline ::testing::Environment* const kClearXlogEnvironment =

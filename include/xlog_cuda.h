@@ -106,6 +106,12 @@ typedef struct xlog_config {
    update per allocation and free when on, nothing when off.
    */
   uint8_t track_call_sites;
+  /*
+   Devices the sim backend simulates (default 1, env
+   `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
+   XLOG_ERR_NO_DEVICE. Ignored on CUDA.
+   */
+  uint32_t sim_devices;
 } xlog_config;
 
 /*
@@ -525,6 +531,19 @@ xlog_status xlog_prepare_all(struct xlog_runtime *rt, xlog_stream stream, const 
  are validated first; on any error nothing is recorded.
  */
 xlog_status xlog_finish_all(struct xlog_runtime *rt, xlog_stream stream, const struct xlog_use *uses, size_t n);
+
+/*
+ Let the runtimes of two devices use each other's memory: enables peer
+ access both ways (CUDA: `cuCtxEnablePeerAccess` from each device's
+ context), after which a stream of one may be passed to `xlog_prepare`,
+ `xlog_finish`, `xlog_prepare_all` and `xlog_finish_all` of the other for
+ its blocks. Call once per device pair; calling again is XLOG_OK.
+ XLOG_ERR_UNSATISFIABLE_DEPENDENCY, naming both devices, where the pair
+ has no peer access (`cuDeviceCanAccessPeer` reports 0);
+ XLOG_ERR_INVALID_ARGUMENT for NULL or closed handles, two handles of one
+ device, or runtimes of different backends.
+ */
+xlog_status xlog_enable_peer_access(struct xlog_runtime *rt_a, struct xlog_runtime *rt_b);
 
 /*
  Retire pending frees whose GPU work has completed. Never blocks.

@@ -39,6 +39,10 @@ pub struct Config {
     /// Record the call site of every allocation for the live-block list
     /// (`telemetry`); off by default, so the hot path pays nothing.
     pub track_call_sites: bool,
+    /// Devices the sim backend simulates (`XLOG_SIM_DEVICES`, default 1):
+    /// opening a sim ordinal at or past it fails with `NoDevice`
+    /// (`device/sim_platform.rs`). Ignored by the CUDA backend.
+    pub sim_devices: u32,
 }
 
 impl Default for Config {
@@ -54,6 +58,7 @@ impl Default for Config {
             cache: true,
             pool_release_threshold: u64::MAX,
             track_call_sites: false,
+            sim_devices: crate::device::sim_platform::DEFAULT_SIM_DEVICES,
         }
     }
 }
@@ -62,6 +67,7 @@ impl Config {
     /// Defaults overridden by `XLOG_BACKEND`, `XLOG_BUDGET_BYTES`,
     /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and
     /// `XLOG_TRACK_CALLSITES`. A malformed value is an error naming the variable
+    /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and `XLOG_SIM_DEVICES`. A malformed value is an error naming the variable
     /// and the value, never a silent default.
     pub fn from_env() -> Result<Config, ResourceError> {
         let mut cfg = Config::default();
@@ -108,6 +114,10 @@ impl Config {
             self.pool_release_threshold =
                 parse_threshold(&v).map_err(|m| env_error("XLOG_POOL_RELEASE_THRESHOLD", &v, &m))?;
         }
+        if let Some(v) = get("XLOG_SIM_DEVICES") {
+            let v = utf8_value("XLOG_SIM_DEVICES", v.into())?;
+            self.sim_devices = parse_sim_devices(&v).map_err(|m| env_error("XLOG_SIM_DEVICES", &v, &m))?;
+        }
         Ok(())
     }
 
@@ -118,7 +128,23 @@ impl Config {
         if self.backend != Backend::Cuda && self.sim_capacity_bytes == 0 {
             return Err(ResourceError::InvalidArgument("sim_capacity_bytes must be at least 1".into()));
         }
+        let max_devices = crate::device::sim_platform::MAX_SIM_DEVICES;
+        if self.backend != Backend::Cuda && (self.sim_devices == 0 || self.sim_devices > max_devices) {
+            return Err(ResourceError::InvalidArgument(format!(
+                "sim_devices is {} (must be 1..={max_devices})",
+                self.sim_devices
+            )));
+        }
         Ok(())
+    }
+}
+
+/// A sim device count: a whole number in 1..=MAX_SIM_DEVICES.
+pub fn parse_sim_devices(text: &str) -> Result<u32, String> {
+    let max = crate::device::sim_platform::MAX_SIM_DEVICES;
+    match text.trim().parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected a device count from 1 to {max}")),
     }
 }
 
@@ -220,6 +246,20 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sim_devices_come_from_the_environment_and_are_checked() {
+        let mut cfg = Config::default();
+        assert_eq!(cfg.sim_devices, 1, "one sim device unless asked");
+        cfg.apply_env(|name| (name == "XLOG_SIM_DEVICES").then_some(" 3 ")).unwrap();
+        assert_eq!(cfg.sim_devices, 3);
+        for bad in ["0", "two", "-1", "65537", ""] {
+            let err = Config::default().apply_env(|name| (name == "XLOG_SIM_DEVICES").then_some(bad)).unwrap_err();
+            assert!(err.to_string().contains("XLOG_SIM_DEVICES"), "{bad:?}: {err}");
+        }
+        let zero = Config { backend: Backend::Sim, sim_devices: 0, ..Config::default() };
+        assert!(zero.validate().unwrap_err().to_string().contains("sim_devices is 0"));
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -19,7 +19,7 @@ use crate::device::{Backend, Device, HostFn};
 use crate::error::DeviceError;
 use crate::resource::{
     Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
-    ResourceError, ResourceResult, StreamId, Usage,
+    ResourceError, ResourceResult, StreamId, StreamRef, Usage,
 };
 use crate::resource::Trimmed;
 use crate::resources::async_pool::PoolOptions;
@@ -94,6 +94,8 @@ pub struct Runtime {
     gate: CallGate,
     telemetry: Telemetry,
     openers: AtomicU32,
+    /// Peer runtimes and bridges for their streams (`multi_device.rs`).
+    peers: crate::multi_device::PeerLinks,
 }
 
 fn cuda_registry() -> &'static Mutex<HashMap<i32, Arc<Runtime>>> {
@@ -126,17 +128,21 @@ impl Runtime {
         if ordinal < 0 {
             return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
         }
-        match config.backend {
+        let rt = match config.backend {
             Backend::Sim => Runtime::open_sim(ordinal, config),
             Backend::Cuda => Runtime::open_cuda(ordinal, config),
             Backend::Auto => match Runtime::open_cuda(ordinal, config) {
                 Err(ResourceError::NoDevice(_)) => Runtime::open_sim(ordinal, config),
                 other => other,
             },
-        }
+        }?;
+        crate::multi_device::register(&rt);
+        Ok(rt)
     }
 
     fn open_sim(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
+        crate::device::sim_platform::check_ordinal(ordinal, config.sim_devices)
+            .map_err(|e| ResourceError::NoDevice(e.to_string()))?;
         let device = SimDevice::new(ordinal, config.sim_capacity_bytes)?;
         // Each imported foreign stream is a sim worker thread: bounded by
         // the pool size, as pooled streams are.
@@ -223,6 +229,7 @@ impl Runtime {
             gate: CallGate::default(),
             telemetry: Telemetry::new(config.track_call_sites),
             openers: AtomicU32::new(1),
+            peers: Default::default(),
         })
     }
 
@@ -350,7 +357,10 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let freed = self.stack.deallocate(block)?;
+        let freed = self
+            .stack
+            .deallocate(block)
+            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))?;
         self.telemetry.freed(&freed);
         Ok(freed)
     }
@@ -358,34 +368,109 @@ impl Runtime {
     /// Check that `block` is live here.
     pub fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.validate(block)
+        self.stack.validate(block).map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+    }
+
+    // ----- several devices (multi_device.rs) -----
+
+    /// Give this runtime and `peer` (a runtime of another device) access
+    /// to each other's memory, and let streams of each use blocks of the
+    /// other through `prepare`/`finish`. Idempotent.
+    pub fn enable_peer_access(self: &Arc<Self>, peer: &Arc<Runtime>) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        let _peer_guard = peer.enter()?;
+        crate::multi_device::enable_peer_access(self, peer)
+    }
+
+    pub(crate) fn peers(&self) -> &crate::multi_device::PeerLinks {
+        &self.peers
+    }
+
+    /// Streams of peer devices this runtime has made bridges for.
+    pub fn peer_bridges(&self) -> usize {
+        self.peers.bridge_count()
+    }
+
+    /// Whether `id` is a live stream of this runtime (never blocks on a
+    /// close: a closing runtime knows no streams).
+    pub(crate) fn knows_stream(&self, id: StreamId) -> bool {
+        match self.enter() {
+            Ok(_g) => self.streams.resolve(id).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Run `f` on stream `id` of this runtime, holding the runtime open
+    /// meanwhile (a peer's cross-device use).
+    pub(crate) fn with_stream<R>(
+        &self,
+        id: StreamId,
+        f: impl FnOnce(StreamRef) -> ResourceResult<R>,
+    ) -> ResourceResult<R> {
+        let _g = self.enter()?;
+        f(self.streams.resolve(id)?)
     }
 
     pub fn prepare(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         let _g = self.enter()?;
-        let s = self.streams.resolve(stream)?;
-        self.stack.prepare_block_use(block, s, access)
+        let s = match self.streams.resolve(stream) {
+            Ok(s) => s,
+            // Not a stream of this runtime: maybe one of a peer device.
+            Err(e) => {
+                let uses = [BlockUse { block: *block, access }];
+                return crate::multi_device::prepare_all(self, stream, &uses, e)
+                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+            }
+        };
+        self.stack
+            .prepare_block_use(block, s, access)
+            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
         let _g = self.enter()?;
-        let s = self.streams.resolve(stream)?;
-        self.stack.finish_block_use(block, s, access)
+        let s = match self.streams.resolve(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                let uses = [BlockUse { block: *block, access }];
+                return crate::multi_device::finish_all(self, stream, &uses, e)
+                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+            }
+        };
+        self.stack
+            .finish_block_use(block, s, access)
+            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
     }
 
     /// Prepare every block of a launch; all handles are checked first and on
     /// any error nothing is queued.
     pub fn prepare_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
         let _g = self.enter()?;
-        let s = self.streams.resolve(stream)?;
-        self.stack.prepare_block_uses(s, uses)
+        let s = match self.streams.resolve(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                return crate::multi_device::prepare_all(self, stream, uses, e)
+                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+            }
+        };
+        self.stack
+            .prepare_block_uses(s, uses)
+            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
     }
 
     /// Record a launch's uses with one event; all handles are checked first.
     pub fn finish_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
         let _g = self.enter()?;
-        let s = self.streams.resolve(stream)?;
-        self.stack.finish_block_uses(s, uses)
+        let s = match self.streams.resolve(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                return crate::multi_device::finish_all(self, stream, uses, e)
+                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+            }
+        };
+        self.stack
+            .finish_block_uses(s, uses)
+            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
     }
 
     /// Retire completed frees; never blocks. Returns the bytes released.
@@ -586,6 +671,7 @@ impl Runtime {
         for raw in self.streams.all_raw() {
             let _ = self.device.synchronize_stream(raw);
         }
+        self.peers.shutdown(&self.device);
         if let Err(e) = self.streams.shutdown() {
             first_error.get_or_insert(e);
         }

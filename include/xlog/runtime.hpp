@@ -514,6 +514,13 @@ class Runtime {
   }
   Block allocate_at(std::uint64_t bytes, const Stream& stream, const char* tag, const char* call_site) {
     return allocate_at(bytes, stream.id(), tag, call_site);
+  /// Let this runtime's device and `peer`'s (another device) use each
+  /// other's memory: afterwards a stream of either may be passed to the
+  /// other's prepare/finish for its blocks. Once per device pair (again is a
+  /// no-op); throws XLOG_ERR_UNSATISFIABLE_DEPENDENCY, naming both devices,
+  /// where the hardware has no peer access between them.
+  void enable_peer_access(const Runtime& peer) {
+    check(xlog_enable_peer_access(rt_, peer.rt_), "xlog_enable_peer_access");
   }
 
   /// XLOG_OK if `block` is live here, else the reason (does not throw).

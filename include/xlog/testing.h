@@ -55,6 +55,15 @@ xlog_status xlog_debug_panic(void);
  */
 xlog_status xlog_testing_interop_reset(int32_t device, uint64_t *leaked_blocks);
 
+/*
+ Sim backend only: declare that the devices of `rt_a` and `rt_b` have no
+ peer capability (what `cuDeviceCanAccessPeer` = 0 means on CUDA), so
+ `xlog_enable_peer_access` between them fails with
+ XLOG_ERR_UNSATISFIABLE_DEPENDENCY. Lasts while both devices live.
+ XLOG_ERR_INVALID_ARGUMENT unless both are open sim runtimes.
+ */
+xlog_status xlog_sim_deny_peer_access(xlog_runtime *rt_a, xlog_runtime *rt_b);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

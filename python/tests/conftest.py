@@ -34,9 +34,15 @@ XLOG_ENV = (
 
 @pytest.fixture(autouse=True)
 def _clean_xlog_env(monkeypatch):
-    """Tests start without the XLOG_* defaults a developer may have set."""
+    """Tests start without the XLOG_* defaults a developer may have set.
+
+    The framework-hook tests keep their hook state apart by giving each test
+    a sim device ordinal of its own (up to about 800), so the sim backend is
+    told to simulate that many devices.
+    """
     for name in XLOG_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XLOG_SIM_DEVICES", "1024")
 
 
 @pytest.fixture

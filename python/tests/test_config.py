@@ -114,7 +114,8 @@ def test_backend_and_log_path_from_env(monkeypatch, tmp_path):
     assert "XLOG_BACKEND" in info.value.message and "tpu" in info.value.message
 
 
-def test_defaults_match_the_library():
+def test_defaults_match_the_library(monkeypatch):
+    monkeypatch.delenv("XLOG_SIM_DEVICES", raising=False)  # conftest sets it for the hook tests
     assert xc.Config.from_env() == xc.Config()
     assert xc.Config() == xc.Config(backend="auto", allocator="async", budget_bytes=0, stream_pool_size=16,
                                     log_path=None, sim_capacity_bytes=1 << 30, wait_on_pressure=False,

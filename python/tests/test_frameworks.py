@@ -705,6 +705,7 @@ def test_log_is_flushed_at_interpreter_exit(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLOG_") or k == "XLOG_CUDA_LIBRARY"}
     env.setdefault("XLOG_CUDA_LIBRARY", xc.library_path())
+    env["XLOG_SIM_DEVICES"] = "8"  # the hooks above use sim device 5
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     rows = list(csv.reader(log.open()))
     assert rows[0][:3] == ["Thread", "Time", "Action"]

@@ -138,7 +138,12 @@ def test_header_parses_into_the_known_api():
 
 def test_test_entry_points_are_declared_only_in_the_testing_header():
     testing = _functions(TESTING_TEXT)
-    assert set(testing) == {"xlog_sim_inject_fault", "xlog_debug_panic", "xlog_testing_interop_reset"}
+    assert set(testing) == {
+        "xlog_sim_inject_fault",
+        "xlog_debug_panic",
+        "xlog_testing_interop_reset",
+        "xlog_sim_deny_peer_access",
+    }
     assert not set(testing) & set(_functions(PUBLIC_TEXT)), "test-only functions in xlog_cuda.h"
     assert "XLOG_FAULT_ALLOC" not in PUBLIC_TEXT and "xlog_fault" not in PUBLIC_TEXT
     assert '#include "../xlog_cuda.h"' in TESTING_TEXT
@@ -244,11 +249,14 @@ def test_struct_sizes_known_values_lp64():
     assert ctypes.sizeof(_library.XlogTagStat) == 56
     assert _library.XlogConfig.track_call_sites.offset == 64
     assert _library.XlogStats.peak_live_blocks.offset == 152
+    assert ctypes.sizeof(_library.XlogStats) == 144
+    assert ctypes.sizeof(_library.XlogConfig) == 72
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32
     assert _library.XlogConfig.wait_on_pressure.offset == 48
     assert _library.XlogConfig.cache.offset == 49
     assert _library.XlogConfig.pool_release_threshold.offset == 56
+    assert _library.XlogConfig.sim_devices.offset == 64
     # struct_size leads (a u32, then padding), so later fields can be added.
     assert _library.XlogStats.struct_size.offset == 0
     assert _library.XlogStats.live_bytes.offset == 8

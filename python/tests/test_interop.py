@@ -19,7 +19,7 @@ def lib():
 
 def test_torch_hooks_share_one_runtime(lib, capfd):
     dev = 21
-    xi.configure(dev, xc.Config(backend="sim", budget_bytes="1MiB"))
+    xi.configure(dev, xc.Config(backend="sim", budget_bytes="1MiB", sim_devices=64))
     assert xi.live_blocks(dev) == 0
     p = lib.xlog_torch_malloc(4096, dev, None)
     assert p and p % 256 == 0

@@ -199,13 +199,15 @@ def test_zero_byte_block(rt, stream):
 
 def test_device_ordinal_is_carried(make_runtime):
     rt = make_runtime()
-    rt3 = xc.Runtime(3, xc.Config(backend="sim"))
+    rt3 = xc.Runtime(3, xc.Config(backend="sim", sim_devices=4))
     try:
         with rt3.acquire_stream() as s, rt3.allocate(64, s) as b:
             assert b.device == 3
-            # A handle of one runtime is unknown to another.
-            with pytest.raises(xc.UseAfterFreeError):
+            # A handle of one device is refused by another's runtime,
+            # which names both devices.
+            with pytest.raises(xc.InvalidArgumentError) as info:
                 rt.deallocate(b)
+            assert "device 3" in info.value.message and "device 0" in info.value.message
     finally:
         rt3.close()
 

@@ -177,6 +177,8 @@ class Config:
     `track_call_sites` records where each block was allocated for
     `Runtime.live_blocks()` (a Python traceback summary for blocks allocated
     from Python); off by default.
+    `sim_devices` is how many devices the sim backend simulates (env
+    `XLOG_SIM_DEVICES`, default 1); ignored on CUDA.
     """
 
     backend: Union[str, Backend] = "auto"
@@ -189,6 +191,7 @@ class Config:
     cache: bool = True
     pool_release_threshold: SizeLike = U64_MAX
     track_call_sites: bool = False
+    sim_devices: int = 1
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -220,6 +223,7 @@ class Config:
             cache=bool(raw.cache),
             pool_release_threshold=raw.pool_release_threshold,
             track_call_sites=bool(raw.track_call_sites),
+            sim_devices=raw.sim_devices,
         )
 
     def to_c(self) -> _library.XlogConfig:
@@ -234,6 +238,9 @@ class Config:
         wait_on_pressure = _flag_value("wait_on_pressure", self.wait_on_pressure)
         cache = _flag_value("cache", self.cache)
         track_call_sites = _flag_value("track_call_sites", self.track_call_sites)
+        sim_devices = self.sim_devices
+        if isinstance(sim_devices, bool) or not isinstance(sim_devices, int) or not 0 <= sim_devices <= U32_MAX:
+            raise _errors.InvalidArgumentError(f"sim_devices {sim_devices!r} is not a uint32")
         log_bytes = None
         if self.log_path is not None:
             log_bytes = os.fsencode(self.log_path)
@@ -251,6 +258,7 @@ class Config:
             cache=cache,
             pool_release_threshold=_threshold_value("pool_release_threshold", self.pool_release_threshold),
             track_call_sites=track_call_sites,
+            sim_devices=sim_devices,
         )
         raw._log_path_bytes = log_bytes  # keeps the C string alive
         return raw

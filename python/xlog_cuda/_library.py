@@ -67,6 +67,7 @@ class XlogConfig(ctypes.Structure):
         ("cache", ctypes.c_uint8),
         ("pool_release_threshold", ctypes.c_uint64),
         ("track_call_sites", ctypes.c_uint8),
+        ("sim_devices", ctypes.c_uint32),
     ]
 
 
@@ -177,6 +178,7 @@ PROTOTYPES = {
     "xlog_finish": (xlog_status, [xlog_runtime_p, XlogBlock, xlog_stream, xlog_access]),
     "xlog_prepare_all": (xlog_status, [xlog_runtime_p, xlog_stream, _P(XlogUse), ctypes.c_size_t]),
     "xlog_finish_all": (xlog_status, [xlog_runtime_p, xlog_stream, _P(XlogUse), ctypes.c_size_t]),
+    "xlog_enable_peer_access": (xlog_status, [xlog_runtime_p, xlog_runtime_p]),
     "xlog_reap": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     "xlog_trim": (xlog_status, [xlog_runtime_p, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     "xlog_drain": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
@@ -202,6 +204,7 @@ PROTOTYPES = {
     "xlog_sim_inject_fault": (xlog_status, [xlog_runtime_p, xlog_fault, ctypes.c_uint64]),
     "xlog_debug_panic": (xlog_status, []),
     "xlog_testing_interop_reset": (xlog_status, [ctypes.c_int32, _P(ctypes.c_uint64)]),
+    "xlog_sim_deny_peer_access": (xlog_status, [xlog_runtime_p, xlog_runtime_p]),
     # Framework hooks (src/ffi/interop.rs).
     "xlog_interop_configure": (xlog_status, [ctypes.c_int32, _P(XlogConfig)]),
     "xlog_interop_runtime": (xlog_status, [ctypes.c_int32, _P(xlog_runtime_p)]),

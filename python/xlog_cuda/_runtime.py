@@ -552,6 +552,17 @@ class Runtime:
         call(_lib().xlog_reap, self._handle, ctypes.byref(out))
         return out.value
 
+    def enable_peer_access(self, peer: "Runtime") -> None:
+        """Let this runtime's device and `peer`'s (another device) use each
+        other's memory (`xlog_enable_peer_access`): afterwards a stream of
+        either may be passed to the other's `prepare`/`finish` (and
+        `prepare_all`/`finish_all`) for its blocks. Once per device pair;
+        calling again does nothing. Raises UnsatisfiableDependencyError,
+        naming both devices, where the hardware has no peer access."""
+        if not isinstance(peer, Runtime):
+            raise _errors.InvalidArgumentError(f"peer must be a Runtime, not {type(peer).__name__}")
+        call(_lib().xlog_enable_peer_access, self._handle, peer.handle)
+
     def trim(self, keep_bytes: int = 0) -> int:
         """Give cached memory back to the driver until at most `keep_bytes`
         stay cached (0: empty every stream's cache, the role of

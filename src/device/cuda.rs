@@ -72,6 +72,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemPoolGetAttribute",
     "cuMemPoolTrimTo",
     "cuMemAllocFromPoolAsync",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
 ];
 
 /// Special stream handles that name a default stream rather than an owned
@@ -737,6 +739,50 @@ impl Device for CudaDevice {
 
     fn faults(&self) -> Option<&Faults> {
         Some(&self.faults)
+    }
+
+    fn as_cuda(&self) -> Option<&CudaDevice> {
+        Some(self)
+    }
+
+    fn can_access_peer(&self, peer: &dyn Device) -> DeviceResult<bool> {
+        let Some(peer) = peer.as_cuda() else { return Ok(false) };
+        if peer.device == self.device {
+            return Ok(false);
+        }
+        let mut can: c_int = 0;
+        // SAFETY: `can` is a local out-parameter; both device handles came
+        // from `cuDeviceGet` (the driver is loaded).
+        check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.device, peer.device) })?;
+        Ok(can != 0)
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Device) -> DeviceResult<()> {
+        let Some(other) = peer.as_cuda() else {
+            return Err(DeviceError::Invalid(format!(
+                "CUDA device {} cannot enable peer access to the {} device {}",
+                self.ordinal,
+                peer.backend().name(),
+                peer.ordinal()
+            )));
+        };
+        if !self.can_access_peer(peer)? {
+            return Err(DeviceError::Invalid(format!(
+                "CUDA device {} ({}) cannot access the memory of device {} ({}): \
+                 cuDeviceCanAccessPeer reports 0",
+                self.ordinal, self.name, other.ordinal, other.name
+            )));
+        }
+        self.bind()?;
+        // SAFETY: our context is current; `other.context()` is the primary
+        // context `other` retained and keeps while it lives (we borrow it
+        // for this call); flags must be 0.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(other.context(), 0) };
+        match r {
+            // Enabling twice is not an error for us: the call is idempotent.
+            CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            other_result => check("cuCtxEnablePeerAccess", other_result),
+        }
     }
 }
 

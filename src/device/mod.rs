@@ -10,6 +10,7 @@ use crate::error::DeviceError;
 pub mod cuda;
 pub mod faults;
 pub mod sim;
+pub mod sim_platform;
 
 pub use crate::ids::{DevicePtr, RawEvent, RawStream};
 pub use faults::{FaultKind, Faults};
@@ -152,6 +153,31 @@ pub trait Device: Send + Sync {
     /// The sim device behind this trait object, for tests that read and
     /// write simulated device memory.
     fn as_sim(&self) -> Option<&sim::SimDevice> {
+        None
+    }
+
+    /// Whether work on this device can access `peer`'s memory
+    /// (`cuDeviceCanAccessPeer`). A device is not its own peer.
+    fn can_access_peer(&self, peer: &dyn Device) -> DeviceResult<bool> {
+        let _ = peer;
+        Ok(false)
+    }
+
+    /// Let work on this device access `peer`'s memory
+    /// (`cuCtxEnablePeerAccess` from this device's context). Idempotent;
+    /// an error where the pair has no peer capability.
+    fn enable_peer_access(&self, peer: &dyn Device) -> DeviceResult<()> {
+        Err(DeviceError::Invalid(format!(
+            "the {} device {} cannot enable peer access to device {}",
+            self.backend().name(),
+            self.ordinal(),
+            peer.ordinal()
+        )))
+    }
+
+    /// The CUDA device behind this trait object (peer access needs the
+    /// other device's context).
+    fn as_cuda(&self) -> Option<&cuda::CudaDevice> {
         None
     }
 

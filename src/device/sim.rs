@@ -12,6 +12,10 @@
 //!   event's latest record at enqueue time, as `cuStreamWaitEvent` does.
 //! - Fault injection: fail the Nth subsequent alloc, free, event record or
 //!   stream creation.
+//! - Several devices: event handles name their device's instance, so a
+//!   stream of one sim device can wait on another's event, as on CUDA; the
+//!   process-wide part (device count, live devices, peer capability) is
+//!   `sim_platform.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -19,6 +23,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, ThreadId};
 
 use super::faults::Faults;
+use super::sim_platform;
 use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
@@ -50,6 +55,11 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 pub fn set_next_instance_for_testing(instance: u64) {
     NEXT_INSTANCE.store(instance.max(1), Ordering::Relaxed);
 }
+
+/// A sim event handle is `instance << EVENT_INDEX_BITS | index` (index
+/// from 1), so every event of the process names its device.
+const EVENT_INDEX_BITS: u32 = 32;
+const EVENT_INDEX_MASK: u64 = (1 << EVENT_INDEX_BITS) - 1;
 
 /// Default bound on the foreign streams one sim device imports (each is a
 /// worker thread until the device is dropped); the runtime sets it to its
@@ -284,7 +294,7 @@ impl SimDevice {
             })?;
         let addr = arena.as_ptr() as u64;
         let align_pad = (SIM_ALIGNMENT - addr % SIM_ALIGNMENT) % SIM_ALIGNMENT;
-        Ok(Arc::new(SimDevice {
+        let device = Arc::new(SimDevice {
             ordinal,
             arena,
             align_pad,
@@ -296,7 +306,15 @@ impl SimDevice {
             next_worker: AtomicU64::new(0),
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
-        }))
+        });
+        sim_platform::register(&device);
+        Ok(device)
+    }
+
+    /// Process-unique id of this device (never reused): native stream and
+    /// event handles carry it.
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     pub fn capacity(&self) -> u64 {
@@ -390,12 +408,33 @@ impl SimDevice {
             .ok_or_else(|| DeviceError::Invalid(format!("sim stream {raw} does not exist")))
     }
 
-    fn event(&self, raw: RawEvent) -> DeviceResult<Arc<SimEvent>> {
+    /// An event of this device.
+    fn own_event(&self, raw: RawEvent) -> DeviceResult<Arc<SimEvent>> {
+        let missing = || DeviceError::Invalid(format!("sim event {raw:#x} does not exist on sim device {} (instance {})", self.ordinal, self.instance));
+        if raw >> EVENT_INDEX_BITS != self.instance {
+            return Err(missing());
+        }
         let events = lock(&self.events);
-        raw.checked_sub(1)
+        (raw & EVENT_INDEX_MASK)
+            .checked_sub(1)
             .and_then(|i| events.get(i as usize))
             .cloned()
-            .ok_or_else(|| DeviceError::Invalid(format!("sim event {raw} does not exist")))
+            .ok_or_else(missing)
+    }
+
+    /// An event of this device or of another live sim device of the
+    /// process (waits and queries may cross devices, see `sim_platform`).
+    fn event(&self, raw: RawEvent) -> DeviceResult<Arc<SimEvent>> {
+        let instance = raw >> EVENT_INDEX_BITS;
+        if instance == self.instance {
+            return self.own_event(raw);
+        }
+        match sim_platform::device(instance) {
+            Some(other) => other.own_event(raw),
+            None => Err(DeviceError::Invalid(format!(
+                "sim event {raw:#x} belongs to no live sim device (instance {instance})"
+            ))),
+        }
     }
 
     fn spawn_stream(&self) -> DeviceResult<RawStream> {
@@ -442,6 +481,7 @@ impl SimDevice {
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
+        sim_platform::unregister(self.instance);
         let slots = std::mem::take(&mut lock(&self.streams).slots);
         for stream in slots.into_iter().flatten() {
             SimDevice::stop_stream(&stream);
@@ -606,8 +646,15 @@ impl Device for SimDevice {
 
     fn create_event(&self) -> DeviceResult<RawEvent> {
         let mut events = lock(&self.events);
+        if events.len() as u64 >= u32::MAX as u64 {
+            return Err(DeviceError::Exhausted(format!(
+                "sim device {} has made {} events, the most one sim device can make",
+                self.ordinal,
+                u32::MAX
+            )));
+        }
         events.push(Arc::new(SimEvent::default()));
-        Ok(events.len() as RawEvent)
+        Ok(self.instance << EVENT_INDEX_BITS | events.len() as RawEvent)
     }
 
     fn destroy_event(&self, _event: RawEvent) {
@@ -616,7 +663,8 @@ impl Device for SimDevice {
 
     fn record_event(&self, event: RawEvent, raw: RawStream) -> DeviceResult<()> {
         let stream = self.stream(raw)?;
-        let ev = self.event(event)?;
+        // Only this device's events: cuEventRecord needs the event's context.
+        let ev = self.own_event(event)?;
         if self.faults.hit(FaultKind::EventRecord) {
             return Err(DeviceError::InjectedFault(format!("sim record of event {event}")));
         }
@@ -656,6 +704,30 @@ impl Device for SimDevice {
 
     fn faults(&self) -> Option<&Faults> {
         Some(&self.faults)
+    }
+
+    fn can_access_peer(&self, peer: &dyn Device) -> DeviceResult<bool> {
+        Ok(peer.as_sim().is_some_and(|p| sim_platform::can_access_peer(self, p)))
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Device) -> DeviceResult<()> {
+        let Some(p) = peer.as_sim() else {
+            return Err(DeviceError::Invalid(format!(
+                "sim device {} cannot enable peer access to the {} device {}",
+                self.ordinal,
+                peer.backend().name(),
+                peer.ordinal()
+            )));
+        };
+        if !sim_platform::can_access_peer(self, p) {
+            return Err(DeviceError::Invalid(format!(
+                "sim device {} (instance {}) cannot access the memory of sim device {} (instance {}): \
+                 the pair has no peer capability",
+                self.ordinal, self.instance, p.ordinal, p.instance
+            )));
+        }
+        // Nothing to map: sim memory is host memory every device can touch.
+        Ok(())
     }
 }
 
@@ -777,6 +849,58 @@ mod tests {
         gate.store(true, Ordering::Release);
         sim.synchronize_stream(b).unwrap();
         assert!(passed.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn streams_wait_on_events_of_another_sim_device() {
+        let (a, b) = (SimDevice::new(0, 1 << 16).unwrap(), SimDevice::new(1, 1 << 16).unwrap());
+        let (sa, sb) = (a.create_stream().unwrap(), b.create_stream().unwrap());
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        a.enqueue_host(sa, Box::new(move || {
+            while !g.load(Ordering::Acquire) {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }))
+        .unwrap();
+        let ev = a.create_event().unwrap();
+        a.record_event(ev, sa).unwrap();
+        // b's stream waits on a's event; b itself can query it.
+        b.stream_wait_event(sb, ev).unwrap();
+        assert!(!b.event_query(ev).unwrap());
+        let passed = Arc::new(AtomicBool::new(false));
+        let p = passed.clone();
+        b.enqueue_host(sb, Box::new(move || p.store(true, Ordering::Release))).unwrap();
+        thread::sleep(Duration::from_millis(30));
+        assert!(!passed.load(Ordering::Acquire), "b's stream passed a wait on a's unfinished event");
+        gate.store(true, Ordering::Release);
+        b.synchronize_stream(sb).unwrap();
+        assert!(passed.load(Ordering::Acquire));
+        assert!(b.event_query(ev).unwrap());
+        // Recording stays on the event's own device, as cuEventRecord needs.
+        assert!(matches!(b.record_event(ev, sb), Err(DeviceError::Invalid(_))));
+        // An event of a device that is gone is refused, not misread.
+        let c = SimDevice::new(2, 1 << 16).unwrap();
+        let gone = c.create_event().unwrap();
+        drop(c);
+        assert!(matches!(a.stream_wait_event(sa, gone), Err(DeviceError::Invalid(_))));
+    }
+
+    #[test]
+    fn peer_capability_is_per_pair_until_a_test_denies_it() {
+        let (a, b, c) = (
+            SimDevice::new(0, 1 << 16).unwrap(),
+            SimDevice::new(1, 1 << 16).unwrap(),
+            SimDevice::new(2, 1 << 16).unwrap(),
+        );
+        assert!(a.can_access_peer(&*b).unwrap());
+        assert!(!a.can_access_peer(&*a).unwrap(), "a device is not its own peer");
+        sim_platform::deny_peer(&a, &b);
+        assert!(!a.can_access_peer(&*b).unwrap() && !b.can_access_peer(&*a).unwrap());
+        assert!(a.enable_peer_access(&*b).is_err());
+        assert!(a.can_access_peer(&*c).unwrap(), "other pairs are untouched");
+        a.enable_peer_access(&*c).unwrap();
+        a.enable_peer_access(&*c).unwrap();
     }
 
     #[test]

@@ -148,6 +148,7 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
         cache: cfg.cache as u8,
         pool_release_threshold: cfg.pool_release_threshold,
         track_call_sites: cfg.track_call_sites as u8,
+        sim_devices: cfg.sim_devices,
     };
 }
 
@@ -205,6 +206,7 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
         cache: c.cache == 1,
         pool_release_threshold: c.pool_release_threshold,
         track_call_sites: c.track_call_sites == 1,
+        sim_devices: c.sim_devices,
     };
     config.validate()?;
     Ok(config)
@@ -342,6 +344,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             cache: 0,
             pool_release_threshold: 0,
             track_call_sites: 0,
+            sim_devices: 0,
         };
         let mut config = Config::default();
         let env = config.apply_env(|name| std::env::var_os(name));
@@ -665,6 +668,24 @@ pub unsafe extern "C" fn xlog_finish_all(
     boundary("xlog_finish_all", || {
         let uses = uses_of(uses, n)?;
         with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses.as_slice()))
+    })
+}
+
+/// Let the runtimes of two devices use each other's memory: enables peer
+/// access both ways (CUDA: `cuCtxEnablePeerAccess` from each device's
+/// context), after which a stream of one may be passed to `xlog_prepare`,
+/// `xlog_finish`, `xlog_prepare_all` and `xlog_finish_all` of the other for
+/// its blocks. Call once per device pair; calling again is XLOG_OK.
+/// XLOG_ERR_UNSATISFIABLE_DEPENDENCY, naming both devices, where the pair
+/// has no peer access (`cuDeviceCanAccessPeer` reports 0);
+/// XLOG_ERR_INVALID_ARGUMENT for NULL or closed handles, two handles of one
+/// device, or runtimes of different backends.
+#[no_mangle]
+pub extern "C" fn xlog_enable_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut xlog_runtime) -> xlog_status {
+    boundary("xlog_enable_peer_access", || {
+        let a = super::runtime_of(rt_a)?;
+        let b = super::runtime_of(rt_b)?;
+        a.enable_peer_access(&b)
     })
 }
 

@@ -483,6 +483,8 @@ mod tests {
         cfg.budget_bytes = budget;
         cfg.sim_capacity_bytes = 1 << 26;
         cfg.wait_on_pressure = 1;
+        // Each test keeps its hooks apart on a sim ordinal of its own.
+        cfg.sim_devices = 8192;
         cfg
     }
 

@@ -67,3 +67,25 @@ pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u6
         Ok(())
     })
 }
+
+/// Sim backend only: declare that the devices of `rt_a` and `rt_b` have no
+/// peer capability (what `cuDeviceCanAccessPeer` = 0 means on CUDA), so
+/// `xlog_enable_peer_access` between them fails with
+/// XLOG_ERR_UNSATISFIABLE_DEPENDENCY. Lasts while both devices live.
+/// XLOG_ERR_INVALID_ARGUMENT unless both are open sim runtimes.
+#[no_mangle]
+pub extern "C" fn xlog_sim_deny_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut xlog_runtime) -> xlog_status {
+    boundary("xlog_sim_deny_peer_access", || {
+        let a = runtime_of(rt_a)?;
+        let b = runtime_of(rt_b)?;
+        match (a.sim(), b.sim()) {
+            (Some(sa), Some(sb)) => {
+                crate::device::sim_platform::deny_peer(sa, sb);
+                Ok(())
+            }
+            _ => Err(ResourceError::InvalidArgument(
+                "declaring a pair without peer capability needs two runtimes on the sim backend".into(),
+            )),
+        }
+    })
+}

@@ -108,6 +108,10 @@ pub struct xlog_config {
     /// default 0, env `XLOG_TRACK_CALLSITES`). Costs a lock and a map
     /// update per allocation and free when on, nothing when off.
     pub track_call_sites: u8,
+    /// Devices the sim backend simulates (default 1, env
+    /// `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
+    /// XLOG_ERR_NO_DEVICE. Ignored on CUDA.
+    pub sim_devices: u32,
 }
 
 /// Runtime statistics. Byte counts are device bytes (sizes rounded up to

@@ -179,6 +179,7 @@ impl Stack {
             cache: kind.caches(),
             pool_release_threshold: u64::MAX,
             track_call_sites: false,
+            sim_devices: 1,
         }
     }
 
