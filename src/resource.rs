@@ -445,6 +445,20 @@ pub trait DeviceMemoryResource: Send + Sync {
         self.reap_pending()
     }
 
+    /// A capture begun through the runtime (`capture_begun`) or ended
+    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
+    /// without capture pools has nothing to do.
+    fn capture_begun(&self, _id: u64) {}
+    fn capture_ended(&self, _id: u64) {}
+
+    /// Give captures' private memory back to the driver: capture `id`'s
+    /// (refused while it captures or has live blocks), or with `None`
+    /// every capture's free memory (close). Returns the bytes given back,
+    /// exactly the drop of `bytes_outstanding`.
+    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
     /// `stream` is going away (an imported stream released): nothing may
     /// be queued on it later, so its cached blocks go back to the driver
     /// now. Returns the bytes retired.
@@ -578,6 +592,12 @@ macro_rules! forward_to_inner {
         }
         fn reset_peak(&self) {
             self.inner.reset_peak()
+        }
+        fn capture_begun(&self, id: u64) {
+            self.inner.capture_begun(id)
+        }
+        fn capture_ended(&self, id: u64) {
+            self.inner.capture_ended(id)
         }
         fn device_ordinal(&self) -> u32 {
             self.inner.device_ordinal()

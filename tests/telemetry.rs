@@ -339,7 +339,9 @@ fn blocks_leaked_at_close_are_counted_as_freed() {
 
 #[test]
 fn retries_after_relieving_pressure_are_counted() {
-    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, ..Config::default() };
+    // wait_on_pressure: the retry waits for the cache's free to complete
+    // (without it, whether the retry fits depends on how far the stream got).
+    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, wait_on_pressure: true, ..Config::default() };
     let rt = Runtime::open(0, &config).unwrap();
     let s = rt.acquire_stream().unwrap();
     let a = rt.allocate(600 << 10, s, "retry").unwrap();
@@ -349,7 +351,9 @@ fn retries_after_relieving_pressure_are_counted() {
     // the cache goes back to the driver, and the second try fits.
     let b = rt.allocate(900 << 10, s, "retry").unwrap();
     let stats = rt.stats().unwrap();
-    assert_eq!(stats.alloc_retries, 1, "{stats:?}");
+    // One retry after giving the cache back; a second after waiting for
+    // its free when the first came too early.
+    assert!((1..=2).contains(&stats.alloc_retries), "{stats:?}");
     assert_eq!(stats.failed_allocations, 0);
     rt.deallocate(&b.id).unwrap();
     rt.close().unwrap();

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::faults::{FaultKind, Faults};
-use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
+use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// Every driver entry point this file calls. They are looked up once,
@@ -667,6 +667,8 @@ impl Device for CudaDevice {
             return Err(DeviceError::InjectedFault(format!("cuda allocation of {bytes} bytes (cuMemAlloc)")));
         }
         self.bind()?;
+        // Capture pools allocate with this while a capture is in progress.
+        let _relaxed = RelaxedCapture::enter();
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `dptr` is a local out-parameter; our context is current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut dptr, size) };
@@ -679,6 +681,7 @@ impl Device for CudaDevice {
             return Err(DeviceError::InjectedFault(format!("cuda free of {ptr:#x} (cuMemFree)")));
         }
         self.bind()?;
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: `ptr` is an address from `alloc_sync` not yet freed; the
         // driver validates it and touches no host memory.
         check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })
@@ -739,6 +742,49 @@ impl Device for CudaDevice {
 
     fn faults(&self) -> Option<&Faults> {
         Some(&self.faults)
+    }
+
+    fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> DeviceResult<()> {
+        self.bind_for(stream)?;
+        let mode = match mode {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: `stream` is a live stream handle of our context.
+        check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(as_stream(stream), mode) })
+    }
+
+    fn end_capture(&self, stream: RawStream) -> DeviceResult<u64> {
+        self.bind_for(stream)?;
+        let mut graph: sys::CUgraph = ptr::null_mut();
+        // SAFETY: `stream` is a live stream handle; `graph` a local out-value.
+        check("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(as_stream(stream), &mut graph) })?;
+        Ok(graph as usize as u64)
+    }
+
+    fn capture_of(&self, stream: RawStream) -> DeviceResult<Option<u64>> {
+        self.bind_for(stream)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        // SAFETY: `stream` is a live stream handle (or a default-stream
+        // handle, resolved in our current context); `status` and `id` are
+        // local out-values.
+        let r = unsafe {
+            sys::cuStreamGetCaptureInfo_v2(
+                as_stream(stream),
+                &mut status,
+                &mut id,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        check("cuStreamGetCaptureInfo_v2", r)?;
+        Ok(match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
+            _ => Some(id),
+        })
     }
 
     fn as_cuda(&self) -> Option<&CudaDevice> {

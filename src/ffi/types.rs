@@ -30,6 +30,13 @@ pub const XLOG_ACCESS_READ: xlog_access = 1;
 pub const XLOG_ACCESS_WRITE: xlog_access = 2;
 pub const XLOG_ACCESS_READ_WRITE: xlog_access = 3;
 
+/// How a capture begun with `xlog_capture_begin` restricts other threads'
+/// CUDA calls (CUDA's `CUstreamCaptureMode`).
+pub type xlog_capture_mode = u32;
+pub const XLOG_CAPTURE_GLOBAL: xlog_capture_mode = 0;
+pub const XLOG_CAPTURE_THREAD_LOCAL: xlog_capture_mode = 1;
+pub const XLOG_CAPTURE_RELAXED: xlog_capture_mode = 2;
+
 /// Device backend.
 pub type xlog_backend = u32;
 /// CUDA when a driver and device are present, else sim.

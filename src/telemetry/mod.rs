@@ -179,3 +179,38 @@ impl Telemetry {
         out
     }
 }
+
+/// Counters and byte totals of a runtime (mirrors `xlog_stats`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub live_bytes: u64,
+    pub pending_bytes: u64,
+    pub outstanding_bytes: u64,
+    pub peak_outstanding_bytes: u64,
+    /// 0 when the runtime has no budget layer.
+    pub budget_limit: u64,
+    /// `u64::MAX` when the runtime has no budget layer.
+    pub budget_remaining: u64,
+    pub live_blocks: u64,
+    pub pending_blocks: u64,
+    pub allocations: u64,
+    pub deallocations: u64,
+    pub failed_allocations: u64,
+    pub cached_bytes: u64,
+    pub cached_blocks: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// What the driver's pool holds for this runtime (CUDA:
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of xlog's own pool); on sim,
+    /// or without a pool, the bytes xlog holds (`outstanding_bytes`).
+    pub reserved_bytes: u64,
+    /// CSV log lines that could not be written (0 without a log).
+    pub log_lines_lost: u64,
+    /// Highest `live_bytes` and `live_blocks` since the runtime opened or
+    /// the last `reset_peak` (counted by `telemetry`).
+    pub peak_live_bytes: u64,
+    pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (by the
+    /// pool after a driver refusal, by the budget after its own).
+    pub alloc_retries: u64,
+}

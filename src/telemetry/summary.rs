@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::{LiveBlock, TagStats, TotalCounts};
-use crate::runtime::Stats;
+use super::Stats;
 
 /// What the summary is made from.
 pub struct SummaryInput<'a> {

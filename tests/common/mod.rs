@@ -290,7 +290,11 @@ impl Stack {
         assert_eq!(usage, before.usage, "[{n}] {what}: usage changed");
         assert_eq!(now.reserved, before.reserved, "[{n}] {what}: budget reservation changed");
         assert_eq!(now.sim_in_use, before.sim_in_use, "[{n}] {what}: device memory changed");
-        let expected = Stats { failed_allocations: before.stats.failed_allocations + failed, ..before.stats };
+        let expected = Stats {
+            failed_allocations: before.stats.failed_allocations + failed,
+            alloc_retries: now.stats.alloc_retries.max(before.stats.alloc_retries),
+            ..before.stats
+        };
         assert_eq!(now.stats, expected, "[{n}] {what}: stats changed");
         self.check_invariant(what);
     }

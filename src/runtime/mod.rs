@@ -6,6 +6,9 @@
 //! backend every open makes an independent runtime, so tests run in
 //! parallel.
 
+
+pub mod multi_device;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +18,7 @@ use crate::call_gate::{CallGate, Pass};
 use crate::config::{AllocatorKind, Config};
 use crate::device::cuda::CudaDevice;
 use crate::device::sim::SimDevice;
-use crate::device::{Backend, Device, HostFn};
+use crate::device::{Backend, CaptureMode, Device, HostFn};
 use crate::error::DeviceError;
 use crate::resource::{
     Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
@@ -28,40 +31,7 @@ use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
 use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
 
-/// Counters and byte totals of a runtime (mirrors `xlog_stats`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub live_bytes: u64,
-    pub pending_bytes: u64,
-    pub outstanding_bytes: u64,
-    pub peak_outstanding_bytes: u64,
-    /// 0 when the runtime has no budget layer.
-    pub budget_limit: u64,
-    /// `u64::MAX` when the runtime has no budget layer.
-    pub budget_remaining: u64,
-    pub live_blocks: u64,
-    pub pending_blocks: u64,
-    pub allocations: u64,
-    pub deallocations: u64,
-    pub failed_allocations: u64,
-    pub cached_bytes: u64,
-    pub cached_blocks: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// What the driver's pool holds for this runtime (CUDA:
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of xlog's own pool); on sim,
-    /// or without a pool, the bytes xlog holds (`outstanding_bytes`).
-    pub reserved_bytes: u64,
-    /// CSV log lines that could not be written (0 without a log).
-    pub log_lines_lost: u64,
-    /// Highest `live_bytes` and `live_blocks` since the runtime opened or
-    /// the last `reset_peak` (counted by `telemetry`).
-    pub peak_live_bytes: u64,
-    pub peak_live_blocks: u64,
-    /// Refused allocations tried again after relieving pressure (by the
-    /// pool after a driver refusal, by the budget after its own).
-    pub alloc_retries: u64,
-}
+pub use crate::telemetry::Stats;
 
 /// What `close` found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -95,7 +65,7 @@ pub struct Runtime {
     telemetry: Telemetry,
     openers: AtomicU32,
     /// Peer runtimes and bridges for their streams (`multi_device.rs`).
-    peers: crate::multi_device::PeerLinks,
+    peers: multi_device::PeerLinks,
 }
 
 fn cuda_registry() -> &'static Mutex<HashMap<i32, Arc<Runtime>>> {
@@ -136,7 +106,7 @@ impl Runtime {
                 other => other,
             },
         }?;
-        crate::multi_device::register(&rt);
+        multi_device::register(&rt);
         Ok(rt)
     }
 
@@ -360,7 +330,7 @@ impl Runtime {
         let freed = self
             .stack
             .deallocate(block)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))?;
+            .map_err(|e| multi_device::explain_block_error(self, block, e))?;
         self.telemetry.freed(&freed);
         Ok(freed)
     }
@@ -368,7 +338,7 @@ impl Runtime {
     /// Check that `block` is live here.
     pub fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.validate(block).map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+        self.stack.validate(block).map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     // ----- several devices (multi_device.rs) -----
@@ -379,10 +349,10 @@ impl Runtime {
     pub fn enable_peer_access(self: &Arc<Self>, peer: &Arc<Runtime>) -> ResourceResult<()> {
         let _g = self.enter()?;
         let _peer_guard = peer.enter()?;
-        crate::multi_device::enable_peer_access(self, peer)
+        multi_device::enable_peer_access(self, peer)
     }
 
-    pub(crate) fn peers(&self) -> &crate::multi_device::PeerLinks {
+    pub(crate) fn peers(&self) -> &multi_device::PeerLinks {
         &self.peers
     }
 
@@ -418,13 +388,13 @@ impl Runtime {
             // Not a stream of this runtime: maybe one of a peer device.
             Err(e) => {
                 let uses = [BlockUse { block: *block, access }];
-                return crate::multi_device::prepare_all(self, stream, &uses, e)
-                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+                return multi_device::prepare_all(self, stream, &uses, e)
+                    .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
         self.stack
             .prepare_block_use(block, s, access)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+            .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
@@ -433,13 +403,13 @@ impl Runtime {
             Ok(s) => s,
             Err(e) => {
                 let uses = [BlockUse { block: *block, access }];
-                return crate::multi_device::finish_all(self, stream, &uses, e)
-                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+                return multi_device::finish_all(self, stream, &uses, e)
+                    .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
         self.stack
             .finish_block_use(block, s, access)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+            .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     /// Prepare every block of a launch; all handles are checked first and on
@@ -449,13 +419,13 @@ impl Runtime {
         let s = match self.streams.resolve(stream) {
             Ok(s) => s,
             Err(e) => {
-                return crate::multi_device::prepare_all(self, stream, uses, e)
-                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+                return multi_device::prepare_all(self, stream, uses, e)
+                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
         self.stack
             .prepare_block_uses(s, uses)
-            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
+            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
 
     /// Record a launch's uses with one event; all handles are checked first.
@@ -464,13 +434,53 @@ impl Runtime {
         let s = match self.streams.resolve(stream) {
             Ok(s) => s,
             Err(e) => {
-                return crate::multi_device::finish_all(self, stream, uses, e)
-                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+                return multi_device::finish_all(self, stream, uses, e)
+                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
         self.stack
             .finish_block_uses(s, uses)
-            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
+            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
+    }
+
+    // ----- stream capture (DESIGN: "Stream capture") -----
+
+    /// Begin capturing `stream` into a CUDA graph; returns the capture id.
+    /// While a capture begun here is active, the pool applies the capture
+    /// rules to every stream that takes part in one.
+    pub fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.device.begin_capture(s.raw, mode)?;
+        let id = self.device.capture_of(s.raw)?.ok_or_else(|| {
+            ResourceError::Internal(format!("stream {stream} began capturing but the driver reports no capture"))
+        })?;
+        self.stack.capture_begun(id);
+        Ok(id)
+    }
+
+    /// End the capture begun on `stream`: (the graph, the capture id).
+    pub fn end_capture(&self, stream: StreamId) -> ResourceResult<(u64, u64)> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        let id = self
+            .device
+            .capture_of(s.raw)?
+            .ok_or_else(|| ResourceError::StreamMisuse(format!("stream {stream} is not capturing")))?;
+        let graph = self.device.end_capture(s.raw);
+        // A capture the driver invalidated ends with the error; one ended on
+        // the wrong stream goes on.
+        if self.device.capture_of(s.raw)?.is_none() {
+            self.stack.capture_ended(id);
+        }
+        Ok((graph?, id))
+    }
+
+    /// Give capture `id`'s private memory back (after its graphs are
+    /// destroyed); refused while it captures or has live blocks.
+    pub fn release_capture(&self, id: u64) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        self.stack.release_capture(Some(id))
     }
 
     /// Retire completed frees; never blocks. Returns the bytes released.
@@ -658,8 +668,12 @@ impl Runtime {
                 }
             }
         }
-        // Everything cached goes back to the driver (trim waits for it).
+        // Everything cached goes back to the driver (trim waits for it),
+        // and the captures' private memory.
         if let Err(e) = self.stack.trim(0) {
+            first_error.get_or_insert(e);
+        }
+        if let Err(e) = self.stack.release_capture(None) {
             first_error.get_or_insert(e);
         }
         if let Err(e) = self.stack.wait_pending() {
