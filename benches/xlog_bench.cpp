@@ -1118,7 +1118,7 @@ void workload_w9(Registry& reg) {
       xlog_exec = nullptr;
       xlog_graph = nullptr;
 #if defined(XLOG_BENCH_HAVE_CAPTURE)
-      if (capture) check_xlog(xlog_capture_release(rt, capture), "xlog_capture_release");
+      if (capture) check_xlog(xlog_capture_release(rt, capture, nullptr), "xlog_capture_release");
 #endif
       session.finish();
     } catch (const std::exception& e) {

@@ -331,7 +331,7 @@ void run_pipeline(xlog_runtime* rt, const Streams& st) {
 
   // Release is refused while a capture block is live, and changes nothing.
   const xlog_stats live = stats(rt);
-  expect_status(xlog_capture_release(rt, c.id), XLOG_ERR_STREAM_MISUSE,
+  expect_status(xlog_capture_release(rt, c.id, nullptr), XLOG_ERR_STREAM_MISUSE,
                 "pipeline: xlog_capture_release is refused while A and B are live");
   const xlog_stats refused = stats(rt);
   check(same_figures(live, refused), "pipeline: the refused release changed nothing",
@@ -339,12 +339,19 @@ void run_pipeline(xlog_runtime* rt, const Streams& st) {
 
   XLOG_OR_DIE(xlog_deallocate(rt, c.a));
   XLOG_OR_DIE(xlog_deallocate(rt, c.b));
-  expect_status(xlog_capture_release(rt, c.id), XLOG_OK, "pipeline: xlog_capture_release once A and B are freed");
+  const xlog_stats freed = stats(rt);
+  uint64_t released = 0;
+  expect_status(xlog_capture_release(rt, c.id, &released), XLOG_OK,
+                "pipeline: xlog_capture_release once A and B are freed");
+  const xlog_stats given_back = stats(rt);
+  check(released >= 2 * kBytes && freed.outstanding_bytes - given_back.outstanding_bytes == released,
+        "pipeline: the release gives back the capture's memory, as much as it reports",
+        "released " + str(released) + "; before the release: " + figures(freed) + "; after: " + figures(given_back));
   trim_and_drain(rt);
   const xlog_stats after = stats(rt);
   check(same_figures(before, after), "pipeline: the runtime's figures are back to where they were before the capture",
         "before: " + figures(before) + "; after: " + figures(after));
-  const xlog_test::Captured again = capture(xlog_capture_release(rt, c.id));
+  const xlog_test::Captured again = capture(xlog_capture_release(rt, c.id, nullptr));
   check(again.status != XLOG_OK && !again.message.empty(), "pipeline: a second release of the same capture is refused",
         std::string(xlog_status_name(again.status)) + ": " + again.message);
 
@@ -398,7 +405,7 @@ void run_unbroken(xlog_runtime* rt, const Streams& st, const Stream& u) {
   check(done == cudaSuccess, "unbroken: the graph launches and completes", cudaGetErrorName(done));
   CUDA_OR_DIE(cudaGraphExecDestroy(exec));
   CUDA_OR_DIE(cudaGraphDestroy(static_cast<cudaGraph_t>(graph)));
-  expect_status(xlog_capture_release(rt, id), XLOG_OK, "unbroken: xlog_capture_release");
+  expect_status(xlog_capture_release(rt, id, nullptr), XLOG_OK, "unbroken: xlog_capture_release");
   XLOG_OR_DIE(xlog_stream_synchronize(rt, u.id));
 }
 
@@ -445,7 +452,7 @@ void run_refusals(xlog_runtime* rt, const Streams& st, const Stream& other) {
   // Still running after the capture ended, so it was running at the refusal.
   check(cudaStreamQuery(other.native) == cudaErrorNotReady, "refusals: Z's writer was still running at the refusal");
   if (graph != nullptr) CUDA_OR_DIE(cudaGraphDestroy(static_cast<cudaGraph_t>(graph)));
-  expect_status(xlog_capture_release(rt, id), XLOG_OK, "refusals: xlog_capture_release");
+  expect_status(xlog_capture_release(rt, id, nullptr), XLOG_OK, "refusals: xlog_capture_release");
 
   // Outside the capture, Z's use is an ordinary one again.
   XLOG_OR_DIE(xlog_stream_synchronize(rt, other.id));
