@@ -491,6 +491,8 @@ impl Device for CudaDevice {
     }
 
     fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both are local out-parameters; our context is current.
@@ -499,6 +501,8 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> DeviceResult<RawStream> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if self.faults.hit(FaultKind::StreamCreate) {
             return Err(DeviceError::InjectedFault("cuda stream creation (cuStreamCreate)".into()));
         }
@@ -512,6 +516,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if DEFAULT_STREAM_HANDLES.contains(&stream) {
             return Err(DeviceError::Invalid(format!(
                 "stream handle {stream:#x} is a default stream and cannot be destroyed"
@@ -594,6 +600,8 @@ impl Device for CudaDevice {
     }
 
     fn pool_reserved_bytes(&self) -> Option<u64> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         let pool = *self.pool.get()?;
         let mut value: u64 = 0;
         let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
@@ -606,6 +614,8 @@ impl Device for CudaDevice {
     }
 
     fn trim_pool(&self) {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if let Some(&pool) = self.pool.get() {
             // SAFETY: `pool` is our live pool; trimming only unmaps memory
             // the pool holds unused. A failure leaves the memory mapped.
@@ -688,6 +698,8 @@ impl Device for CudaDevice {
     }
 
     fn create_event(&self) -> DeviceResult<RawEvent> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         let mut event: sys::CUevent = ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
@@ -697,6 +709,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_event(&self, event: RawEvent) {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: the caller passes an event from `create_event` that it
         // does not use again (trait contract). The driver defers the real
         // release until outstanding work on the event is done. Errors are
