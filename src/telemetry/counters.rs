@@ -1,14 +1,22 @@
-//! Per-tag and whole-runtime allocation counters (see the module docs of
+//! Per-tag and whole-table allocation counters (see the module docs of
 //! `telemetry` for the contract).
 //!
-//! Every counter is an atomic updated on the allocation and free paths, so
-//! nothing here takes a lock. A tag's counters are found by the tag's index
-//! in the process-wide tag table (bounded by `MAX_TAGS`): a chunk of 64
-//! tags is allocated the first time one of them is counted, and from then
-//! on finding a tag's counters is an index and one load.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+//! A [`TableCounters`] belongs to one block table of an allocator (a shard
+//! of the async pool, the Direct allocator's table) and is updated under the
+//! lock that already guards that table, next to the block record it
+//! describes: plain integer updates, no atomic, no lock of its own, and
+//! nothing shared between threads that allocate on different streams. A
+//! tag's counters are found by the tag's index in the process-wide tag
+//! table (bounded by `MAX_TAGS`): a chunk of 64 tags is allocated the first
+//! time a table counts one of them, and from then on finding a tag's
+//! counters is two indexings.
+//!
+//! Reading sums the tables ([`CountSummary`]). Current values and counts
+//! are exact sums. A peak is kept per table, so the summed peak is exact
+//! when one table is in use (one allocating stream, the usual case under
+//! PyTorch) and otherwise an upper bound (tables may have peaked at
+//! different moments); an exact peak across streams would need a counter
+//! every allocating thread writes, which is what the hot path avoids.
 
 use crate::resource::{AllocTag, MAX_TAGS};
 
@@ -16,64 +24,118 @@ use crate::resource::{AllocTag, MAX_TAGS};
 const CHUNK: usize = 64;
 const CHUNKS: usize = MAX_TAGS.div_ceil(CHUNK);
 
-/// Raise `peak` to `now` if it is lower. A plain load first: in a steady
-/// state the peak is not passed, and the load leaves the line shared.
-#[inline]
-fn raise(peak: &AtomicU64, now: u64) {
-    if now > peak.load(Ordering::Relaxed) {
-        peak.fetch_max(now, Ordering::Relaxed);
-    }
-}
-
-/// A current value and its high-water mark.
-#[derive(Default)]
-struct Gauge {
-    current: AtomicU64,
-    peak: AtomicU64,
-}
-
-impl Gauge {
-    #[inline]
-    fn add(&self, n: u64) {
-        let now = self.current.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
-        raise(&self.peak, now);
-    }
-
-    #[inline]
-    fn sub(&self, n: u64) {
-        self.current.fetch_sub(n, Ordering::Relaxed);
-    }
-
-    fn reset_peak(&self) {
-        self.peak.store(self.current.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-
-    fn read(&self) -> (u64, u64) {
-        let current = self.current.load(Ordering::Relaxed);
-        // A reader may see the current value before the peak catches up.
-        (current, self.peak.load(Ordering::Relaxed).max(current))
-    }
-}
-
-/// One tag's counters, on a cache line of its own so that threads
-/// allocating under different tags do not share one.
-#[repr(align(64))]
-#[derive(Default)]
+#[derive(Copy, Clone, Default)]
 struct TagCell {
-    live_bytes: Gauge,
-    allocations: AtomicU64,
-    frees: AtomicU64,
+    live_bytes: u64,
+    peak_bytes: u64,
+    allocations: u64,
+    frees: u64,
 }
 
-/// Whole-runtime counters, on their own cache line.
-#[repr(align(64))]
+type Chunks = [Option<Box<[TagCell; CHUNK]>>; CHUNKS];
+
+/// The counters of one block table; the table's lock serialises updates.
 #[derive(Default)]
-struct TotalCell {
-    live_bytes: Gauge,
-    live_blocks: Gauge,
+pub struct TableCounters {
+    /// None until the first count.
+    chunks: Option<Box<Chunks>>,
+    live_bytes: u64,
+    peak_live_bytes: u64,
+    live_blocks: u64,
+    peak_live_blocks: u64,
 }
 
-/// Counters of one tag, as read.
+impl TableCounters {
+    #[inline(always)]
+    fn cell(&mut self, tag: AllocTag) -> &mut TagCell {
+        // Tag indices are below MAX_TAGS (the table is bounded); clamp so a
+        // bad index lands in the overflow bucket instead of panicking.
+        let index = if tag.index() < MAX_TAGS { tag.index() } else { AllocTag::OVERFLOW.index() };
+        let present = matches!(&self.chunks, Some(chunks) if chunks[index / CHUNK].is_some());
+        if !present {
+            self.add_chunk(index / CHUNK);
+        }
+        match &mut self.chunks {
+            Some(chunks) => match &mut chunks[index / CHUNK] {
+                Some(chunk) => &mut chunk[index % CHUNK],
+                None => unreachable!("add_chunk added it"),
+            },
+            None => unreachable!("add_chunk added it"),
+        }
+    }
+
+    /// The first count of a tag of chunk `c` in this table (off the hot path).
+    #[cold]
+    #[inline(never)]
+    fn add_chunk(&mut self, c: usize) {
+        let chunks = self.chunks.get_or_insert_with(|| Box::new(std::array::from_fn(|_| None)));
+        chunks[c].get_or_insert_with(|| Box::new([TagCell::default(); CHUNK]));
+    }
+
+    /// A block of `held` device bytes under `tag` became live.
+    #[inline]
+    pub fn allocated(&mut self, tag: AllocTag, held: u64) {
+        let cell = self.cell(tag);
+        cell.allocations += 1;
+        cell.live_bytes += held;
+        cell.peak_bytes = cell.peak_bytes.max(cell.live_bytes);
+        self.live_bytes += held;
+        self.live_blocks += 1;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        self.peak_live_blocks = self.peak_live_blocks.max(self.live_blocks);
+    }
+
+    /// A block counted by `allocated` was freed.
+    #[inline]
+    pub fn freed(&mut self, tag: AllocTag, held: u64) {
+        let cell = self.cell(tag);
+        // Only blocks counted by `allocated` are freed: no underflow.
+        cell.frees += 1;
+        cell.live_bytes -= held;
+        self.live_bytes -= held;
+        self.live_blocks -= 1;
+    }
+
+    /// Every peak restarts from its current value.
+    pub fn reset_peak(&mut self) {
+        self.peak_live_bytes = self.live_bytes;
+        self.peak_live_blocks = self.live_blocks;
+        for chunk in self.chunks.iter_mut().flat_map(|c| c.iter_mut()).flatten() {
+            for cell in chunk.iter_mut() {
+                cell.peak_bytes = cell.live_bytes;
+            }
+        }
+    }
+
+    /// Add this table's counters to `out`.
+    pub fn add_to(&self, out: &mut CountSummary) {
+        out.totals.live_bytes += self.live_bytes;
+        out.totals.peak_live_bytes += self.peak_live_bytes;
+        out.totals.live_blocks += self.live_blocks;
+        out.totals.peak_live_blocks += self.peak_live_blocks;
+        let Some(chunks) = &self.chunks else { return };
+        for (c, chunk) in chunks.iter().enumerate() {
+            let Some(chunk) = chunk else { continue };
+            for (i, cell) in chunk.iter().enumerate().filter(|(_, cell)| cell.allocations > 0) {
+                let index = c * CHUNK + i;
+                let entry = match out.tags.binary_search_by_key(&index, |t| t.tag.index()) {
+                    Ok(at) => &mut out.tags[at],
+                    Err(at) => {
+                        out.tags.insert(at, TagCounts::new(AllocTag::from_index(index)));
+                        &mut out.tags[at]
+                    }
+                };
+                entry.live_bytes += cell.live_bytes;
+                entry.live_blocks += cell.allocations - cell.frees;
+                entry.peak_bytes += cell.peak_bytes;
+                entry.allocations += cell.allocations;
+                entry.frees += cell.frees;
+            }
+        }
+    }
+}
+
+/// Counters of one tag, summed over the tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TagCounts {
     pub tag: AllocTag,
@@ -81,13 +143,19 @@ pub struct TagCounts {
     pub live_bytes: u64,
     pub live_blocks: u64,
     /// Highest `live_bytes` since the runtime opened or the last
-    /// `reset_peak`.
+    /// `reset_peak` (summed per table: see the module docs).
     pub peak_bytes: u64,
     pub allocations: u64,
     pub frees: u64,
 }
 
-/// Whole-runtime counters, as read.
+impl TagCounts {
+    fn new(tag: AllocTag) -> TagCounts {
+        TagCounts { tag, live_bytes: 0, live_blocks: 0, peak_bytes: 0, allocations: 0, frees: 0 }
+    }
+}
+
+/// Whole-allocator counters, summed over the tables.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TotalCounts {
     pub live_bytes: u64,
@@ -96,89 +164,38 @@ pub struct TotalCounts {
     pub peak_live_blocks: u64,
 }
 
-/// The counters of one runtime.
-pub struct Counters {
-    totals: TotalCell,
-    chunks: Box<[OnceLock<Box<[TagCell]>>]>,
+/// What `DeviceMemoryResource::count_tags` gathers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CountSummary {
+    /// By tag index.
+    pub tags: Vec<TagCounts>,
+    pub totals: TotalCounts,
 }
 
-impl Default for Counters {
-    fn default() -> Self {
-        Counters { totals: TotalCell::default(), chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect() }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Counters {
-    #[inline]
-    fn cell(&self, tag: AllocTag) -> &TagCell {
-        // Tag indices are below MAX_TAGS (the table is bounded); clamp so a
-        // bad index lands in the overflow bucket instead of panicking.
-        let index = if tag.index() < MAX_TAGS { tag.index() } else { AllocTag::OVERFLOW.index() };
-        let chunk = self.chunks[index / CHUNK].get_or_init(|| (0..CHUNK).map(|_| TagCell::default()).collect());
-        &chunk[index % CHUNK]
-    }
-
-    /// A block of `held` device bytes under `tag` became live.
-    #[inline]
-    pub fn allocated(&self, tag: AllocTag, held: u64) {
-        let cell = self.cell(tag);
-        cell.allocations.fetch_add(1, Ordering::Relaxed);
-        cell.live_bytes.add(held);
-        self.totals.live_bytes.add(held);
-        self.totals.live_blocks.add(1);
-    }
-
-    /// A block counted by `allocated` was freed.
-    #[inline]
-    pub fn freed(&self, tag: AllocTag, held: u64) {
-        let cell = self.cell(tag);
-        cell.live_bytes.sub(held);
-        cell.frees.fetch_add(1, Ordering::Release);
-        self.totals.live_bytes.sub(held);
-        self.totals.live_blocks.sub(1);
-    }
-
-    /// Every peak restarts from its current value.
-    pub fn reset_peak(&self) {
-        self.totals.live_bytes.reset_peak();
-        self.totals.live_blocks.reset_peak();
-        for chunk in self.chunks.iter().filter_map(|c| c.get()) {
-            for cell in chunk.iter() {
-                cell.live_bytes.reset_peak();
-            }
-        }
-    }
-
-    pub fn totals(&self) -> TotalCounts {
-        let (live_bytes, peak_live_bytes) = self.totals.live_bytes.read();
-        let (live_blocks, peak_live_blocks) = self.totals.live_blocks.read();
-        TotalCounts { live_bytes, peak_live_bytes, live_blocks, peak_live_blocks }
-    }
-
-    /// Every tag that has counted an allocation, by tag index.
-    pub fn tags(&self) -> Vec<TagCounts> {
-        let mut out = Vec::new();
-        for (c, chunk) in self.chunks.iter().enumerate() {
-            let Some(chunk) = chunk.get() else { continue };
-            for (i, cell) in chunk.iter().enumerate() {
-                // Frees first: a free is counted after its allocation, so
-                // read this way `allocations >= frees` always holds.
-                let frees = cell.frees.load(Ordering::Acquire);
-                let allocations = cell.allocations.load(Ordering::Acquire);
-                if allocations == 0 {
-                    continue;
-                }
-                let (live_bytes, peak_bytes) = cell.live_bytes.read();
-                out.push(TagCounts {
-                    tag: AllocTag::from_index(c * CHUNK + i),
-                    live_bytes,
-                    live_blocks: allocations.saturating_sub(frees),
-                    peak_bytes,
-                    allocations,
-                    frees,
-                });
-            }
-        }
-        out
+    #[test]
+    fn counts_peaks_and_resets_per_table_and_sums_tables() {
+        let (a, b) = (AllocTag::new("counters-a"), AllocTag::new("counters-b"));
+        let mut one = TableCounters::default();
+        one.allocated(a, 100);
+        one.allocated(a, 100);
+        one.freed(a, 100);
+        one.allocated(b, 7);
+        let mut other = TableCounters::default();
+        other.allocated(a, 50);
+        let mut sum = CountSummary::default();
+        one.add_to(&mut sum);
+        other.add_to(&mut sum);
+        let ta = sum.tags.iter().find(|t| t.tag == a).unwrap();
+        assert_eq!((ta.live_bytes, ta.live_blocks, ta.peak_bytes, ta.allocations, ta.frees), (150, 2, 250, 3, 1));
+        assert_eq!(sum.totals, TotalCounts { live_bytes: 157, peak_live_bytes: 250, live_blocks: 3, peak_live_blocks: 3 });
+        one.reset_peak();
+        let mut sum = CountSummary::default();
+        one.add_to(&mut sum);
+        assert_eq!(sum.totals.peak_live_bytes, 107);
+        assert_eq!(sum.tags.iter().find(|t| t.tag == a).unwrap().peak_bytes, 100);
     }
 }
