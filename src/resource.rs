@@ -92,6 +92,11 @@ pub struct AllocTag(u32);
 /// [`OVERFLOW_TAG_NAME`] included.
 pub const MAX_TAGS: usize = 4096;
 
+// The per-tag counters (`tag_counters`) have one slot per tag index and
+// count an index past them in the overflow bucket.
+const _: () = assert!(MAX_TAGS == crate::tag_counters::TAG_SLOTS);
+const _: () = assert!(AllocTag::OVERFLOW.0 as usize == crate::tag_counters::OVERFLOW_SLOT);
+
 /// What a new tag name is recorded as once the table is full.
 pub const OVERFLOW_TAG_NAME: &str = "(other)";
 
@@ -411,7 +416,7 @@ pub trait DeviceMemoryResource: Send + Sync {
 
     /// Add the per-tag and total counts of this resource's blocks to `out`
     /// (`telemetry::counters`); a resource that keeps none adds nothing.
-    fn count_tags(&self, _out: &mut crate::telemetry::counters::CountSummary) {}
+    fn count_tags(&self, _out: &mut crate::tag_counters::CountSummary) {}
 
     /// Retire pending frees whose GPU work has completed, without blocking.
     /// Returns the bytes retired, which is exactly how much
@@ -578,7 +583,7 @@ macro_rules! forward_to_inner {
         fn reset_peak(&self) {
             self.inner.reset_peak()
         }
-        fn count_tags(&self, out: &mut $crate::telemetry::counters::CountSummary) {
+        fn count_tags(&self, out: &mut $crate::tag_counters::CountSummary) {
             self.inner.count_tags(out)
         }
         fn device_ordinal(&self) -> u32 {

@@ -47,7 +47,7 @@ use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::inline_list::InlineList;
-use crate::telemetry::counters::{CountSummary, TableCounters};
+use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock,
     DeviceMemoryResource, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId,
@@ -504,7 +504,7 @@ impl AsyncPool {
         let sequence = shard.allocations + 1;
         shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None });
         self.shard_live[shard_index(stream.id)].add(held as i64);
-        shard.counters.allocated(tag, held);
+        shard.counters.allocated(tag.index(), held);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
@@ -1169,7 +1169,7 @@ impl AsyncPool {
             }
         }
         self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));
-        shard.counters.freed(tag, held);
+        shard.counters.freed(tag.index(), held);
         shard.deallocations += 1;
         let state = if held == 0 {
             BlockState::Retired

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::async_pool::{check_matches, stale};
 use crate::device::Device;
-use crate::telemetry::counters::{CountSummary, TableCounters};
+use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
     AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
@@ -107,7 +107,7 @@ impl DeviceMemoryResource for Direct {
         st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
-        st.counters.allocated(tag, held);
+        st.counters.allocated(tag.index(), held);
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
@@ -122,7 +122,7 @@ impl DeviceMemoryResource for Direct {
         st.blocks.remove(&id.generation);
         st.live_bytes -= held;
         st.deallocations += 1;
-        st.counters.freed(tag, held);
+        st.counters.freed(tag.index(), held);
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
 

@@ -43,7 +43,7 @@
 //! them.
 
 pub mod call_sites;
-pub mod counters;
+pub use crate::tag_counters as counters;
 pub mod summary;
 
 use std::sync::Arc;
@@ -134,8 +134,8 @@ impl Telemetry {
             .tags
             .iter()
             .map(|c| TagStats {
-                tag: c.tag,
-                name: c.tag.name(),
+                tag: AllocTag::from_index(c.tag),
+                name: AllocTag::from_index(c.tag).name(),
                 live_bytes: c.live_bytes,
                 live_blocks: c.live_blocks,
                 peak_bytes: c.peak_bytes,

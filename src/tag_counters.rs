@@ -1,5 +1,8 @@
-//! Per-tag and whole-table allocation counters (see the module docs of
-//! `telemetry` for the contract).
+//! Per-tag and whole-table allocation counters, the counting half of
+//! `telemetry` (see its module docs for the contract). A module of its own
+//! below `resource`, because the allocators embed it: it names tags by
+//! their index in the process-wide tag table ([`TAG_SLOTS`] of them, the
+//! table's bound), not by `AllocTag`, so it depends on nothing above it.
 //!
 //! A [`TableCounters`] belongs to one block table of an allocator (a shard
 //! of the async pool, the Direct allocator's table) and is updated under the
@@ -18,11 +21,16 @@
 //! different moments); an exact peak across streams would need a counter
 //! every allocating thread writes, which is what the hot path avoids.
 
-use crate::resource::{AllocTag, MAX_TAGS};
+/// Tag indices counted: the tag table's bound (`resource::MAX_TAGS`,
+/// checked equal there).
+pub const TAG_SLOTS: usize = 4096;
+/// Where an index past [`TAG_SLOTS`] is counted: the overflow bucket's
+/// index (`AllocTag::OVERFLOW`).
+pub const OVERFLOW_SLOT: usize = 1;
 
 /// Tags per lazily allocated chunk.
 const CHUNK: usize = 64;
-const CHUNKS: usize = MAX_TAGS.div_ceil(CHUNK);
+const CHUNKS: usize = TAG_SLOTS.div_ceil(CHUNK);
 
 #[derive(Copy, Clone, Default)]
 struct TagCell {
@@ -47,10 +55,10 @@ pub struct TableCounters {
 
 impl TableCounters {
     #[inline(always)]
-    fn cell(&mut self, tag: AllocTag) -> &mut TagCell {
-        // Tag indices are below MAX_TAGS (the table is bounded); clamp so a
+    fn cell(&mut self, tag: usize) -> &mut TagCell {
+        // Tag indices are below TAG_SLOTS (the table is bounded); clamp so a
         // bad index lands in the overflow bucket instead of panicking.
-        let index = if tag.index() < MAX_TAGS { tag.index() } else { AllocTag::OVERFLOW.index() };
+        let index = if tag < TAG_SLOTS { tag } else { OVERFLOW_SLOT };
         let present = matches!(&self.chunks, Some(chunks) if chunks[index / CHUNK].is_some());
         if !present {
             self.add_chunk(index / CHUNK);
@@ -72,9 +80,10 @@ impl TableCounters {
         chunks[c].get_or_insert_with(|| Box::new([TagCell::default(); CHUNK]));
     }
 
-    /// A block of `held` device bytes under `tag` became live.
+    /// A block of `held` device bytes under the tag of index `tag` became
+    /// live.
     #[inline]
-    pub fn allocated(&mut self, tag: AllocTag, held: u64) {
+    pub fn allocated(&mut self, tag: usize, held: u64) {
         let cell = self.cell(tag);
         cell.allocations += 1;
         cell.live_bytes += held;
@@ -87,7 +96,7 @@ impl TableCounters {
 
     /// A block counted by `allocated` was freed.
     #[inline]
-    pub fn freed(&mut self, tag: AllocTag, held: u64) {
+    pub fn freed(&mut self, tag: usize, held: u64) {
         let cell = self.cell(tag);
         // Only blocks counted by `allocated` are freed: no underflow.
         cell.frees += 1;
@@ -118,10 +127,10 @@ impl TableCounters {
             let Some(chunk) = chunk else { continue };
             for (i, cell) in chunk.iter().enumerate().filter(|(_, cell)| cell.allocations > 0) {
                 let index = c * CHUNK + i;
-                let entry = match out.tags.binary_search_by_key(&index, |t| t.tag.index()) {
+                let entry = match out.tags.binary_search_by_key(&index, |t| t.tag) {
                     Ok(at) => &mut out.tags[at],
                     Err(at) => {
-                        out.tags.insert(at, TagCounts::new(AllocTag::from_index(index)));
+                        out.tags.insert(at, TagCounts::new(index));
                         &mut out.tags[at]
                     }
                 };
@@ -138,7 +147,8 @@ impl TableCounters {
 /// Counters of one tag, summed over the tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TagCounts {
-    pub tag: AllocTag,
+    /// The tag's index in the tag table.
+    pub tag: usize,
     /// Device bytes of the tag's live blocks.
     pub live_bytes: u64,
     pub live_blocks: u64,
@@ -150,7 +160,7 @@ pub struct TagCounts {
 }
 
 impl TagCounts {
-    fn new(tag: AllocTag) -> TagCounts {
+    fn new(tag: usize) -> TagCounts {
         TagCounts { tag, live_bytes: 0, live_blocks: 0, peak_bytes: 0, allocations: 0, frees: 0 }
     }
 }
@@ -178,7 +188,7 @@ mod tests {
 
     #[test]
     fn counts_peaks_and_resets_per_table_and_sums_tables() {
-        let (a, b) = (AllocTag::new("counters-a"), AllocTag::new("counters-b"));
+        let (a, b) = (10, 11);
         let mut one = TableCounters::default();
         one.allocated(a, 100);
         one.allocated(a, 100);
