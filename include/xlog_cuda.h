@@ -259,11 +259,13 @@ typedef struct xlog_live_block {
    */
   uint64_t device_bytes;
   /*
-   Allocation sequence number in this runtime (1 = its first).
+   Allocation number on the block's stream (1 = the first; streams of
+   one internal table shard share the count, as ids 32 apart do).
    */
   uint64_t sequence;
   /*
-   Allocations the runtime made after this one: its age in allocations.
+   Allocations made on that stream (and its shard) after this one: the
+   block's age in allocations.
    */
   uint64_t allocations_since;
   /*
@@ -611,7 +613,8 @@ xlog_status xlog_trim(struct xlog_runtime *rt, uint64_t keep_bytes, uint64_t *re
 xlog_status xlog_drain(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
 
 /*
- The live blocks of `rt`, oldest first. `*count` receives how many are
+ The live blocks of `rt`, by generation (allocation order for the
+ blocks of one thread). `*count` receives how many are
  live; the first `min(*count, cap)` are written to `out`. Set
  `out[0].struct_size = sizeof(xlog_live_block)` first. `out == NULL` with
  `cap == 0` only counts. Other threads may allocate between a counting

@@ -197,9 +197,11 @@ pub struct xlog_live_block {
     pub block: xlog_block,
     /// Device bytes the block takes (its size class or granularity).
     pub device_bytes: u64,
-    /// Allocation sequence number in this runtime (1 = its first).
+    /// Allocation number on the block's stream (1 = the first; streams of
+    /// one internal table shard share the count, as ids 32 apart do).
     pub sequence: u64,
-    /// Allocations the runtime made after this one: its age in allocations.
+    /// Allocations made on that stream (and its shard) after this one: the
+    /// block's age in allocations.
     pub allocations_since: u64,
     /// Nanoseconds since the allocation when the runtime tracks call sites,
     /// else UINT64_MAX.

@@ -48,6 +48,7 @@ use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::inline_list::InlineList;
+use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock,
     DeviceMemoryResource, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId,
@@ -229,6 +230,8 @@ const TABLE_SHARDS: usize = 32;
 #[derive(Default)]
 struct TableShard {
     blocks: FastMap<Generation, BlockRecord>,
+    /// Per-tag and total counts of this shard's blocks (`telemetry`).
+    counters: TableCounters,
     cache: CacheShard,
     allocations: u64,
     deallocations: u64,
@@ -374,8 +377,6 @@ pub struct AsyncPool {
     /// The runtime's CSV log, if any: `reserve`, `release` (from the
     /// cache) and `retire` rows.
     log: Option<Arc<CsvLog>>,
-    /// Allocation sequence numbers issued (the live-block list's age).
-    sequence: AtomicU64,
     /// Driver refusals retried after giving the cache back.
     retries: AtomicU64,
     /// Captures begun through the runtime and their private memory
@@ -405,7 +406,6 @@ impl AsyncPool {
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             log: None,
-            sequence: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             captures: CapturePools::default(),
         }
@@ -610,9 +610,10 @@ impl AsyncPool {
         tag: AllocTag,
     ) -> DeviceBlock {
         let generation = Generation::next();
-        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        let sequence = shard.allocations + 1;
         shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None, capture: 0 });
         self.shard_live[shard_index(stream.id)].add(held as i64);
+        shard.counters.allocated(tag.index(), held);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
@@ -1090,17 +1091,23 @@ impl DeviceMemoryResource for AsyncPool {
                 tag_id: r.tag,
                 held: r.held,
                 sequence: r.sequence,
+                allocations_since: shard.allocations - r.sequence,
             }));
         }
         out
     }
 
-    fn allocation_sequence(&self) -> u64 {
-        self.sequence.load(Ordering::Relaxed)
+    fn reset_peak(&self) {
+        for shard in self.table.iter() {
+            lock(shard).counters.reset_peak();
+        }
+        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
-    fn reset_peak(&self) {
-        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
+    fn count_tags(&self, out: &mut CountSummary) {
+        for shard in self.table.iter() {
+            lock(shard).counters.add_to(out);
+        }
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
@@ -1352,6 +1359,7 @@ impl AsyncPool {
             }
         }
         self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));
+        shard.counters.freed(tag.index(), held);
         shard.deallocations += 1;
         let state = if held == 0 {
             BlockState::Retired

@@ -29,7 +29,7 @@ use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
-use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
+use crate::telemetry::{summary, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
 
 pub use crate::telemetry::Stats;
 
@@ -300,6 +300,7 @@ impl Runtime {
     }
 
     /// `allocate` with the tag already interned.
+    #[inline]
     pub fn allocate_tagged(&self, bytes: u64, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.allocate_at(bytes, stream, tag, CallSite::NONE)
     }
@@ -307,15 +308,20 @@ impl Runtime {
     /// `allocate_tagged` recording `site` as the call site when the runtime
     /// tracks call sites (`Config::track_call_sites`; NONE: this thread's
     /// current site, see `CallSite::set_thread_current`).
+    #[inline]
     pub fn allocate_at(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
-        match self.stack.allocate(bytes, s, tag) {
+        let result = self.stack.allocate(bytes, s, tag);
+        match &result {
             Ok(b) => {
-                self.telemetry.allocated(&b, site);
-                Ok(b)
+                if self.telemetry.tracks_call_sites() {
+                    self.telemetry.allocated(b, site);
+                }
+                result
             }
-            Err(e) => {
+            Err(_) => {
+                let Err(e) = result else { unreachable!() };
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
                 if let Some(log) = &self.log {
                     log.refused(bytes, stream.0, tag, &e.to_string());
@@ -327,12 +333,16 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let freed = self
-            .stack
-            .deallocate(block)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))?;
-        self.telemetry.freed(&freed);
-        Ok(freed)
+        let result = self.stack.deallocate(block);
+        match &result {
+            Ok(freed) => {
+                if self.telemetry.tracks_call_sites() {
+                    self.telemetry.freed(freed);
+                }
+                result
+            }
+            Err(_) => result.map_err(|e| multi_device::explain_block_error(self, block, e)),
+        }
     }
 
     /// Check that `block` is live here.
@@ -530,14 +540,19 @@ impl Runtime {
     }
 
     fn live_blocks_now(&self) -> Vec<LiveBlock> {
-        let sequence_now = self.stack.allocation_sequence();
-        self.telemetry.live_blocks(self.stack.live_blocks(), sequence_now)
+        self.telemetry.live_blocks(self.stack.live_blocks())
     }
 
     /// Counters per tag, largest live bytes first.
     pub fn tag_stats(&self) -> ResourceResult<Vec<TagStats>> {
         let _g = self.enter()?;
-        Ok(self.telemetry.tag_stats())
+        Ok(Telemetry::tag_stats(&self.counts()))
+    }
+
+    fn counts(&self) -> CountSummary {
+        let mut counts = CountSummary::default();
+        self.stack.count_tags(&mut counts);
+        counts
     }
 
     /// Restart every peak (`peak_outstanding_bytes`, the live peaks, the
@@ -545,7 +560,6 @@ impl Runtime {
     pub fn reset_peak(&self) -> ResourceResult<()> {
         let _g = self.enter()?;
         self.stack.reset_peak();
-        self.telemetry.reset_peak();
         Ok(())
     }
 
@@ -553,19 +567,40 @@ impl Runtime {
     /// blocks.
     pub fn memory_summary(&self, top_n: usize) -> ResourceResult<String> {
         let _g = self.enter()?;
-        let stats = self.stats_now();
-        let tags = self.telemetry.tag_stats();
+        let counts = self.counts();
+        let stats = self.stats_with(&counts);
+        let tags = Telemetry::tag_stats(&counts);
         let blocks = self.live_blocks_now();
         let backend = match self.backend() {
             Backend::Cuda => "cuda",
             Backend::Sim => "sim",
             Backend::Auto => "auto",
         };
+        let totals = summary::Totals {
+            live_bytes: stats.live_bytes,
+            live_blocks: stats.live_blocks,
+            cached_bytes: stats.cached_bytes,
+            cached_blocks: stats.cached_blocks,
+            pending_bytes: stats.pending_bytes,
+            pending_blocks: stats.pending_blocks,
+            outstanding_bytes: stats.outstanding_bytes,
+            peak_outstanding_bytes: stats.peak_outstanding_bytes,
+            reserved_bytes: stats.reserved_bytes,
+            budget_limit: stats.budget_limit,
+            budget_remaining: stats.budget_remaining,
+            allocations: stats.allocations,
+            deallocations: stats.deallocations,
+            failed_allocations: stats.failed_allocations,
+            cache_hits: stats.cache_hits,
+            cache_misses: stats.cache_misses,
+        };
+        let mut counts_totals = counts.totals;
+        counts_totals.peak_live_bytes = stats.peak_live_bytes;
         Ok(summary::format(&summary::SummaryInput {
             device: self.device.ordinal(),
             backend,
-            stats: &stats,
-            totals: self.telemetry.totals(),
+            stats: &totals,
+            totals: counts_totals,
             tags: &tags,
             blocks: &blocks,
             top_n,
@@ -573,8 +608,12 @@ impl Runtime {
     }
 
     fn stats_now(&self) -> Stats {
+        self.stats_with(&self.counts())
+    }
+
+    fn stats_with(&self, counts: &CountSummary) -> Stats {
         let u = self.stack.usage();
-        let totals = self.telemetry.totals();
+        let totals = counts.totals;
         let (limit, remaining) = match &self.budget {
             Some(b) => (b.limit(), b.remaining()),
             None => (0, u64::MAX),
@@ -597,7 +636,10 @@ impl Runtime {
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
             log_lines_lost: self.log.as_ref().map_or(0, |log| log.lines_lost()),
-            peak_live_bytes: totals.peak_live_bytes,
+            // The summed peak is an upper bound when several streams
+            // allocate (`telemetry::counters`); live bytes never exceed the
+            // held bytes, so their peak is capped by the held peak too.
+            peak_live_bytes: totals.peak_live_bytes.min(u.peak_outstanding_bytes.max(totals.live_bytes)),
             peak_live_blocks: totals.peak_live_blocks,
             alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }
