@@ -429,17 +429,24 @@ void run_refusals(xlog_runtime* rt, const Streams& st, const Stream& other) {
   check(got.message.find("captur") != std::string::npos, "refusals: the message names the capture", got.message);
   expect_capturing(st.p, "refusals: the capture is still active after the refused prepare");
 
-  // A block last used inside the capture, used on a stream that does not
-  // capture (it would pull that stream into the capture).
+  // A block last used inside this capture, used on a stream of another
+  // capture: a graph cannot depend on another graph's work. (A stream that
+  // captures nothing joins the capture instead: the pipeline's forks.)
   xlog_block cblock = allocate(rt, kBytes, st.p, "capture.C2");
   launch(rt, st.p, {use(cblock, XLOG_ACCESS_WRITE)},
          [&](cudaStream_t s) { fill_kernel<<<g, kThreads, 0, s>>>(as<uint32_t>(cblock), 5u, kCount); });
-  const xlog_test::Captured outside = capture(xlog_prepare(rt, cblock, st.launch.id, XLOG_ACCESS_READ));
-  expect_captured(outside, XLOG_ERR_STREAM_MISUSE,
-                  "refusals: prepare on a non-capturing stream of a block last used in the capture");
-  expect_capturing(st.p, "refusals: the capture is still active after the second refusal");
-  check(capture_status(st.launch) == cudaStreamCaptureStatusNone,
-        "refusals: the non-capturing stream was not pulled into the capture");
+  expect_status(xlog_capture_begin(rt, st.launch.id, XLOG_CAPTURE_GLOBAL), XLOG_OK,
+                "refusals: a second capture begins on another stream");
+  const xlog_test::Captured cross = capture(xlog_prepare(rt, cblock, st.launch.id, XLOG_ACCESS_READ));
+  expect_captured(cross, XLOG_ERR_STREAM_MISUSE,
+                  "refusals: prepare on a stream of another capture of a block used in this one");
+  expect_capturing(st.p, "refusals: the first capture is still active after the second refusal");
+  void* second_graph = nullptr;
+  uint64_t second_id = 0;
+  expect_status(xlog_capture_end(rt, st.launch.id, &second_graph, &second_id), XLOG_OK,
+                "refusals: the second capture still ends into a graph");
+  if (second_graph != nullptr) CUDA_OR_DIE(cudaGraphDestroy(static_cast<cudaGraph_t>(second_graph)));
+  expect_status(xlog_capture_release(rt, second_id, nullptr), XLOG_OK, "refusals: the second capture's release");
   XLOG_OR_DIE(xlog_deallocate(rt, cblock));
   const xlog_stats after = stats(rt);
   check(after.live_blocks == before.live_blocks, "refusals: the refusals left no block behind",
