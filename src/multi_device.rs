@@ -274,6 +274,8 @@ fn with_bridge(
 }
 
 /// `prepare_all` on `rt` (the blocks' runtime) with `stream` of a peer.
+#[cold]
+#[inline(never)]
 pub(crate) fn prepare_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], original: ResourceError) -> ResourceResult<()> {
     with_bridge(rt, stream, original, |peer, foreign, bridge| {
         let events = lock(&bridge.events);
@@ -286,6 +288,8 @@ pub(crate) fn prepare_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], ori
 }
 
 /// `finish_all` on `rt` (the blocks' runtime) with `stream` of a peer.
+#[cold]
+#[inline(never)]
 pub(crate) fn finish_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], original: ResourceError) -> ResourceResult<()> {
     with_bridge(rt, stream, original, |peer, foreign, bridge| {
         // A stale handle fails in the pool below; the record and the wait
@@ -301,6 +305,8 @@ pub(crate) fn finish_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], orig
 
 /// A block handle refused by `rt`'s table: when it names another device,
 /// say so (naming both) instead of the table's "not live here".
+#[cold]
+#[inline(never)]
 pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceError) -> ResourceError {
     let own = rt.device().ordinal();
     if block.device == own || !matches!(e, ResourceError::UseAfterFree { .. } | ResourceError::InvalidArgument(_)) {
@@ -315,6 +321,8 @@ pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceErro
 
 /// `explain_block_error` for the first use of a launch that names another
 /// device.
+#[cold]
+#[inline(never)]
 pub(crate) fn explain_uses_error(rt: &Runtime, uses: &[BlockUse], e: ResourceError) -> ResourceError {
     match uses.iter().find(|u| u.block.device != rt.device().ordinal()) {
         Some(u) => explain_block_error(rt, &u.block, e),
