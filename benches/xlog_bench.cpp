@@ -291,7 +291,7 @@ struct Settings {
   uint64_t budget = 24 * GiB;  // the xlog budget in W1-W3 (never binding)
   uint64_t sim_capacity = 2 * GiB;
   int reap_every = 64;
-  std::vector<std::string> workloads{"W1", "W2", "W3", "W4", "W5"};
+  std::vector<std::string> workloads{"W1", "W2", "W3", "W4", "W5", "W10"};
   std::string plugin_dir;
   // Set the device's default memory pool (raw, cudaMallocAsync and xlog all
   // allocate from it) to keep freed memory across synchronisations, as
@@ -989,6 +989,67 @@ double time_loop(int n, Body body, Sync sync) {
   return micros_since(t0) / n;
 }
 
+// ---------------------------------------------------------------------------
+// W10: the framework hook path (what PyTorch's pluggable allocator calls)
+// against xlog_allocate/xlog_deallocate on the same runtime (the hook
+// runtime of device 0) and the same native stream, 1 MiB blocks. Runs last:
+// the hooks keep their runtime open for the rest of the process, and other
+// workloads open device 0 with configs of their own.
+// ---------------------------------------------------------------------------
+
+void workload_hooks() {
+  if (cfg.sim) return;
+  const int n = cfg.w4_iterations;
+  note("W10 hook path, %d iterations", n);
+  const char* keys[] = {"allocate+deallocate", "torch_malloc+torch_free"};
+  std::map<std::string, Measured> m;
+  xlog_runtime* hrt = nullptr;
+  CUstream native = nullptr;
+  try {
+    check_cu(drv.stream_create(&native, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    check_xlog(xlog_interop_runtime(0, &hrt), "xlog_interop_runtime");
+    xlog_stream hs = 0;
+    check_xlog(xlog_stream_import(hrt, native, &hs), "xlog_stream_import");
+    const uint64_t bytes = 1 << 20;
+    auto hsync = [&] { check_cu(drv.stream_synchronize(native), "cuStreamSynchronize"); };
+    for (int r = 0; r < cfg.repeats; ++r) {
+      m[keys[0]].samples.push_back(time_loop(
+          n,
+          [&](int) {
+            xlog_block b;
+            check_xlog(xlog_allocate(hrt, bytes, hs, "hookbench", &b), "xlog_allocate");
+            check_xlog(xlog_deallocate(hrt, b), "xlog_deallocate");
+          },
+          hsync));
+      m[keys[1]].samples.push_back(time_loop(
+          n,
+          [&](int) {
+            void* p = xlog_torch_malloc(bytes, 0, native);
+            if (!p) throw BenchError("xlog_torch_malloc returned NULL");
+            xlog_torch_free(p, bytes, 0, native);
+          },
+          hsync));
+    }
+    hsync();
+    check_xlog(xlog_stream_release(hrt, hs), "xlog_stream_release");
+  } catch (const std::exception& e) {
+    for (const char* k : keys) m[k].error = e.what();
+  }
+  if (hrt) xlog_runtime_close(hrt);
+  if (native) drv.stream_destroy(native);
+  for (const char* k : keys) {
+    const Measured& x = m[k];
+    if (!x.error.empty()) {
+      out.row("W10", "xlog", k, "ERROR", x.error, "");
+      continue;
+    }
+    double base = 0;
+    if (std::string(k) != keys[0] && m[keys[0]].error.empty()) base = median(m[keys[0]].samples);
+    for (size_t i = 0; i < x.samples.size(); ++i) out.sample("W10", "xlog", k, "us_per_pair", static_cast<int>(i), x.samples[i]);
+    out.number("W10", "xlog", k, "us_per_pair", median(x.samples), base);
+  }
+}
+
 void workload_w4(Registry& reg) {
   note("W4 block tracking, %d iterations", cfg.w4_iterations);
   const int n = cfg.w4_iterations;
@@ -1385,6 +1446,7 @@ int main(int argc, char** argv) {
   if (wants("W3")) workload_w3(reg);
   if (wants("W4")) workload_w4(reg);
   if (wants("W5")) workload_w5(reg);
+  if (wants("W10")) workload_hooks();
 
   if (out.csv != stdout) std::fclose(out.csv);
   if (out.samples) std::fclose(out.samples);

@@ -167,6 +167,7 @@ class ClearXlogEnvironment : public ::testing::Environment {
     unsetenv("XLOG_LOG_PATH");
     unsetenv("XLOG_CACHE");
     unsetenv("XLOG_POOL_RELEASE_THRESHOLD");
+    unsetenv("XLOG_TRACK_CALLSITES");
     unsetenv("XLOG_SIM_DEVICES");
   }
 };

@@ -25,6 +25,16 @@
 #define XLOG_VERSION_PATCH 0
 
 /*
+ Largest live blocks `xlog_memory_summary` lists.
+ */
+#define XLOG_SUMMARY_TOP_BLOCKS 10
+
+/*
+ An interned call-site text; 0 is "none".
+ */
+typedef struct CallSite CallSite;
+
+/*
  Opaque runtime handle. The pointer value is a token checked on every
  call: a closed or never-opened handle is an error, not a crash.
  */
@@ -91,6 +101,12 @@ typedef struct xlog_config {
    */
   uint64_t pool_release_threshold;
   /*
+   Record each allocation's call site for `xlog_live_blocks` (0 or 1;
+   default 0, env `XLOG_TRACK_CALLSITES`). Costs a lock and a map
+   update per allocation and free when on, nothing when off.
+   */
+  uint8_t track_call_sites;
+  /*
    Devices the sim backend simulates (default 1, env
    `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
    XLOG_ERR_NO_DEVICE. Ignored on CUDA.
@@ -156,6 +172,17 @@ typedef struct xlog_stats {
    once on stderr.
    */
   uint64_t log_lines_lost;
+  /*
+   Highest live_bytes / live_blocks since the runtime opened or the
+   last `xlog_reset_peak`.
+   */
+  uint64_t peak_live_bytes;
+  uint64_t peak_live_blocks;
+  /*
+   Refused allocations tried again after relieving pressure (the cache
+   given back, pending frees reaped or waited for).
+   */
+  uint64_t alloc_retries;
 } xlog_stats;
 
 /*
@@ -202,6 +229,82 @@ typedef struct xlog_use {
   struct xlog_block block;
   xlog_access access;
 } xlog_use;
+
+/*
+ One live block, as `xlog_live_blocks` reports it.
+
+ Set `struct_size = sizeof(xlog_live_block)` in the first element of the
+ array you pass: the library writes each element at that stride and fills
+ only the fields that fit, so a caller built against an older, shorter
+ header keeps working.
+ */
+typedef struct xlog_live_block {
+  /*
+   Set by the caller (first element) to `sizeof(xlog_live_block)`.
+   */
+  uint32_t struct_size;
+  /*
+   The block's handle (pointer, requested size, generation, allocation
+   stream, device): usable with every block call while it is live.
+   */
+  struct xlog_block block;
+  /*
+   Device bytes the block takes (its size class or granularity).
+   */
+  uint64_t device_bytes;
+  /*
+   Allocation sequence number in this runtime (1 = its first).
+   */
+  uint64_t sequence;
+  /*
+   Allocations the runtime made after this one: its age in allocations.
+   */
+  uint64_t allocations_since;
+  /*
+   Nanoseconds since the allocation when the runtime tracks call sites,
+   else UINT64_MAX.
+   */
+  uint64_t age_ns;
+  /*
+   Tag name; never NULL ("" for untagged). Valid for the life of the
+   process.
+   */
+  const char *tag;
+  /*
+   Call site (what `xlog_allocate_at` or `xlog_set_call_site` gave);
+   NULL when none was recorded. Valid for the life of the process.
+   */
+  const char *call_site;
+} xlog_live_block;
+
+/*
+ Counters of one tag, as `xlog_tag_stats` reports them. Same
+ `struct_size` rule as `xlog_live_block`.
+ */
+typedef struct xlog_tag_stat {
+  /*
+   Set by the caller (first element) to `sizeof(xlog_tag_stat)`.
+   */
+  uint32_t struct_size;
+  /*
+   Tag name; never NULL ("" for untagged, "(other)" for the bucket of
+   tags past the tag table's bound). Valid for the life of the process.
+   */
+  const char *tag;
+  /*
+   Device bytes of the tag's live blocks.
+   */
+  uint64_t live_bytes;
+  uint64_t live_blocks;
+  /*
+   Highest live_bytes since the runtime opened or `xlog_reset_peak`.
+   */
+  uint64_t peak_bytes;
+  uint64_t allocations;
+  uint64_t frees;
+} xlog_tag_stat;
+
+
 
 
 
@@ -464,6 +567,63 @@ xlog_status xlog_trim(struct xlog_runtime *rt, uint64_t keep_bytes, uint64_t *re
 xlog_status xlog_drain(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
 
 /*
+ The live blocks of `rt`, oldest first. `*count` receives how many are
+ live; the first `min(*count, cap)` are written to `out`. Set
+ `out[0].struct_size = sizeof(xlog_live_block)` first. `out == NULL` with
+ `cap == 0` only counts. Other threads may allocate between a counting
+ call and a filling one: leave room, and compare `*count` with `cap`.
+ Each entry is consistent on its own (copied under its record's lock).
+ Errors: XLOG_ERR_INVALID_ARGUMENT for a NULL `count`, a NULL `out` with
+ `cap > 0`, or a `struct_size` smaller than this header's
+ `sizeof(xlog_live_block)`.
+ */
+xlog_status xlog_live_blocks(struct xlog_runtime *rt, struct xlog_live_block *out, size_t cap, size_t *count);
+
+/*
+ Counters of every tag `rt` has allocated under, largest live bytes
+ first; the same buffer rules as `xlog_live_blocks` (set
+ `out[0].struct_size = sizeof(xlog_tag_stat)`).
+ */
+xlog_status xlog_tag_stats(struct xlog_runtime *rt, struct xlog_tag_stat *out, size_t cap, size_t *count);
+
+/*
+ Restart every peak from its current value: `peak_outstanding_bytes`,
+ `peak_live_bytes`, `peak_live_blocks` and each tag's `peak_bytes` (the
+ role of `torch.cuda.reset_peak_memory_stats`).
+ */
+xlog_status xlog_reset_peak(struct xlog_runtime *rt);
+
+/*
+ A readable memory summary of `rt`: totals (live, cached, pending, held,
+ reserved, peaks, budget), the per-tag table and the 10 largest live
+ blocks. Like snprintf: writes at most `cap - 1` bytes and a NUL (cut at
+ a UTF-8 character boundary), and `*needed` receives the size the whole
+ text needs, NUL included; `buf == NULL` with `cap == 0` only sizes it.
+ Errors: XLOG_ERR_INVALID_ARGUMENT for a NULL `needed` or a NULL `buf`
+ with `cap > 0`.
+ */
+xlog_status xlog_memory_summary(struct xlog_runtime *rt, char *buf, size_t cap, size_t *needed);
+
+/*
+ `xlog_allocate` that also records `call_site` (may be NULL; e.g.
+ "file.c:42" or a function name) as the block's call site when the
+ runtime tracks call sites (`xlog_config.track_call_sites`,
+ `XLOG_TRACK_CALLSITES=1`); without tracking it is `xlog_allocate`.
+ Texts are interned process-wide (at most 4096 distinct, later ones read
+ "(other)"; at most 1024 bytes kept).
+ */
+xlog_status xlog_allocate_at(struct xlog_runtime *rt, uint64_t bytes, xlog_stream stream, const char *tag, const char *call_site, struct xlog_block *out);
+
+/*
+ Label this thread's next allocations (on every runtime that tracks call
+ sites) with `call_site` until it is set again; NULL or "" clears it. An
+ explicit `xlog_allocate_at` site wins. This is how allocations made
+ through the framework hooks get a call site: set it around the code
+ that allocates.
+ */
+xlog_status xlog_set_call_site(const char *call_site);
+
+/*
  Configure the hook runtime of `device` before its first allocation
  (`cfg` as for `xlog_runtime_open`; NULL = environment, with
  wait_on_pressure on, as for hooks never configured). Fails once the
@@ -513,6 +673,16 @@ void xlog_torch_free(void *ptr, size_t size, int32_t device, void *stream);
  waits for all work queued on `stream` up to that moment.
  */
 xlog_status xlog_torch_record_stream(void *ptr, int32_t device, void *stream);
+
+/*
+ `xlog_torch_record_stream` with the signature of PyTorch's
+ record-stream hook (`CUDAPluggableAllocator::set_record_stream_fn`:
+ a pointer and a stream, no device): the block is looked up in the hooks
+ of every device opened so far (device pointers are unique within a
+ process). The OOM shim of `xlog_cuda.torch` installs it, so that
+ `Tensor.record_stream` and PyTorch's own calls reach xlog.
+ */
+xlog_status xlog_torch_record_stream_hook(void *ptr, void *stream);
 
 /*
  CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.

@@ -15,7 +15,8 @@ Scenarios:
                 XLOG_LOG_PATH): loss falls, peak outstanding <= budget, the
                 CSV log holds one line per allocate and free.
   oom           a budget too small for the loop: what PyTorch does with the
-                hook's NULL (OutOfMemoryError expected), our reason in
+                hook's NULL (OutOfMemoryError expected, its text carrying
+                requested, live, cached, pending and limit), our reason in
                 xlog_cuda.last_error(), then recovery in the same process.
   shared        PyTorch and CuPy in one process under one budget: the hook
                 stats equal the sum of what both hold; DLPack views allocate
@@ -37,6 +38,18 @@ The train scenario also writes a memory report of its log
                 empty shim cache: the first builds the OOM shim, the second
                 must load it (<= 0.5 s for enable(), no cpp_extension) and
                 still raise torch.OutOfMemoryError on a refusal.
+  record_stream a tensor read on a side stream (after a long GPU sleep),
+                freed, and its memory allocated and overwritten at once on
+                the default stream: without record_stream (the control) the
+                side stream reads the new data; with Tensor.record_stream
+                (through the shim's record-stream hook) and with
+                xlog_cuda.torch.record_stream it reads the original data.
+  inspect       with XLOG_TRACK_CALLSITES=1: xlog_cuda.torch.memory_stats()
+                (PyTorch's key names) agrees with the tensors alive,
+                live_blocks() finds a tensor's block with the label set by
+                xlog_cuda.call_site(), peaks hold after a free and restart at
+                reset_peak_memory_stats(), per-tag counters add up, and
+                memory_summary() names the tensor.
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -67,10 +80,11 @@ TIMED_STEPS = 300
 WARMUP_STEPS = 30
 SCENARIO_TIMEOUT_S = 150
 NUMBA_BUDGET = 256 * MiB
-ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost"]
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost", "record_stream", "inspect"]
 # What each scenario imports (the driver skips when one is missing).
 NEEDS = {"train": ["torch"], "oom": ["torch"], "shared": ["torch", "cupy"], "time_default": ["torch"],
-         "time_xlog": ["torch"], "numba": ["numba.cuda", "numpy"], "enable_cost": ["torch"]}
+         "time_xlog": ["torch"], "numba": ["numba.cuda", "numpy"], "enable_cost": ["torch"],
+         "record_stream": ["torch"], "inspect": ["torch"]}
 ENABLE_TARGET_S = 0.5
 SKIP = 77
 
@@ -198,7 +212,9 @@ def scenario_train(r: Result, workdir: str) -> None:
     )
 
     rows = list(csv.reader(open(log_path, newline="")))
-    header_ok = bool(rows) and rows[0] == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag"]
+    header_ok = bool(rows) and rows[0] == [
+        "Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag", "Device", "Process", "Detail"
+    ]
     actions: Dict[str, int] = {}
     tags = set()
     for row in rows[1:]:
@@ -292,7 +308,13 @@ def scenario_oom(r: Result, workdir: str) -> None:
         "out of budget" in reason and f"requested {OOM_BUDGET + MiB} bytes" in reason and f"limit {OOM_BUDGET}" in reason,
         reason or "(empty)",
     )
-    r.info("PyTorch's own message", "xlog's text is in it" if "out of budget" in str(raised) else "PyTorch's text is its own")
+    text = str(raised)
+    r.check(
+        "torch.OutOfMemoryError's text carries the numbers",
+        f"requested {OOM_BUDGET + MiB} bytes" in text and f"limit {OOM_BUDGET}" in text
+        and all(f" {k} " in text for k in ("live", "cached", "pending")),
+        text.splitlines()[0][:300] if text else "(empty)",
+    )
 
     # 2. A training loop whose first activation (131072 x 1024 fp32 = 512 MiB)
     #    cannot fit in 256 MiB: refused in the forward pass (main thread).
@@ -321,6 +343,12 @@ def scenario_oom(r: Result, workdir: str) -> None:
         "out of budget" in reason and "requested" in reason and f"limit {OOM_BUDGET}" in reason,
         (reason or "(empty: a free on this thread cleared it, or the refusal happened on another thread)")
         + f"; the first activation is {expected} B",
+    )
+    text = str(caught) if caught is not None else ""
+    r.check(
+        "the training step's torch.OutOfMemoryError carries the numbers",
+        "requested" in text and f"limit {OOM_BUDGET}" in text,
+        text.splitlines()[0][:300] if text else "(nothing raised)",
     )
     caught = None  # drop the traceback and the frames' tensors
     gc.collect()
@@ -514,6 +542,15 @@ def scenario_numba(r: Result, workdir: str) -> None:
     """Enabled by NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba (set by the
     driver, with XLOG_BACKEND=cuda, XLOG_BUDGET_BYTES=256MiB and a log)."""
     import numpy as np
+
+    # The GPU image pairs numba-cuda with numpy 2.5, which no longer has
+    # `numpy.row_stack` (deprecated since numpy 2.0); numba-cuda still calls
+    # it when it launches a kernel. That is the image's mismatch, not the
+    # plug-in's: give numpy its old alias back (the same function) and say
+    # so in the results.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+        r.metrics["numpy_row_stack_alias"] = f"added for numpy {np.__version__}"
     from numba import cuda
     from numba.cuda.cudadrv import driver as nb_driver
 
@@ -615,7 +652,8 @@ def scenario_numba(r: Result, workdir: str) -> None:
     log = os.environ.get("XLOG_LOG_PATH")
     if log and os.path.exists(log):
         rows = list(csv.reader(open(log, newline="")))
-        numba_rows = sum(1 for row in rows[1:] if row[-1] == "numba")
+        tag = rows[0].index("Tag") if rows and "Tag" in rows[0] else 6
+        numba_rows = sum(1 for row in rows[1:] if len(row) > tag and row[tag] == "numba")
         r.check("Numba's allocations are in the log, tagged numba", numba_rows >= 6, f"{numba_rows} rows tagged numba in {log}")
     r.metrics["stats"] = stats_dict(xn.stats(0))
 ENABLE_PROCESS = r"""
@@ -693,6 +731,167 @@ def scenario_enable_cost(r: Result, workdir: str) -> None:
         )
 
 
+RS_ELEMENTS = 16 * MiB  # float32: a 64 MiB block
+RS_SLEEP_CYCLES = 400_000_000  # torch.cuda._sleep: a few hundred ms on an H100
+
+
+def _side_stream_read(torch, side, record: str):
+    """Fill x (1.0) on the default stream, read it on `side` after a long
+    sleep (the copy into `out` starts well after the host has moved on),
+    then free x and at once allocate y of the same size on the default
+    stream and fill it with 2.0. `record`: "tensor" (x.record_stream),
+    "xlog" (xlog_cuda.torch.record_stream) or "none" (the control). Returns
+    (x's address, y's address, elements of `out` that are not 1.0)."""
+    import xlog_cuda.torch as xt
+
+    out = torch.empty(RS_ELEMENTS, device="cuda")
+    x = torch.full((RS_ELEMENTS,), 1.0, device="cuda")
+    torch.cuda.synchronize()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(RS_SLEEP_CYCLES)
+        out.copy_(x)
+    if record == "tensor":
+        x.record_stream(side)
+    elif record == "xlog":
+        xt.record_stream(x, side)
+    x_ptr = x.data_ptr()
+    del x
+    y = torch.empty(RS_ELEMENTS, device="cuda")
+    y.fill_(2.0)
+    y_ptr = y.data_ptr()
+    torch.cuda.synchronize()
+    wrong = int((out != 1.0).sum().item())
+    del y, out
+    return x_ptr, y_ptr, wrong
+
+
+def scenario_record_stream(r: Result, workdir: str) -> None:
+    """Tensor.record_stream reaches xlog: memory read on a side stream is
+    not handed out again (and overwritten) before that read is done."""
+    import xlog_cuda.torch as xt
+
+    xt.enable(budget=2 * GiB, backend="cuda")
+    import torch
+
+    info = xt.enable_info()
+    r.metrics["torch_version"] = torch.__version__
+    r.check(
+        "enable() installed the record-stream hook",
+        bool(info.get("record_stream_hook")),
+        f"shim {info.get('shim')}; {info.get('record_stream_problem') or 'hook set'}",
+    )
+    side = torch.cuda.Stream()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+
+    # Control: without record_stream the freed block goes straight back to
+    # the default stream's cache, y gets its address, and y's fill lands
+    # before the side stream's delayed read.
+    x_ptr, y_ptr, wrong = _side_stream_read(torch, side, "none")
+    r.check("control: the freed address is handed out again at once", x_ptr == y_ptr, f"x {x_ptr:#x}, y {y_ptr:#x}")
+    r.check(
+        "control: without record_stream the side stream reads overwritten data",
+        wrong > 0,
+        f"{wrong} of {RS_ELEMENTS} elements read as 2.0 instead of 1.0 (the race this check guards against)",
+    )
+
+    for how, label in (("tensor", "Tensor.record_stream"), ("xlog", "xlog_cuda.torch.record_stream")):
+        x_ptr, y_ptr, wrong = _side_stream_read(torch, side, how)
+        r.check(
+            f"{label}: the side stream reads the original data",
+            wrong == 0,
+            f"{wrong} of {RS_ELEMENTS} elements wrong; x {x_ptr:#x}, y {y_ptr:#x} "
+            f"({'same address: the reuse waited on the GPU' if x_ptr == y_ptr else 'another address'})",
+        )
+    r.metrics["stats"] = stats_dict(xt.stats(0))
+
+
+def scenario_inspect(r: Result, workdir: str) -> None:
+    """memory_stats / live_blocks / reset_peak / memory_summary under xlog
+    (the driver sets XLOG_BACKEND=cuda and XLOG_TRACK_CALLSITES=1)."""
+    import torch
+
+    import xlog_cuda
+    import xlog_cuda.torch as xt
+
+    xt.enable()
+    dev = torch.device("cuda", 0)
+    big_bytes, small_bytes = 64 * MiB, 1 * MiB
+    with xlog_cuda.call_site("inspect-big"):
+        big = torch.empty(big_bytes, dtype=torch.uint8, device=dev)
+    small = torch.empty(small_bytes, dtype=torch.uint8, device=dev)
+    torch.cuda.synchronize()
+    st = xt.stats(0)
+    ms = xt.memory_stats(0)
+    r.check(
+        "allocated_bytes.all.current is the live bytes",
+        ms["allocated_bytes.all.current"] == st.live_bytes >= big_bytes + small_bytes,
+        f"allocated {ms['allocated_bytes.all.current']}, stats live {st.live_bytes}",
+    )
+    r.check(
+        "requested_bytes.all.current counts both tensors",
+        ms["requested_bytes.all.current"] >= big_bytes + small_bytes,
+        f"requested {ms['requested_bytes.all.current']}",
+    )
+    r.check(
+        "reserved >= allocated, no inactive split",
+        ms["reserved_bytes.all.current"] >= ms["allocated_bytes.all.current"]
+        and ms["inactive_split_bytes.all.current"] == 0,
+        f"reserved {ms['reserved_bytes.all.current']}",
+    )
+    blocks = {b.ptr: b for b in xt.live_blocks(0)}
+    mine = blocks.get(big.untyped_storage().data_ptr())
+    r.check(
+        "live_blocks() has the big tensor with its call-site label",
+        mine is not None and mine.size == big_bytes and mine.call_site == "inspect-big" and mine.age_s is not None,
+        f"{mine}",
+    )
+    r.check(
+        "the small tensor has no label",
+        blocks.get(small.untyped_storage().data_ptr()) is not None
+        and blocks[small.untyped_storage().data_ptr()].call_site is None,
+        f"{blocks.get(small.untyped_storage().data_ptr())}",
+    )
+    peak = ms["allocated_bytes.all.peak"]
+    del big
+    torch.cuda.synchronize()
+    after = xt.memory_stats(0)
+    r.check(
+        "a free lowers current, the peak stays",
+        after["allocated_bytes.all.current"] <= peak - big_bytes and after["allocated_bytes.all.peak"] == peak,
+        f"current {after['allocated_bytes.all.current']}, peak {after['allocated_bytes.all.peak']} (was {peak})",
+    )
+    xt.reset_peak_memory_stats(0)
+    reset = xt.memory_stats(0)
+    r.check(
+        "reset_peak_memory_stats restarts the peaks",
+        reset["allocated_bytes.all.peak"] == reset["allocated_bytes.all.current"]
+        and reset["reserved_bytes.all.peak"] == reset["reserved_bytes.all.current"],
+        f"allocated peak {reset['allocated_bytes.all.peak']}, reserved peak {reset['reserved_bytes.all.peak']}",
+    )
+    tags = xt.tag_stats(0)
+    r.check(
+        "per-tag live bytes add up to the live bytes",
+        sum(t.live_bytes for t in tags) == xt.stats(0).live_bytes and all(t.allocations >= t.frees for t in tags),
+        ", ".join(f"{t.tag or '(untagged)'}: {t.live_bytes} B live, {t.allocations} allocations" for t in tags),
+    )
+    text = xt.memory_summary(0)
+    with open(os.path.join(workdir, "inspect-summary.txt"), "w") as f:
+        f.write(text)
+    r.check(
+        "memory_summary() names the live bytes and the small tensor's size",
+        f"{xt.stats(0).live_bytes} B" in text and str(small_bytes) in text,
+        text.splitlines()[0] if text else "empty",
+    )
+    try:
+        theirs = torch.cuda.memory_stats(0)
+        r.info("torch.cuda.memory_stats() under the pluggable allocator", f"{len(theirs)} keys")
+    except Exception as e:  # noqa: BLE001 - what PyTorch does is informational
+        r.info("torch.cuda.memory_stats() under the pluggable allocator", f"{type(e).__name__}: {str(e)[:160]}")
+    del small
+
+
 SCENARIOS = {
     "train": scenario_train,
     "oom": scenario_oom,
@@ -701,6 +900,8 @@ SCENARIOS = {
     "time_xlog": scenario_time_xlog,
     "numba": scenario_numba,
     "enable_cost": scenario_enable_cost,
+    "record_stream": scenario_record_stream,
+    "inspect": scenario_inspect,
 }
 
 
@@ -757,6 +958,9 @@ def scenario_env(name: str, workdir: str) -> Dict[str, str]:
         env["XLOG_BACKEND"] = "cuda"
         env["XLOG_BUDGET_BYTES"] = "256MiB"
         env["XLOG_LOG_PATH"] = os.path.join(workdir, "numba-log.csv")
+    if name == "inspect":
+        env["XLOG_BACKEND"] = "cuda"
+        env["XLOG_TRACK_CALLSITES"] = "1"
     return env
 
 

@@ -36,6 +36,9 @@ pub struct Config {
     /// synchronisation points; `u64::MAX` keeps all (the default: the
     /// budget and `trim` bound it).
     pub pool_release_threshold: u64,
+    /// Record the call site of every allocation for the live-block list
+    /// (`telemetry`); off by default, so the hot path pays nothing.
+    pub track_call_sites: bool,
     /// Devices the sim backend simulates (`XLOG_SIM_DEVICES`, default 1):
     /// opening a sim ordinal at or past it fails with `NoDevice`
     /// (`device/sim_platform.rs`). Ignored by the CUDA backend.
@@ -54,6 +57,7 @@ impl Default for Config {
             wait_on_pressure: false,
             cache: true,
             pool_release_threshold: u64::MAX,
+            track_call_sites: false,
             sim_devices: crate::device::sim_platform::DEFAULT_SIM_DEVICES,
         }
     }
@@ -61,6 +65,8 @@ impl Default for Config {
 
 impl Config {
     /// Defaults overridden by `XLOG_BACKEND`, `XLOG_BUDGET_BYTES`,
+    /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and
+    /// `XLOG_TRACK_CALLSITES`. A malformed value is an error naming the variable
     /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and `XLOG_SIM_DEVICES`. A malformed value is an error naming the variable
     /// and the value, never a silent default.
     pub fn from_env() -> Result<Config, ResourceError> {
@@ -93,6 +99,14 @@ impl Config {
                 "1" => true,
                 "0" => false,
                 _ => return Err(env_error("XLOG_CACHE", &v, "expected 0 or 1")),
+            };
+        }
+        if let Some(v) = get("XLOG_TRACK_CALLSITES") {
+            let v = utf8_value("XLOG_TRACK_CALLSITES", v.into())?;
+            self.track_call_sites = match v.trim() {
+                "1" => true,
+                "0" | "" => false,
+                _ => return Err(env_error("XLOG_TRACK_CALLSITES", &v, "expected 0 or 1")),
             };
         }
         if let Some(v) = get("XLOG_POOL_RELEASE_THRESHOLD") {

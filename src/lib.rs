@@ -5,16 +5,19 @@
 //! (the `DeviceMemoryResource` stack: budget, logging, async pool, direct),
 //! [`stream_pool`], [`runtime`], and the C ABI in `ffi`.
 
+pub mod call_gate;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod fast_hash;
 pub mod ids;
+pub mod inline_list;
 pub mod multi_device;
 pub mod resource;
 pub mod resources;
 pub mod runtime;
 pub mod stream_pool;
+pub mod telemetry;
 pub mod ffi;
 
 pub use config::{AllocatorKind, Config};

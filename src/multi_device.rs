@@ -319,13 +319,20 @@ pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceErro
     ))
 }
 
-/// `explain_block_error` for the first use of a launch that names another
-/// device.
+/// `explain_block_error` for a launch: the error is re-explained only when
+/// the use it is about (the one whose generation it names) is a block of
+/// another device; an error about a block of this device stays as it is.
 #[cold]
 #[inline(never)]
 pub(crate) fn explain_uses_error(rt: &Runtime, uses: &[BlockUse], e: ResourceError) -> ResourceError {
-    match uses.iter().find(|u| u.block.device != rt.device().ordinal()) {
-        Some(u) => explain_block_error(rt, &u.block, e),
-        None => e,
+    let own = rt.device().ordinal();
+    let names = |g: u64| match &e {
+        ResourceError::UseAfterFree { generation, .. } => generation.0 == g,
+        ResourceError::InvalidArgument(m) => m.contains(&format!("generation {g} ")),
+        _ => false,
+    };
+    match uses.iter().find(|u| names(u.block.generation.0)) {
+        Some(u) if u.block.device != own => explain_block_error(rt, &u.block, e),
+        _ => e,
     }
 }

@@ -51,6 +51,17 @@ pub struct BlockUse {
     pub access: Access,
 }
 
+impl Default for BlockUse {
+    /// A placeholder (a read of the null handle) for fixed-size buffers of
+    /// uses; never a live block.
+    fn default() -> Self {
+        BlockUse {
+            block: BlockId { ptr: 0, size: 0, generation: Generation(0), alloc_stream: StreamId(0), device: 0 },
+            access: Access::Read,
+        }
+    }
+}
+
 /// Lifecycle of a block: Live → Cached (freed into its stream's cache; the
 /// generation is dead, the memory is kept for reuse) or Pending (freed to
 /// the driver, GPU not done yet) → Retired. Quarantined is for debug-guard
@@ -193,6 +204,18 @@ impl AllocTag {
         AllocTag(id)
     }
 
+    /// Index of the tag in the process-wide table (below [`MAX_TAGS`]):
+    /// what per-tag counters are indexed by.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The tag at `index` of the process-wide table (the inverse of
+    /// `index`, for code that keeps per-tag arrays).
+    pub(crate) fn from_index(index: usize) -> AllocTag {
+        AllocTag(index as u32)
+    }
+
     pub fn name(self) -> Arc<str> {
         let table = tag_table().lock().unwrap_or_else(|p| p.into_inner());
         table.names.get(self.0 as usize).cloned().unwrap_or_else(|| Arc::from("?"))
@@ -253,6 +276,9 @@ pub struct Usage {
     /// its block records, so the hot path adds no shared counter).
     pub allocations: u64,
     pub deallocations: u64,
+    /// Driver refusals answered by giving the cache back (and, with
+    /// wait_on_pressure, waiting) and trying again.
+    pub alloc_retries: u64,
 }
 
 impl Usage {
@@ -293,11 +319,20 @@ pub struct Trimmed {
     pub retired: u64,
 }
 
-/// A live block reported when a runtime closes.
+/// A live block as `live_blocks` reports it (leak reports at close, the
+/// live-block list of `telemetry`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeakedBlock {
     pub id: BlockId,
     pub tag: Arc<str>,
+    /// The interned tag (`tag` is its name).
+    pub tag_id: AllocTag,
+    /// Device bytes (as `DeviceBlock::held`).
+    pub held: u64,
+    /// Allocation sequence number: 1 for the resource's first allocation,
+    /// one more for each after it (zero-byte blocks included), so it orders
+    /// blocks by age.
+    pub sequence: u64,
 }
 
 fn no_tracking(what: &str) -> ResourceError {
@@ -360,8 +395,21 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// Check that `block` names a live block; return its description.
     fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
 
-    /// Live blocks (for leak reports at close).
+    /// Live blocks (leak reports at close, the live-block list). Each
+    /// record is copied under the lock that guards it, so it is consistent
+    /// on its own; the list as a whole is not one instant when other threads
+    /// allocate meanwhile.
     fn live_blocks(&self) -> Vec<LeakedBlock>;
+
+    /// Allocation sequence numbers handed out so far (the highest
+    /// `LeakedBlock::sequence`), so a caller can tell a block's age in
+    /// allocations.
+    fn allocation_sequence(&self) -> u64 {
+        0
+    }
+
+    /// Restart `peak_outstanding_bytes` from the bytes held now.
+    fn reset_peak(&self) {}
 
     /// Retire pending frees whose GPU work has completed, without blocking.
     /// Returns the bytes retired, which is exactly how much
@@ -524,6 +572,12 @@ macro_rules! forward_to_inner {
         }
         fn live_blocks(&self) -> Vec<$crate::resource::LeakedBlock> {
             self.inner.live_blocks()
+        }
+        fn allocation_sequence(&self) -> u64 {
+            self.inner.allocation_sequence()
+        }
+        fn reset_peak(&self) {
+            self.inner.reset_peak()
         }
         fn device_ordinal(&self) -> u32 {
             self.inner.device_ordinal()

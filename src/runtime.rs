@@ -7,8 +7,10 @@
 //! parallel.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::call_gate::{CallGate, Pass};
 
 use crate::config::{AllocatorKind, Config};
 use crate::device::cuda::CudaDevice;
@@ -21,8 +23,10 @@ use crate::resource::{
 };
 use crate::resource::Trimmed;
 use crate::resources::async_pool::PoolOptions;
+use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
+use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
 
 /// Counters and byte totals of a runtime (mirrors `xlog_stats`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -50,6 +54,13 @@ pub struct Stats {
     pub reserved_bytes: u64,
     /// CSV log lines that could not be written (0 without a log).
     pub log_lines_lost: u64,
+    /// Highest `live_bytes` and `live_blocks` since the runtime opened or
+    /// the last `reset_peak` (counted by `telemetry`).
+    pub peak_live_bytes: u64,
+    pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (by the
+    /// pool after a driver refusal, by the budget after its own).
+    pub alloc_retries: u64,
 }
 
 /// What `close` found.
@@ -74,14 +85,14 @@ pub struct Runtime {
     config: Config,
     stack: Arc<dyn DeviceMemoryResource>,
     budget: Option<Arc<GlobalDeviceBudget>>,
-    logging: Option<Arc<LoggingResource>>,
+    log: Option<Arc<CsvLog>>,
     streams: StreamPool,
     counters: Counters,
-    closed: AtomicBool,
-    /// Held shared by every call, exclusively by close: close waits for the
-    /// calls in flight, and calls that start after the `closed` flag is set
-    /// fail fast without waiting.
-    lifecycle: RwLock<()>,
+    /// Every call holds a pass, close closes the gate and waits for the
+    /// calls in flight; calls that start after that fail fast without
+    /// waiting (see `call_gate.rs`).
+    gate: CallGate,
+    telemetry: Telemetry,
     openers: AtomicU32,
     /// Peer runtimes and bridges for their streams (`multi_device.rs`).
     peers: crate::multi_device::PeerLinks,
@@ -103,7 +114,7 @@ impl Runtime {
     pub fn share(self: &Arc<Self>) -> ResourceResult<Arc<Self>> {
         refuse_in_host_callback()?;
         let _registry = registry_lock();
-        if self.closed.load(Ordering::Acquire) {
+        if self.gate.is_closed() {
             return Err(closed_error());
         }
         self.openers.fetch_add(1, Ordering::AcqRel);
@@ -185,19 +196,21 @@ impl Runtime {
     /// Build the stack Budget(Logging(base)) over `device`, leaving out the
     /// layers the config does not ask for.
     pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
+        // The log first: the base resource writes its driver traffic into it.
+        let log = match &config.log_path {
+            Some(path) => Some(CsvLog::open(path, device.ordinal())?),
+            None => None,
+        };
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
                 device.use_private_pool(config.pool_release_threshold)?;
                 let options = PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure };
-                Arc::new(AsyncPool::with_options(device.clone(), options))
+                Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
             }
-            AllocatorKind::Direct => Arc::new(Direct::new(device.clone())),
+            AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),
         };
-        let mut logging = None;
-        if let Some(path) = &config.log_path {
-            let layer = Arc::new(LoggingResource::new(stack, path)?);
-            logging = Some(layer.clone());
-            stack = layer;
+        if let Some(log) = &log {
+            stack = Arc::new(LoggingResource::new(stack, log.clone()));
         }
         let mut budget = None;
         if config.budget_bytes > 0 {
@@ -211,33 +224,20 @@ impl Runtime {
             config: config.clone(),
             stack,
             budget,
-            logging,
+            log,
             counters: Counters::default(),
-            closed: AtomicBool::new(false),
-            lifecycle: RwLock::new(()),
+            gate: CallGate::default(),
+            telemetry: Telemetry::new(config.track_call_sites),
             openers: AtomicU32::new(1),
             peers: Default::default(),
         })
     }
 
-    fn enter(&self) -> ResourceResult<std::sync::RwLockReadGuard<'_, ()>> {
+    fn enter(&self) -> ResourceResult<Pass<'_>> {
         refuse_in_host_callback()?;
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed_error());
-        }
-        // Never block here: only close takes the lock exclusively, after
-        // setting `closed`, so a call that cannot take it shared is racing
-        // a close and fails now. Waiting instead deadlocks a host callback
-        // that calls in while close waits for that callback's stream.
-        let guard = match self.lifecycle.try_read() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return Err(closed_error()),
-        };
-        if self.closed.load(Ordering::Acquire) {
-            return Err(closed_error());
-        }
-        Ok(guard)
+        // Never blocks: a host callback that calls in while close waits for
+        // that callback's stream must fail, not deadlock.
+        self.gate.enter().ok_or_else(closed_error)
     }
 
     pub fn device(&self) -> &Arc<dyn Device> {
@@ -258,7 +258,7 @@ impl Runtime {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.gate.is_closed()
     }
 
     /// The top of the resource stack (for tests of the layers' invariants).
@@ -303,7 +303,7 @@ impl Runtime {
     }
 
     pub fn synchronize(&self, id: StreamId) -> ResourceResult<()> {
-        // The wait holds the lifecycle lock shared, so close (which waits
+        // The wait holds a pass of the call gate, so close (which waits
         // for it) cannot destroy the stream under it; calls that start
         // meanwhile do not wait behind it (see `enter`).
         let _g = self.enter()?;
@@ -331,12 +331,25 @@ impl Runtime {
 
     /// `allocate` with the tag already interned.
     pub fn allocate_tagged(&self, bytes: u64, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        self.allocate_at(bytes, stream, tag, CallSite::NONE)
+    }
+
+    /// `allocate_tagged` recording `site` as the call site when the runtime
+    /// tracks call sites (`Config::track_call_sites`; NONE: this thread's
+    /// current site, see `CallSite::set_thread_current`).
+    pub fn allocate_at(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
         match self.stack.allocate(bytes, s, tag) {
-            Ok(b) => Ok(b),
+            Ok(b) => {
+                self.telemetry.allocated(&b, site);
+                Ok(b)
+            }
             Err(e) => {
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
+                if let Some(log) = &self.log {
+                    log.refused(bytes, stream.0, tag, &e.to_string());
+                }
                 Err(e)
             }
         }
@@ -344,7 +357,12 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.deallocate(block).map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+        let freed = self
+            .stack
+            .deallocate(block)
+            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))?;
+        self.telemetry.freed(&freed);
+        Ok(freed)
     }
 
     /// Check that `block` is live here.
@@ -472,7 +490,7 @@ impl Runtime {
 
     /// Block until every queued free has completed, then reap.
     pub fn drain(&self) -> ResourceResult<u64> {
-        // As in `synchronize`: the wait holds the lifecycle lock shared so
+        // As in `synchronize`: the wait holds a pass of the call gate so
         // close cannot destroy the streams it waits on.
         let _g = self.enter()?;
         self.stack.wait_pending()?;
@@ -488,8 +506,65 @@ impl Runtime {
         Ok(self.stats_now())
     }
 
+    // ----- inspection (see `telemetry`) -----
+
+    /// Whether this runtime records call sites (`Config::track_call_sites`).
+    pub fn tracks_call_sites(&self) -> bool {
+        self.telemetry.tracks_call_sites()
+    }
+
+    /// Every live block, oldest first.
+    pub fn live_blocks(&self) -> ResourceResult<Vec<LiveBlock>> {
+        let _g = self.enter()?;
+        Ok(self.live_blocks_now())
+    }
+
+    fn live_blocks_now(&self) -> Vec<LiveBlock> {
+        let sequence_now = self.stack.allocation_sequence();
+        self.telemetry.live_blocks(self.stack.live_blocks(), sequence_now)
+    }
+
+    /// Counters per tag, largest live bytes first.
+    pub fn tag_stats(&self) -> ResourceResult<Vec<TagStats>> {
+        let _g = self.enter()?;
+        Ok(self.telemetry.tag_stats())
+    }
+
+    /// Restart every peak (`peak_outstanding_bytes`, the live peaks, the
+    /// per-tag peaks) from its current value.
+    pub fn reset_peak(&self) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        self.stack.reset_peak();
+        self.telemetry.reset_peak();
+        Ok(())
+    }
+
+    /// The text summary: totals, per-tag table, the `top_n` largest live
+    /// blocks.
+    pub fn memory_summary(&self, top_n: usize) -> ResourceResult<String> {
+        let _g = self.enter()?;
+        let stats = self.stats_now();
+        let tags = self.telemetry.tag_stats();
+        let blocks = self.live_blocks_now();
+        let backend = match self.backend() {
+            Backend::Cuda => "cuda",
+            Backend::Sim => "sim",
+            Backend::Auto => "auto",
+        };
+        Ok(summary::format(&summary::SummaryInput {
+            device: self.device.ordinal(),
+            backend,
+            stats: &stats,
+            totals: self.telemetry.totals(),
+            tags: &tags,
+            blocks: &blocks,
+            top_n,
+        }))
+    }
+
     fn stats_now(&self) -> Stats {
         let u = self.stack.usage();
+        let totals = self.telemetry.totals();
         let (limit, remaining) = match &self.budget {
             Some(b) => (b.limit(), b.remaining()),
             None => (0, u64::MAX),
@@ -511,7 +586,10 @@ impl Runtime {
             cache_hits: u.cache_hits,
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
-            log_lines_lost: self.logging.as_ref().map_or(0, |log| log.lines_lost()),
+            log_lines_lost: self.log.as_ref().map_or(0, |log| log.lines_lost()),
+            peak_live_bytes: totals.peak_live_bytes,
+            peak_live_blocks: totals.peak_live_blocks,
+            alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }
     }
 
@@ -531,7 +609,7 @@ impl Runtime {
             // The registry lock also serialises opens and closes of shared
             // runtimes, so an open never revives a runtime being shut down.
             let mut registry = registry_lock();
-            if self.closed.load(Ordering::Acquire) {
+            if self.gate.is_closed() {
                 return Err(closed_error());
             }
             if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
@@ -542,10 +620,10 @@ impl Runtime {
                 registry.remove(&ordinal);
             }
         }
-        if self.closed.swap(true, Ordering::AcqRel) {
+        // Later calls fail; the calls in flight are waited for.
+        if !self.gate.close() {
             return Err(closed_error());
         }
-        let _exclusive = self.lifecycle.write().unwrap_or_else(|p| p.into_inner());
         // First let every host callback already queued or running finish:
         // a callback may still touch any block (a sim callback writes block
         // memory through its pointer), so nothing is freed before they are
@@ -570,11 +648,14 @@ impl Runtime {
                 "xlog:   leaked block tag={:?} size={} generation={} ptr={:#x}",
                 block.tag, block.id.size, block.id.generation, block.id.ptr
             );
-            if let Some(log) = &self.logging {
-                log.log_leak(block);
+            if let Some(log) = &self.log {
+                log.leaked(block);
             }
-            if let Err(e) = self.stack.deallocate(&block.id) {
-                first_error.get_or_insert(e);
+            match self.stack.deallocate(&block.id) {
+                Ok(freed) => self.telemetry.freed(&freed),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         // Everything cached goes back to the driver (trim waits for it).
@@ -594,7 +675,7 @@ impl Runtime {
         if let Err(e) = self.streams.shutdown() {
             first_error.get_or_insert(e);
         }
-        if let Some(log) = &self.logging {
+        if let Some(log) = &self.log {
             log.flush();
         }
         match first_error {

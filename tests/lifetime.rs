@@ -481,7 +481,9 @@ fn close_reports_each_leak_on_stderr_in_the_log_and_the_report() {
     let mut leak_lines: Vec<String> = csv
         .lines()
         .filter(|l| l.split(',').nth(2) == Some("leak"))
-        .map(|l| l.splitn(4, ',').nth(3).unwrap().to_string())
+        // Pointer..Tag: after the third comma, before the last three
+        // columns (Device, Process and an empty Detail).
+        .map(|l| l.rsplitn(4, ',').nth(3).unwrap().splitn(4, ',').nth(3).unwrap().to_string())
         .collect();
     let mut expected_csv: Vec<String> = blocks
         .iter()

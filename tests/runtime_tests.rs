@@ -580,15 +580,18 @@ fn logging_csv_has_rmm_header_and_tagged_lines() {
     // A size no cached block fits, so the driver is asked (and fails).
     st.sim().inject_fault(FaultKind::Alloc, 1);
     assert!(matches!(rt.allocate(5000, s, "boom"), Err(ResourceError::Driver(_))));
-    // Refused by the budget above the log: not logged.
+    // Refused by the budget: logged by the runtime, once, with the reason.
     assert!(matches!(rt.allocate(2 * MIB, s, "refused"), Err(ResourceError::OutOfBudget { .. })));
 
     let text = st.log_text();
     assert!(text.contains("\"a,b \"\"q\"\"\""), "a tag with CSV metacharacters is quoted: {text}");
     let (header, lines) = parse_log(&text);
-    assert_eq!(header, "Thread,Time,Action,Pointer,Size,Stream,Tag");
+    assert_eq!(header, "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail");
+    // RMM's actions only (xlog's reserve/release/retire rows are filtered
+    // out as docs/frameworks.md says).
     let got: Vec<(&str, String, u64, u32, &str)> = lines
         .iter()
+        .filter(|l| ["allocate", "free", "allocate failure"].contains(&l.action.as_str()))
         .map(|l| (l.action.as_str(), l.pointer.clone(), l.size, l.stream, l.tag.as_str()))
         .collect();
     assert_eq!(
@@ -600,8 +603,14 @@ fn logging_csv_has_rmm_header_and_tagged_lines() {
             ("free", format!("{:#x}", a.id.ptr), 1024, s.0, "hash_table"),
             ("free", format!("{:#x}", b.id.ptr), 512, t.0, odd_tag),
             ("allocate failure", "0x0".to_string(), 5000, s.0, "boom"),
+            ("allocate failure", "0x0".to_string(), 2 * MIB, s.0, "refused"),
         ]
     );
+    let refused = lines.iter().find(|l| l.tag == "refused").unwrap();
+    assert!(refused.detail.contains("out of budget") && refused.detail.contains("requested 2097152"), "{refused:?}");
+    let reserves: Vec<u64> = lines.iter().filter(|l| l.action == "reserve").map(|l| l.size).collect();
+    assert_eq!(reserves, vec![1024, 512], "the two blocks came from the driver");
+    assert!(lines.iter().all(|l| l.device == 0 && l.process == std::process::id()));
     for l in &lines {
         assert!(l.thread.parse::<u64>().is_ok(), "thread {:?}", l.thread);
         let tb = l.time.as_bytes();

@@ -29,6 +29,9 @@ LAYERS = 6
 
 
 def write_sample(path: str, steps: int = 12, pause: float = 0.002) -> None:
+    # The runtime appends to an existing log: start a fresh one.
+    if os.path.exists(path):
+        os.remove(path)
     config = xc.Config(backend="sim", budget_bytes=512 * MiB, log_path=path, sim_capacity_bytes=1 << 30)
     rt = xc.Runtime(0, config)
     compute = rt.acquire_stream()

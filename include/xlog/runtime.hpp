@@ -145,6 +145,10 @@ class Config {
     config_.pool_release_threshold = value;
     return *this;
   }
+  /// Record each allocation's call site for live_blocks() (default off, env
+  /// XLOG_TRACK_CALLSITES=1): a lock and a map update per allocation and
+  /// free when on.
+  Config& track_call_sites(bool value) noexcept { config_.track_call_sites = value ? 1 : 0; return *this; }
 
   /// The C struct to pass to xlog_runtime_open. Its log_path points into
   /// this object (or at the library's interned environment value): valid
@@ -343,6 +347,36 @@ struct CloseReport {
 };
 
 using Stats = xlog_stats;
+/// One live block (its tag and call_site strings live as long as the process).
+using LiveBlock = xlog_live_block;
+/// Counters of one tag (its tag string lives as long as the process).
+using TagStat = xlog_tag_stat;
+
+#define XLOG_DETAIL_STRINGIFY2(x) #x
+#define XLOG_DETAIL_STRINGIFY(x) XLOG_DETAIL_STRINGIFY2(x)
+/// "file.cpp:42" of the place it is written: a call site for allocate_at.
+#define XLOG_CALL_SITE (__FILE__ ":" XLOG_DETAIL_STRINGIFY(__LINE__))
+
+namespace detail {
+/// Call a fill-a-buffer entry point until the buffer holds every entry
+/// (other threads may allocate between the sizing call and the filling one).
+template <class T, class Call>
+std::vector<T> fill_array(Call call, const char* name) {
+  std::size_t count = 0;
+  check(call(nullptr, 0, &count), name);
+  std::vector<T> out;
+  for (;;) {
+    out.assign(count + 16, T{});
+    out[0].struct_size = sizeof(T);
+    const std::size_t cap = out.size();
+    check(call(out.data(), cap, &count), name);
+    if (count <= cap) {
+      out.resize(count);
+      return out;
+    }
+  }
+}
+}  // namespace detail
 
 /// An open runtime of one device. Move-only; opened by the constructor,
 /// closed by the destructor (errors ignored — call close() to see them and
@@ -385,6 +419,40 @@ class Runtime {
     out.struct_size = sizeof(Stats);
     check(xlog_get_stats(rt_, &out), "xlog_get_stats");
     return out;
+  }
+
+  /// Every live block, oldest first (xlog_live_blocks).
+  std::vector<LiveBlock> live_blocks() const {
+    xlog_runtime* rt = rt_;
+    return detail::fill_array<LiveBlock>(
+        [rt](LiveBlock* out, std::size_t cap, std::size_t* count) { return xlog_live_blocks(rt, out, cap, count); },
+        "xlog_live_blocks");
+  }
+
+  /// Counters per tag, largest live bytes first (xlog_tag_stats).
+  std::vector<TagStat> tag_stats() const {
+    xlog_runtime* rt = rt_;
+    return detail::fill_array<TagStat>(
+        [rt](TagStat* out, std::size_t cap, std::size_t* count) { return xlog_tag_stats(rt, out, cap, count); },
+        "xlog_tag_stats");
+  }
+
+  /// Restart every peak from its current value (xlog_reset_peak).
+  void reset_peak() { check(xlog_reset_peak(rt_), "xlog_reset_peak"); }
+
+  /// The readable memory summary (xlog_memory_summary).
+  std::string memory_summary() const {
+    std::size_t needed = 0;
+    check(xlog_memory_summary(rt_, nullptr, 0, &needed), "xlog_memory_summary");
+    for (;;) {
+      std::string text(needed, '\0');
+      const std::size_t cap = text.size();
+      check(xlog_memory_summary(rt_, &text[0], cap, &needed), "xlog_memory_summary");
+      if (needed <= cap) {
+        text.resize(needed - 1);
+        return text;
+      }
+    }
   }
 
   /// Retire completed frees without blocking; returns the bytes released.
@@ -439,6 +507,15 @@ class Runtime {
     return allocate(bytes, stream.id(), tag.c_str());
   }
 
+  /// allocate() recording `call_site` (e.g. XLOG_CALL_SITE) for
+  /// live_blocks() when the runtime tracks call sites.
+  Block allocate_at(std::uint64_t bytes, xlog_stream stream, const char* tag, const char* call_site) {
+    xlog_block block{};
+    check(xlog_allocate_at(rt_, bytes, stream, tag, call_site, &block), "xlog_allocate_at");
+    return Block(rt_, block);
+  }
+  Block allocate_at(std::uint64_t bytes, const Stream& stream, const char* tag, const char* call_site) {
+    return allocate_at(bytes, stream.id(), tag, call_site);
   /// Let this runtime's device and `peer`'s (another device) use each
   /// other's memory: afterwards a stream of either may be passed to the
   /// other's prepare/finish for its blocks. Once per device pair (again is a

@@ -22,7 +22,14 @@ if PYTHON_DIR not in sys.path:
 
 import xlog_cuda as xc  # noqa: E402
 
-XLOG_ENV = ("XLOG_BACKEND", "XLOG_BUDGET_BYTES", "XLOG_LOG_PATH", "XLOG_CACHE", "XLOG_POOL_RELEASE_THRESHOLD")
+XLOG_ENV = (
+    "XLOG_BACKEND",
+    "XLOG_BUDGET_BYTES",
+    "XLOG_LOG_PATH",
+    "XLOG_CACHE",
+    "XLOG_POOL_RELEASE_THRESHOLD",
+    "XLOG_TRACK_CALLSITES",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -93,6 +93,8 @@ STRUCTS = {
     "xlog_use": _library.XlogUse,
     "xlog_config": _library.XlogConfig,
     "xlog_stats": _library.XlogStats,
+    "xlog_live_block": _library.XlogLiveBlock,
+    "xlog_tag_stat": _library.XlogTagStat,
 }
 
 
@@ -241,6 +243,12 @@ def test_struct_sizes_known_values_lp64():
     # Measured with gcc against the header (see the compiled test below).
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
+    assert ctypes.sizeof(_library.XlogStats) == 168
+    assert ctypes.sizeof(_library.XlogConfig) == 72
+    assert ctypes.sizeof(_library.XlogLiveBlock) == 88
+    assert ctypes.sizeof(_library.XlogTagStat) == 56
+    assert _library.XlogConfig.track_call_sites.offset == 64
+    assert _library.XlogStats.peak_live_blocks.offset == 152
     assert ctypes.sizeof(_library.XlogStats) == 144
     assert ctypes.sizeof(_library.XlogConfig) == 72
     assert _library.XlogUse.access.offset == 32

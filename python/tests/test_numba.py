@@ -116,7 +116,7 @@ SCENARIO = textwrap.dedent(
     log = os.environ.get("XLOG_LOG_PATH")
     if log:
         rows = [l.split(",") for l in open(log).read().splitlines()[1:]]
-        numba_rows = [(r[2], r[4]) for r in rows if r[-1] == "numba"]
+        numba_rows = [(r[2], r[4]) for r in rows if r[6] == "numba"]  # the Tag column
         assert numba_rows.count(("allocate", "4096")) == 1 and ("free", "4096") in numba_rows, numba_rows
     print("SCENARIO OK")
     """

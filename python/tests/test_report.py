@@ -66,7 +66,7 @@ def test_leaks_refusals_and_unknown_actions(tmp_path):
         "1,10:00:00.000010,allocate,0xb0,512,1,\"odd, tag\"\n"
         "2,10:00:00.000020,allocate failure,0x0,99999,1,big,xlog_allocate: out of budget: requested 99999 bytes\n"
         "2,10:00:00.000025,refused,0x0,12345,3,other\n"
-        "1,10:00:00.000030,release,0xb0,512,1,\"odd, tag\"\n"   # a future action: not an event
+        "1,10:00:00.000030,compact,0xb0,512,1,\"odd, tag\"\n"   # a future action: not an event
         "1,10:00:00.000040,free,0xb0,512,1,\"odd, tag\"\n"
         "1,10:00:00.000050,free,0xdead,64,1,unknown\n"         # never allocated in this log
         "1,10:00:00.000060,allocate,0xc0,256,1,cache\n"
@@ -77,7 +77,7 @@ def test_leaks_refusals_and_unknown_actions(tmp_path):
     ))
     d = report.analyze(log)
     assert d["peak"]["bytes"] == 4096 + 512
-    assert d["other_actions"] == {"release": 1}
+    assert d["other_actions"] == {"compact": 1}
     assert d["unmatched_frees"] == {"count": 1, "bytes": 64}
     assert d["bad_rows"]["count"] == 1 and d["bad_rows"]["first"][0]["line"] == 10
     r = d["refusals"]
@@ -205,3 +205,52 @@ def test_an_rmm_log_reads_too(tmp_path):
     assert d["counts"] == {"allocate": 1, "free": 1, "leak": 0, "refusal": 1}
     assert d["peak"]["bytes"] == 256 and abs(d["duration_s"] - 0.0002) < 1e-9
     assert d["tag_labels"] == ["(no tag)"] and d["refusals"]["listed"][0]["size"] == 99999999
+
+
+def test_a_real_log_rebuilds_cached_pending_and_refusals(tmp_path, make_runtime):
+    """A runtime's own log (reserve/release/retire rows, a refusal with its
+    reason in Detail): the report's live, cached and pending at the end
+    equal the runtime's stats before close, and the peak of what it held
+    equals the runtime's peak_outstanding_bytes."""
+    import xlog_cuda as xc
+
+    path = tmp_path / "run.csv"
+    rt = make_runtime(log_path=str(path), budget_bytes=1 << 20)
+    with rt.acquire_stream() as s:
+        a = rt.allocate(300 << 10, s, tag="a")
+        b = rt.allocate(200 << 10, s, tag="b")
+        a.free()
+        with pytest.raises(xc.OutOfBudgetError):
+            rt.allocate(900 << 10, s, tag="huge")
+        c = rt.allocate(64 << 10, s, tag="c")
+        rt.trim(keep_bytes=0)
+        rt.reap()
+        st = rt.stats()
+        d = report.analyze(str(path))
+        held = d["held"]
+        assert held["known"] and held["counts"]["reserve"] == st.cache_misses
+        assert held["at_end"]["live"] == st.live_bytes
+        assert (held["at_end"]["cached"], held["at_end"]["pending"]) == (st.cached_bytes, st.pending_bytes)
+        assert held["peak"]["bytes"] == st.peak_outstanding_bytes
+        r = d["refusals"]
+        assert r["count"] == st.failed_allocations == 1
+        msg = r["listed"][0]["message"]
+        assert r["listed"][0]["tag"] == "huge" and "requested 921600" in msg and "limit 1048576" in msg, msg
+        assert d["other_actions"] == {}
+        b.free()
+        c.free()
+    rt.close()
+    d = report.analyze(str(path))
+    assert d["held"]["at_end"] == {"live": 0, "cached": 0, "pending": 0, "held": 0}
+    assert d["leaks"]["blocks"] == 0
+
+
+def test_a_shared_log_with_a_repeated_header_reads(tmp_path):
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0x100,1000,1,x\n"
+        "Thread,Time,Action,Pointer,Size,Stream,Tag\n"
+        "1,10:00:00.100000,free,0x100,1000,1,x\n"
+    ))
+    d = report.analyze(log)
+    assert d["counts"]["allocate"] == d["counts"]["free"] == 1
+    assert d["bad_rows"]["count"] == 0 and d["other_actions"] == {} and not d["held"]["known"]

@@ -143,7 +143,8 @@ def rmm_parse_time(text: str) -> int:
 def _make_log(tmp_path, make_runtime):
     """A real xlog log: three streams, tags with CSV metacharacters, an
     injected allocation failure; every block freed before close (no leak
-    rows, an xlog-only action)."""
+    rows). It also holds xlog's reserve/release/retire rows, which the
+    tests filter out as the docs say."""
     path = tmp_path / "xlog.csv"
     rt = make_runtime(log_path=str(path), budget_bytes=64 << 20)
     streams = [rt.acquire_stream() for _ in range(3)]
@@ -162,9 +163,20 @@ def _make_log(tmp_path, make_runtime):
     return path, made, streams
 
 
+XLOG_ACTIONS = ("reserve", "release", "retire", "leak")
+
+
+def rmm_rows(text: str) -> str:
+    """The filter docs/frameworks.md gives: the header and the rows of
+    RMM's actions (the Action column is the third; Thread and Time never
+    hold a comma)."""
+    lines = text.splitlines(keepends=True)
+    return lines[0] + "".join(r for r in lines[1:] if r.split(",")[2] in RMM_ACTIONS)
+
+
 def test_rmm_parser_reads_an_xlog_log(tmp_path, make_runtime):
     path, made, streams = _make_log(tmp_path, make_runtime)
-    text = path.read_text()
+    text = rmm_rows(path.read_text())
     events = rmm_parse_csv(text)
     allocs = [e for e in events if e[1] == "allocate"]
     frees = [e for e in events if e[1] == "free"]
@@ -186,8 +198,8 @@ def test_rmm_parser_reads_an_xlog_log(tmp_path, make_runtime):
 
 def test_the_first_six_columns_are_rmm_writers_exact_shape(tmp_path, make_runtime):
     path, made, _ = _make_log(tmp_path, make_runtime)
-    rows = rapidcsv_rows(path.read_text())
-    assert rows[0][:6] == RMM_HEADER and rows[0][6:] == ["Tag"]
+    rows = rapidcsv_rows(rmm_rows(path.read_text()))
+    assert rows[0][:6] == RMM_HEADER and rows[0][6:] == ["Tag", "Device", "Process", "Detail"]
     times = []
     for row in rows[1:]:
         thread, clock, action, pointer, size, stream = row[:6]
@@ -216,20 +228,22 @@ def test_parser_is_strict_where_rmm_is():
 
 
 def test_xlog_only_rows_and_how_to_filter_them(tmp_path, make_runtime):
-    """xlog also writes `leak` rows at close (and may add actions): RMM's
+    """xlog also writes `reserve`, `release`, `retire` and `leak` rows: RMM's
     parser rejects them, as it rejects anything but its three actions.
-    Keeping RMM's actions only (docs/frameworks.md gives an awk line) gives
-    a log RMM reads."""
+    Keeping RMM's actions only (the filter docs/frameworks.md gives) yields
+    a log RMM reads, with every allocate, free and refusal."""
     path = tmp_path / "leaky.csv"
     rt = make_runtime(log_path=str(path))
     with rt.acquire_stream() as s:
         kept = rt.allocate(4096, s, tag="kept")
+        rt.allocate(8192, s, tag="freed").free()
+        rt.trim()  # release and retire rows
         rt.close()  # still live: a leak row
     text = path.read_text()
-    assert ",leak," in text
-    with pytest.raises(RmmParseError, match="Invalid action string: 'leak'"):
+    actions = {line.split(",")[2] for line in text.splitlines()[1:]}
+    assert actions == set(RMM_ACTIONS[:2]) | set(XLOG_ACTIONS), actions
+    with pytest.raises(RmmParseError, match="Invalid action string: 'reserve'"):
         rmm_parse_csv(text)
-    rows = text.splitlines(keepends=True)
-    filtered = rows[0] + "".join(r for r in rows[1:] if r.split(",")[2] in RMM_ACTIONS)
-    events = rmm_parse_csv(filtered)
-    assert [e[1] for e in events if e[3] == kept.ptr][:1] == ["allocate"]
+    events = rmm_parse_csv(rmm_rows(text))
+    assert [e[1] for e in events if e[3] == kept.ptr] == ["allocate", "free"]  # close freed it
+    assert sum(1 for e in events if e[1] == "allocate") == 2

@@ -4,6 +4,7 @@ generations, stale handles, the pool, leak reports."""
 from __future__ import annotations
 
 import copy
+import os
 import re
 import threading
 import time
@@ -351,10 +352,12 @@ def test_tag_is_used_in_log(make_runtime, tmp_path):
         blk.free()
     rt.close()
     lines = log.read_text().splitlines()
-    assert lines[0] == "Thread,Time,Action,Pointer,Size,Stream,Tag"
+    assert lines[0] == "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail"
     actions = [line.split(",")[2] for line in lines[1:]]
-    assert actions == ["allocate", "free"]
-    assert f"{ptr:#x},4096" in lines[1] and lines[1].endswith('"weights,v2"')
+    # Taken from the driver, handed out, freed into the cache, and at close
+    # given back to the driver and retired.
+    assert actions == ["reserve", "allocate", "free", "release", "retire"]
+    assert f"{ptr:#x},4096" in lines[2] and f'"weights,v2",0,{os.getpid()},' in lines[2]
 
 
 def test_read_write_bounds(rt, stream):

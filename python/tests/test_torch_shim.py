@@ -36,14 +36,34 @@ SHIM_C = r"""
 #include <stddef.h>
 typedef void *(*malloc_fn)(size_t, int, void *);
 typedef void (*free_fn)(void *, size_t, int, void *);
+typedef int (*record_fn)(void *, void *);
 static malloc_fn g_malloc;
 static free_fn g_free;
-void xlog_shim_bind(void *m, void *f) { g_malloc = (malloc_fn)m; g_free = (free_fn)f; }
+static record_fn g_record;
+static int g_installed;
+void xlog_shim_bind(void *m, void *f, void *message, void *r) {
+  (void)message;
+  g_malloc = (malloc_fn)m; g_free = (free_fn)f; g_record = (record_fn)r;
+}
 void *xlog_shim_torch_malloc(long size, int device, void *stream) {
   return g_malloc((size_t)size, device, stream);
 }
 void xlog_shim_torch_free(void *p, long size, int device, void *stream) {
   if (g_free) g_free(p, (size_t)size, device, stream);
+}
+#ifdef XLOG_SHIM_RECORD_STREAM
+int xlog_shim_has_record_stream(void) { return 1; }
+int xlog_shim_install_record_stream(char *why, size_t cap) { (void)why; (void)cap; g_installed = 1; return 1; }
+#else
+int xlog_shim_has_record_stream(void) { return 0; }
+int xlog_shim_install_record_stream(char *why, size_t cap) { if (cap) why[0] = 0; return 0; }
+#endif
+/* What PyTorch's CUDAPluggableAllocator::recordStream does with the hook
+   set: call it with the block's pointer and the stream (-1: no hook set,
+   PyTorch drops the call). */
+int fake_torch_record_stream(void *ptr, void *stream) {
+  if (!g_installed || !g_record) return -1;
+  return g_record(ptr, stream);
 }
 """
 
@@ -81,18 +101,23 @@ FAKE_TORCH = {
     "torch/utils/__init__.py": "",
     "torch/utils/cpp_extension.py": """
         import json, os, subprocess
-        def load(name, sources, build_directory, is_python_module=True, verbose=False, **kw):
+        def load(name, sources, build_directory, is_python_module=True, verbose=False, extra_cflags=(),
+                 with_cuda=None, **kw):
             log = os.environ.get("FAKE_TORCH_BUILD_LOG")
             if log:
                 with open(log, "a") as f:
-                    f.write(json.dumps({"name": name, "sources": sources, "pid": os.getpid()}) + "\\n")
+                    f.write(json.dumps({"name": name, "sources": sources, "pid": os.getpid(),
+                                        "with_cuda": bool(with_cuda)}) + "\\n")
             if os.environ.get("FAKE_TORCH_BUILD_FAILS"):
                 raise RuntimeError("Error building extension 'xlog_torch_oom_shim': ninja: build stopped")
+            if with_cuda and os.environ.get("FAKE_TORCH_NO_CUDA"):
+                raise OSError("CUDA_HOME environment variable is not set. Please set it to your CUDA install root.")
             out = os.path.join(build_directory, name + ".so")
             src = os.path.join(build_directory, "shim.c")
             with open(src, "w") as f:
                 f.write(os.environ["FAKE_TORCH_SHIM_C"])
-            subprocess.run([os.environ["FAKE_TORCH_CC"], "-shared", "-fPIC", "-O1", src, "-o", out], check=True)
+            subprocess.run([os.environ["FAKE_TORCH_CC"], "-shared", "-fPIC", "-O1", *extra_cflags, src, "-o", out],
+                           check=True)
             return out
         """,
 }
@@ -127,6 +152,7 @@ def shim_env(fake_torch_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TORCH_SHIM_C", SHIM_C)
     monkeypatch.setenv("FAKE_TORCH_CC", CC)
     monkeypatch.delenv("FAKE_TORCH_BUILD_FAILS", raising=False)
+    monkeypatch.delenv("FAKE_TORCH_NO_CUDA", raising=False)
     monkeypatch.delenv("XLOG_TORCH_OOM_SHIM", raising=False)
     monkeypatch.setattr(xt, "_state", None)
     yield {"cache": str(cache), "log": str(log)}
@@ -258,8 +284,9 @@ def test_a_cached_shim_that_does_not_load_is_rebuilt(shim_env, monkeypatch):
 
 def test_a_failed_build_falls_back_with_the_reason_and_caches_nothing(shim_env, monkeypatch):
     monkeypatch.setenv("FAKE_TORCH_BUILD_FAILS", "1")
-    with pytest.warns(RuntimeWarning, match="without the OOM shim"):
+    with pytest.warns(RuntimeWarning, match="without the OOM shim") as got:
         xt.enable(backend="sim", device=next(_devices))
+    assert any("Tensor.record_stream does not reach xlog (no shim: building it failed" in str(w.message) for w in got)
     info = xt.enable_info()
     assert info["shim"] is None and "ninja: build stopped" in info["shim_problem"]
     assert xt.oom_shim().startswith("no shim: building it failed: RuntimeError")
@@ -326,3 +353,121 @@ def test_enable_in_a_second_process_loads_the_shim_without_building(fake_torch_d
     # The real target is 0.5 s on the GPU machine (scripts/gpu_frameworks.py
     # measures it there); here the sim's enable() must be far below that.
     assert second["enable_s"] < 0.5, second
+
+
+# ---------------------------------------------------------------------------
+# The record-stream hook, and the fallback paths
+# ---------------------------------------------------------------------------
+
+
+def _shim_handle():
+    handle = ctypes.CDLL(xt.enable_info()["shim"])
+    handle.fake_torch_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    handle.fake_torch_record_stream.restype = ctypes.c_int
+    return handle
+
+
+def test_the_shim_sets_the_record_stream_hook_and_it_reaches_xlog(shim_env):
+    """Tensor.record_stream -> PyTorch's record-stream hook -> the shim ->
+    xlog_torch_record_stream_hook: the free then waits for the recorded
+    stream's work (cache off: the bytes stay pending until it is done)."""
+    import threading
+    import time
+
+    import xlog_cuda.interop as xi
+
+    dev = next(_devices)
+    xt.enable(backend="sim", device=dev, cache=False)
+    info = xt.enable_info()
+    assert (info["record_stream_hook"], info["record_stream_problem"]) == (True, "")
+    with open(shim_env["log"]) as f:
+        assert [json.loads(line)["with_cuda"] for line in f] == [True]  # the full shim, one build
+    import torch
+
+    alloc = torch.cuda.memory.current
+    shim = _shim_handle()
+    side = 0x7300
+    gate = threading.Event()
+    with xi.runtime(dev) as rt:
+        rt.import_stream(side).enqueue_host(lambda: gate.wait(10))  # `side` is busy until the gate opens
+        try:
+            # Control: a block never recorded on `side` is released at once.
+            p = alloc.malloc(1024, dev, None)
+            alloc.free(p, 1024, dev, None)
+            assert rt.drain() == 1024
+            p = alloc.malloc(4096, dev, None)
+            assert shim.fake_torch_record_stream(p, side) == 0, xc.last_error()
+            alloc.free(p, 4096, dev, None)
+            time.sleep(0.1)
+            assert rt.reap() == 0
+            assert rt.stats().pending_bytes == 4096  # held for `side`'s work
+        finally:
+            gate.set()
+        assert rt.drain() == 4096
+    # A pointer xlog does not hold: the hook reports it (PyTorch raises it).
+    assert shim.fake_torch_record_stream(p, side) == int(xc.Status.INVALID_ARGUMENT)
+    assert "not a live hook allocation of any device" in xc.last_error()
+
+
+def test_without_cuda_headers_the_shim_is_built_without_the_hook_and_says_why(shim_env, monkeypatch):
+    monkeypatch.setenv("FAKE_TORCH_NO_CUDA", "1")
+    with pytest.warns(RuntimeWarning, match=r"Tensor.record_stream does not reach xlog .*CUDA_HOME") as got:
+        xt.enable(backend="sim", budget="1MiB", device=next(_devices))
+    assert not any("OOM shim" in str(w.message) for w in got), "the OOM shim itself is in use"
+    info = xt.enable_info()
+    assert info["shim"] and not info["record_stream_hook"]
+    assert "CUDA headers failed: OSError: CUDA_HOME" in info["record_stream_problem"]
+    with open(shim_env["log"]) as f:
+        assert [json.loads(line)["with_cuda"] for line in f] == [True, False]  # tried once, then OOM-only
+    # PyTorch drops Tensor.record_stream (no hook set)...
+    import torch
+
+    alloc = torch.cuda.memory.current
+    p = alloc.malloc(4096, next(iter(xt.enable_info()["devices"])), None)
+    assert _shim_handle().fake_torch_record_stream(p, 0x7400) == -1
+    # ...and a later process loads the cached shim without retrying the
+    # build, with the same reason.
+    fresh_process(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="Tensor.record_stream does not reach xlog"):
+        xt.enable(backend="sim", device=next(_devices))
+    again = xt.enable_info()
+    assert again["shim_origin"] == "cached" and builds(shim_env) == 2
+    assert again["record_stream_problem"] == info["record_stream_problem"]
+
+
+def test_fallback_without_the_shim_refusals_are_null_with_the_numbers(shim_env, monkeypatch):
+    """XLOG_TORCH_OOM_SHIM=0 (or no compiler): enable() warns about both
+    consequences, installs the library's hooks directly, and a refused
+    allocation reaches PyTorch as NULL, with the reason (the numbers) in
+    xlog_cuda.last_error() and counted in stats(): what docs/frameworks.md
+    says."""
+    monkeypatch.setenv("XLOG_TORCH_OOM_SHIM", "0")
+    dev = next(_devices)
+    with pytest.warns(RuntimeWarning) as got:
+        xt.enable(backend="sim", budget="1MiB", device=dev)
+    texts = [str(w.message) for w in got]
+    assert any("without the OOM shim (XLOG_TORCH_OOM_SHIM=0)" in t and "data_ptr() 0" in t for t in texts), texts
+    assert any("Tensor.record_stream does not reach xlog (no shim: XLOG_TORCH_OOM_SHIM=0)" in t for t in texts), texts
+    assert builds(shim_env) == 0
+    assert xt.oom_shim() == "no shim: XLOG_TORCH_OOM_SHIM=0"
+    info = xt.enable_info()
+    assert info["shim"] is None and info["record_stream_hook"] is False
+    import torch
+
+    alloc = torch.cuda.memory.current
+    assert alloc.path == xc.library_path()  # the plain hooks
+    p = alloc.malloc(512 << 10, dev, None)
+    assert p
+    assert not alloc.malloc(768 << 10, dev, None)  # refused: NULL
+    reason = xc.last_error()
+    assert "out of budget" in reason and "requested 786432 bytes" in reason and "limit 1048576" in reason, reason
+    assert xt.stats(dev).failed_allocations == 1
+    alloc.free(p, 512 << 10, dev, None)
+    # The explicit call still reaches xlog without the hook.
+    import xlog_cuda.interop as xi
+
+    q = alloc.malloc(4096, dev, None)
+    xi.record_stream(q, dev, 0x7500)
+    alloc.free(q, 4096, dev, None)
+    with pytest.raises(xc.InvalidArgumentError, match="not a live hook allocation"):
+        xi.record_stream(q, dev, 0x7500)

@@ -38,7 +38,21 @@ from ._errors import (
 from ._library import LibraryNotFoundError, library_path
 from ._paths import get_cmake_dir, get_include_dir, get_lib_dir, get_pkgconfig_dir
 from ._library import load as load_library
-from ._runtime import Access, Block, Fault, LeakReport, Runtime, Stats, Stream, in_host_callback, launch
+from ._runtime import (
+    Access,
+    Block,
+    Fault,
+    LeakReport,
+    LiveBlock,
+    Runtime,
+    Stats,
+    Stream,
+    TagStats,
+    call_site,
+    call_site_summary,
+    in_host_callback,
+    launch,
+)
 
 __all__ = [
     "Access",
@@ -52,6 +66,7 @@ __all__ = [
     "InvalidArgumentError",
     "LeakReport",
     "LibraryNotFoundError",
+    "LiveBlock",
     "NoDeviceError",
     "OutOfBudgetError",
     "OutOfMemoryError",
@@ -61,9 +76,12 @@ __all__ = [
     "Status",
     "Stream",
     "StreamMisuseError",
+    "TagStats",
     "UnsatisfiableDependencyError",
     "UseAfterFreeError",
     "XlogError",
+    "call_site",
+    "call_site_summary",
     "error_for",
     "get_cmake_dir",
     "get_include_dir",

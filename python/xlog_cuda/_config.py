@@ -166,14 +166,17 @@ class Config:
 
     `Config()` holds the library defaults and ignores the environment;
     `Config.from_env()` applies XLOG_BACKEND, XLOG_BUDGET_BYTES,
-    XLOG_LOG_PATH, XLOG_CACHE and XLOG_POOL_RELEASE_THRESHOLD on top of
-    them, exactly as the C library does.
+    XLOG_LOG_PATH, XLOG_CACHE, XLOG_POOL_RELEASE_THRESHOLD and
+    XLOG_TRACK_CALLSITES on top of them, exactly as the C library does.
 
     `cache` keeps freed blocks in per-stream caches for reuse (async
     allocator; False frees every block to the driver).
     `pool_release_threshold` is the freed memory (bytes, a size string, or
     "max" = keep all, the default) xlog's driver pool keeps mapped at
     synchronisation points.
+    `track_call_sites` records where each block was allocated for
+    `Runtime.live_blocks()` (a Python traceback summary for blocks allocated
+    from Python); off by default.
     `sim_devices` is how many devices the sim backend simulates (env
     `XLOG_SIM_DEVICES`, default 1); ignored on CUDA.
     """
@@ -187,6 +190,7 @@ class Config:
     wait_on_pressure: bool = False
     cache: bool = True
     pool_release_threshold: SizeLike = U64_MAX
+    track_call_sites: bool = False
     sim_devices: int = 1
 
     @classmethod
@@ -218,6 +222,7 @@ class Config:
             wait_on_pressure=bool(raw.wait_on_pressure),
             cache=bool(raw.cache),
             pool_release_threshold=raw.pool_release_threshold,
+            track_call_sites=bool(raw.track_call_sites),
             sim_devices=raw.sim_devices,
         )
 
@@ -232,6 +237,7 @@ class Config:
             raise _errors.InvalidArgumentError(f"stream_pool_size {pool!r} is not a uint32")
         wait_on_pressure = _flag_value("wait_on_pressure", self.wait_on_pressure)
         cache = _flag_value("cache", self.cache)
+        track_call_sites = _flag_value("track_call_sites", self.track_call_sites)
         sim_devices = self.sim_devices
         if isinstance(sim_devices, bool) or not isinstance(sim_devices, int) or not 0 <= sim_devices <= U32_MAX:
             raise _errors.InvalidArgumentError(f"sim_devices {sim_devices!r} is not a uint32")
@@ -251,6 +257,7 @@ class Config:
             wait_on_pressure=wait_on_pressure,
             cache=cache,
             pool_release_threshold=_threshold_value("pool_release_threshold", self.pool_release_threshold),
+            track_call_sites=track_call_sites,
             sim_devices=sim_devices,
         )
         raw._log_path_bytes = log_bytes  # keeps the C string alive

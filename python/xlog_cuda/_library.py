@@ -66,6 +66,7 @@ class XlogConfig(ctypes.Structure):
         ("wait_on_pressure", ctypes.c_uint8),
         ("cache", ctypes.c_uint8),
         ("pool_release_threshold", ctypes.c_uint64),
+        ("track_call_sites", ctypes.c_uint8),
         ("sim_devices", ctypes.c_uint32),
     ]
 
@@ -96,12 +97,45 @@ class XlogStats(ctypes.Structure):
         ("cache_misses", ctypes.c_uint64),
         ("reserved_bytes", ctypes.c_uint64),
         ("log_lines_lost", ctypes.c_uint64),
+        ("peak_live_bytes", ctypes.c_uint64),
+        ("peak_live_blocks", ctypes.c_uint64),
+        ("alloc_retries", ctypes.c_uint64),
     ]
 
     @classmethod
     def new(cls) -> "XlogStats":
         """A zeroed structure with `struct_size` set, ready for xlog_get_stats."""
         return cls(struct_size=ctypes.sizeof(cls))
+
+
+class XlogLiveBlock(ctypes.Structure):
+    """`xlog_live_block`: one entry of `xlog_live_blocks` (the caller sets
+    `struct_size` in the first element of the array)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("block", XlogBlock),
+        ("device_bytes", ctypes.c_uint64),
+        ("sequence", ctypes.c_uint64),
+        ("allocations_since", ctypes.c_uint64),
+        ("age_ns", ctypes.c_uint64),
+        ("tag", ctypes.c_char_p),
+        ("call_site", ctypes.c_char_p),
+    ]
+
+
+class XlogTagStat(ctypes.Structure):
+    """`xlog_tag_stat`: one entry of `xlog_tag_stats`."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tag", ctypes.c_char_p),
+        ("live_bytes", ctypes.c_uint64),
+        ("live_blocks", ctypes.c_uint64),
+        ("peak_bytes", ctypes.c_uint64),
+        ("allocations", ctypes.c_uint64),
+        ("frees", ctypes.c_uint64),
+    ]
 
 
 # `typedef void (*xlog_host_fn)(void *user);`
@@ -148,6 +182,25 @@ PROTOTYPES = {
     "xlog_reap": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     "xlog_trim": (xlog_status, [xlog_runtime_p, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     "xlog_drain": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
+    # Inspection (src/ffi/inspect.rs).
+    "xlog_live_blocks": (
+        xlog_status,
+        [xlog_runtime_p, _P(XlogLiveBlock), ctypes.c_size_t, _P(ctypes.c_size_t)],
+    ),
+    "xlog_tag_stats": (
+        xlog_status,
+        [xlog_runtime_p, _P(XlogTagStat), ctypes.c_size_t, _P(ctypes.c_size_t)],
+    ),
+    "xlog_reset_peak": (xlog_status, [xlog_runtime_p]),
+    "xlog_memory_summary": (
+        xlog_status,
+        [xlog_runtime_p, _P(ctypes.c_char), ctypes.c_size_t, _P(ctypes.c_size_t)],
+    ),
+    "xlog_allocate_at": (
+        xlog_status,
+        [xlog_runtime_p, ctypes.c_uint64, xlog_stream, ctypes.c_char_p, ctypes.c_char_p, _P(XlogBlock)],
+    ),
+    "xlog_set_call_site": (xlog_status, [ctypes.c_char_p]),
     "xlog_sim_inject_fault": (xlog_status, [xlog_runtime_p, xlog_fault, ctypes.c_uint64]),
     "xlog_debug_panic": (xlog_status, []),
     "xlog_testing_interop_reset": (xlog_status, [ctypes.c_int32, _P(ctypes.c_uint64)]),
@@ -160,6 +213,7 @@ PROTOTYPES = {
     "xlog_torch_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_record_stream": (xlog_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "xlog_torch_record_stream_hook": (xlog_status, [ctypes.c_void_p, ctypes.c_void_p]),
     "xlog_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32]),
     "xlog_cupy_free": (None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
 }

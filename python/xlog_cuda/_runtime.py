@@ -66,6 +66,124 @@ class Stats:
     cache_misses: int
     reserved_bytes: int
     log_lines_lost: int
+    #: Highest live_bytes / live_blocks since the runtime opened or the last
+    #: `reset_peak()`.
+    peak_live_bytes: int = 0
+    peak_live_blocks: int = 0
+    #: Refused allocations tried again after relieving pressure.
+    alloc_retries: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBlock:
+    """One live block (`xlog_live_block`).
+
+    `size` is the requested size, `device_bytes` what the block takes on the
+    device. `sequence` numbers the runtime's allocations (1 = its first) and
+    `allocations_since` counts those made after this one: the block's age in
+    allocations. With call-site tracking (`Config(track_call_sites=True)` or
+    XLOG_TRACK_CALLSITES=1) `age_s` is the time since allocation and
+    `call_site` where it happened (for Python callers a traceback summary,
+    innermost frame first); otherwise both are None.
+    """
+
+    ptr: int
+    size: int
+    device_bytes: int
+    generation: int
+    stream: int
+    device: int
+    tag: str
+    sequence: int
+    allocations_since: int
+    age_s: Optional[float]
+    call_site: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class TagStats:
+    """Counters of one tag (`xlog_tag_stat`); bytes are device bytes.
+    Tags past the process's tag-table bound share the "(other)" entry."""
+
+    tag: str
+    live_bytes: int
+    live_blocks: int
+    peak_bytes: int
+    allocations: int
+    frees: int
+
+
+# Frames of a Python call site kept in the summary.
+CALL_SITE_FRAMES = 4
+
+
+def call_site_summary(skip: int = 1, frames: int = CALL_SITE_FRAMES) -> str:
+    """The caller's traceback as one short line, innermost frame first:
+    "train.py:41 in step <- train.py:80 in main". Frames of this package are
+    left out, so the line starts at the user's code. `skip` drops that many
+    innermost frames first (1: this function's caller's own frame stays)."""
+    parts: List[str] = []
+    frame = sys._getframe(skip)
+    package = __name__.rsplit(".", 1)[0] + "."
+    while frame is not None and len(parts) < frames:
+        module = frame.f_globals.get("__name__", "")
+        if not (module == package[:-1] or module.startswith(package)):
+            code = frame.f_code
+            parts.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    return " <- ".join(parts)
+
+
+_call_site_labels = threading.local()
+
+
+class call_site:
+    """Label this thread's allocations with `text` while the `with` block
+    runs (`xlog_set_call_site`), on every runtime that tracks call sites,
+    the framework hooks' included: how tensors PyTorch allocates through
+    xlog get a call site. Labels nest; an explicit `call_site=` of
+    `Runtime.allocate` (or its traceback summary) wins over the label.
+
+        with xlog_cuda.call_site("encoder forward"):
+            y = model.encoder(x)
+    """
+
+    def __init__(self, text: str):
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"call_site text must be a str, got {type(text).__name__}")
+        self.text = text
+
+    def __enter__(self) -> "call_site":
+        stack = getattr(_call_site_labels, "stack", None)
+        if stack is None:
+            stack = _call_site_labels.stack = []
+        stack.append(self.text)
+        call(_lib().xlog_set_call_site, self.text.encode("utf-8").replace(b"\0", b"?"))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack = _call_site_labels.stack
+        stack.pop()
+        previous = stack[-1].encode("utf-8").replace(b"\0", b"?") if stack else None
+        call(_lib().xlog_set_call_site, previous)
+
+
+def _text(raw: Optional[bytes]) -> Optional[str]:
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def _fill_array(fn: Any, handle: int, struct: Any) -> List[Any]:
+    """Call a fill-a-buffer entry point until the buffer holds every entry
+    (other threads may allocate between the sizing call and the filling one)."""
+    count = ctypes.c_size_t()
+    call(fn, handle, None, 0, ctypes.byref(count))
+    while True:
+        cap = count.value + 16
+        buf = (struct * cap)()
+        buf[0].struct_size = ctypes.sizeof(struct)
+        call(fn, handle, buf, cap, ctypes.byref(count))
+        if count.value <= cap:
+            return list(buf[: count.value])
 
 
 class LeakReport(NamedTuple):
@@ -257,6 +375,7 @@ class Runtime:
             config = dataclasses.replace(config, **overrides)
         self.device = _checked_int("device", device, I32_MIN, I32_MAX)
         self.config = config
+        self._track_call_sites = bool(config.track_call_sites)
         raw = config.to_c()
         handle = ctypes.c_void_p()
         lib = _lib()
@@ -283,6 +402,12 @@ class Runtime:
         self = cls.__new__(cls)
         self.device = device
         self.config = config
+        if config is None:
+            try:
+                config = Config.from_env()
+            except _errors.XlogError:
+                config = Config()
+        self._track_call_sites = bool(config.track_call_sites)
         self._adopt_handle(handle)
         return self
 
@@ -362,6 +487,65 @@ class Runtime:
         call(_lib().xlog_get_stats, self._handle, ctypes.byref(raw))
         return Stats(**{field.name: getattr(raw, field.name) for field in dataclasses.fields(Stats)})
 
+    def live_blocks(self) -> List[LiveBlock]:
+        """Every live block, oldest first (`xlog_live_blocks`)."""
+        out = []
+        for e in _fill_array(_lib().xlog_live_blocks, self._handle, _library.XlogLiveBlock):
+            b = e.block
+            out.append(
+                LiveBlock(
+                    ptr=b.ptr or 0,
+                    size=b.size,
+                    device_bytes=e.device_bytes,
+                    generation=b.generation,
+                    stream=b.stream,
+                    device=b.device,
+                    tag=_text(e.tag) or "",
+                    sequence=e.sequence,
+                    allocations_since=e.allocations_since,
+                    age_s=None if e.age_ns == U64_MAX else e.age_ns / 1e9,
+                    call_site=_text(e.call_site),
+                )
+            )
+        return out
+
+    def tag_stats(self) -> List[TagStats]:
+        """Counters per tag, largest live bytes first (`xlog_tag_stats`)."""
+        return [
+            TagStats(
+                tag=_text(e.tag) or "",
+                live_bytes=e.live_bytes,
+                live_blocks=e.live_blocks,
+                peak_bytes=e.peak_bytes,
+                allocations=e.allocations,
+                frees=e.frees,
+            )
+            for e in _fill_array(_lib().xlog_tag_stats, self._handle, _library.XlogTagStat)
+        ]
+
+    def reset_peak(self) -> None:
+        """Restart every peak (peak_outstanding_bytes, peak_live_bytes,
+        peak_live_blocks, the per-tag peaks) from its current value."""
+        call(_lib().xlog_reset_peak, self._handle)
+
+    def memory_summary(self) -> str:
+        """A readable table: totals, per tag, the largest live blocks
+        (`xlog_memory_summary`)."""
+        lib = _lib()
+        needed = ctypes.c_size_t()
+        call(lib.xlog_memory_summary, self._handle, None, 0, ctypes.byref(needed))
+        while True:
+            cap = needed.value
+            buf = ctypes.create_string_buffer(cap)
+            call(lib.xlog_memory_summary, self._handle, buf, cap, ctypes.byref(needed))
+            if needed.value <= cap:
+                return buf.value.decode("utf-8", "replace")
+
+    @property
+    def tracks_call_sites(self) -> bool:
+        """Whether `allocate` records a call site (the runtime's config)."""
+        return self._track_call_sites
+
     def reap(self) -> int:
         """Retire completed frees without blocking; returns the bytes released."""
         out = ctypes.c_uint64()
@@ -414,9 +598,15 @@ class Runtime:
 
     # -- blocks --
 
-    def allocate(self, nbytes: int, stream: Union["Stream", int], tag: str = "") -> "Block":
+    def allocate(
+        self, nbytes: int, stream: Union["Stream", int], tag: str = "", call_site: Optional[str] = None
+    ) -> "Block":
         """Allocate `nbytes` ordered on `stream`; `tag` (a str) names it in
         logs and errors.
+
+        With call-site tracking on, the block's call site is `call_site`, or
+        when None a summary of the caller's Python traceback
+        (`call_site_summary`); without tracking both cost nothing.
 
         The Block is freed (stream ordered) by `free()`, by leaving its
         `with` block, or when it is garbage-collected.
@@ -431,7 +621,20 @@ class Runtime:
         if b"\0" in tag_bytes:
             raise InvalidArgumentError("tag contains a NUL byte")
         raw = _library.XlogBlock()
-        call(_lib().xlog_allocate, self._handle, nbytes, _stream_id(stream), tag_bytes, ctypes.byref(raw))
+        if self._track_call_sites:
+            site = call_site_summary(2) if call_site is None else str(call_site)
+            site_bytes = site.encode("utf-8").replace(b"\0", b"?")
+            call(
+                _lib().xlog_allocate_at,
+                self._handle,
+                nbytes,
+                _stream_id(stream),
+                tag_bytes,
+                site_bytes,
+                ctypes.byref(raw),
+            )
+        else:
+            call(_lib().xlog_allocate, self._handle, nbytes, _stream_id(stream), tag_bytes, ctypes.byref(raw))
         return Block(self, raw)
 
     def deallocate(self, block: "Block") -> None:

@@ -1,12 +1,40 @@
-// Makes a refused allocation reach Python as torch.OutOfMemoryError.
+// The PyTorch side of xlog_cuda.torch: a small C++ library built against
+// the installed PyTorch (torch.utils.cpp_extension) by
+// xlog_cuda.torch.enable(). It does two things the library's C hooks cannot:
 //
-// PyTorch's CUDAPluggableAllocator does not check the pointer its malloc
-// function returns (pytorch/pytorch#133280): a NULL from xlog_torch_malloc
-// becomes a tensor whose data pointer is 0. PyTorch turns a C++
-// c10::OutOfMemoryError thrown from the allocator into torch.OutOfMemoryError,
-// so this shim, built against the installed PyTorch's headers by
-// xlog_cuda.torch.enable(), wraps the library's hooks and throws one, with
-// the library's message, when an allocation is refused.
+// 1. A refused allocation reaches Python as torch.OutOfMemoryError, with
+//    the numbers. PyTorch's CUDAPluggableAllocator does not check the
+//    pointer its malloc function returns (pytorch/pytorch#133280): a NULL
+//    from xlog_torch_malloc would become a tensor whose data pointer is 0.
+//    xlog_shim_torch_malloc calls the hook and, on a NULL, throws
+//    c10::OutOfMemoryError whose text is the library's reason (requested,
+//    live, cached, pending, limit).
+//
+// 2. Tensor.record_stream reaches xlog (built with XLOG_SHIM_RECORD_STREAM,
+//    which needs PyTorch's CUDA headers): xlog_shim_install_record_stream
+//    sets the pluggable allocator's record-stream hook, which PyTorch's
+//    Python API does not expose, to a function that calls
+//    xlog_torch_record_stream_hook. Without it, PyTorch drops the call.
+//
+// How the exception is thrown. PyTorch calls xlog_shim_torch_malloc
+// through a std::function over a plain function pointer, from C++ compiled
+// with exceptions, and catches c10::Error subclasses further up (the
+// Python binding turns c10::OutOfMemoryError into torch.OutOfMemoryError).
+// So the throw must start in a C++ frame with unwind tables (this file;
+// never a Rust frame: the library's hooks return NULL and the throw happens
+// here, after they returned), and the exception must be built with the
+// c10 API of the headers this file is compiled against. The message is
+// first copied, with plain C calls and no C++ object alive, into a
+// thread-local buffer (the library keeps its reason per thread, and the
+// exception's own unwinding may free tensors, whose free hook clears it);
+// a separate, never-inlined function then builds the one std::string and
+// throws. The malloc frame itself owns nothing that needs a destructor, so
+// unwinding passes through it without a landing pad. An earlier version
+// formatted the message inside the throw expression with c10::str over a
+// std::string read from the library, and crashed PyTorch 2.11 in the
+// throw on the GPU machine; the cause was not isolated there, which is
+// why this path keeps the formatting out of the exception machinery
+// altogether (scripts/gpu-frameworks, scenario oom, checks it).
 //
 // The library's entry points come from Python (xlog_shim_bind), as the
 // addresses of the libxlog_cuda instance the package loaded, so the shim
@@ -15,43 +43,163 @@
 #include <c10/util/Exception.h>
 
 #include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <string>
 #include <sys/types.h>
+
+#ifdef XLOG_SHIM_RECORD_STREAM
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#endif
 
 namespace {
 
 using MallocFn = void* (*)(size_t, int, void*);
 using FreeFn = void (*)(void*, size_t, int, void*);
+using MessageFn = size_t (*)(char*, size_t);
+using RecordFn = int (*)(void*, void*);
 
 MallocFn g_malloc = nullptr;
 FreeFn g_free = nullptr;
+MessageFn g_message = nullptr;
+RecordFn g_record = nullptr;
+
+constexpr size_t kMessageBytes = 1024;
+
+// The message of the last refusal (or record-stream failure) on this
+// thread: plain bytes, valid until the next one on the same thread.
+thread_local char t_message[kMessageBytes];
+
+// Write "<prefix><the library's last error>" into t_message with C calls
+// only.
+void capture_message(const char* prefix) {
+  size_t used = static_cast<size_t>(std::snprintf(t_message, kMessageBytes, "%s", prefix));
+  if (used >= kMessageBytes) used = kMessageBytes - 1;
+  size_t reason = 0;
+  if (g_message != nullptr) {
+    reason = g_message(t_message + used, kMessageBytes - used);
+  }
+  if (reason == 0) {
+    std::snprintf(t_message + used, kMessageBytes - used, "%s",
+                  "(no reason recorded on this thread; see xlog_cuda.torch.stats())");
+  }
+}
+
+[[noreturn]] __attribute__((noinline)) void throw_out_of_memory() {
+  throw c10::OutOfMemoryError(
+      c10::SourceLocation{"xlog_shim_torch_malloc", __FILE__, static_cast<uint32_t>(__LINE__)},
+      std::string(t_message));
+}
+
+[[noreturn]] __attribute__((noinline)) void throw_error() {
+  throw c10::Error(
+      c10::SourceLocation{"xlog_shim_record_stream", __FILE__, static_cast<uint32_t>(__LINE__)},
+      std::string(t_message));
+}
 
 }  // namespace
 
 extern "C" {
 
-// Called once from Python with xlog_torch_malloc and xlog_torch_free of the
-// loaded library.
-void xlog_shim_bind(void* malloc_fn, void* free_fn) {
+// Called once from Python with xlog_torch_malloc, xlog_torch_free,
+// xlog_last_error_message and xlog_torch_record_stream_hook of the loaded
+// library (the last two may be NULL: no numbers, no record_stream).
+void xlog_shim_bind(void* malloc_fn, void* free_fn, void* message_fn, void* record_fn) {
   g_malloc = reinterpret_cast<MallocFn>(malloc_fn);
   g_free = reinterpret_cast<FreeFn>(free_fn);
+  g_message = reinterpret_cast<MessageFn>(message_fn);
+  g_record = reinterpret_cast<RecordFn>(record_fn);
 }
 
 void* xlog_shim_torch_malloc(ssize_t size, int device, void* stream) {
   void* ptr = g_malloc(static_cast<size_t>(size), device, stream);
   if (ptr == nullptr && size > 0) {
-    // The library's reason (requested, live, pending, limit) stays in its
-    // thread-local last error, read through xlog_cuda.last_error(). (A
-    // message formatted with numbers here crashed PyTorch 2.11 on the GPU
-    // machine during the throw; a literal one does not.)
-    TORCH_CHECK_WITH(OutOfMemoryError, false,
-                     "xlog-cuda refused the allocation: out of budget or device memory "
-                     "(the numbers: xlog_cuda.last_error() on this thread)");
+    char prefix[96];
+    std::snprintf(prefix, sizeof prefix, "xlog-cuda refused %zd bytes on device %d: ", size, device);
+    capture_message(prefix);
+    throw_out_of_memory();
   }
   return ptr;
 }
 
 void xlog_shim_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   if (g_free != nullptr) g_free(ptr, static_cast<size_t>(size), device, stream);
+}
+
+// The last message this shim threw on this thread (for tests): copies at
+// most cap - 1 bytes and a NUL; returns the message's length.
+size_t xlog_shim_last_message(char* buf, size_t cap) {
+  size_t n = std::strlen(t_message);
+  if (buf != nullptr && cap > 0) {
+    size_t k = n < cap - 1 ? n : cap - 1;
+    std::memcpy(buf, t_message, k);
+    buf[k] = '\0';
+  }
+  return n;
+}
+
+// Whether this build can install the record-stream hook.
+int xlog_shim_has_record_stream(void) {
+#ifdef XLOG_SHIM_RECORD_STREAM
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#ifdef XLOG_SHIM_RECORD_STREAM
+}  // extern "C"
+
+namespace {
+
+// PyTorch's record-stream hook: CUDAPluggableAllocator::recordStream calls
+// it with the block's base pointer and the stream. A failure is reported
+// as a c10::Error (RuntimeError in Python) rather than dropped: a lost
+// record_stream is a data race.
+void record_stream_hook(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr || g_record == nullptr) return;
+  if (g_record(ptr, static_cast<void*>(stream)) != 0) {
+    capture_message("xlog-cuda could not record the stream use: ");
+    throw_error();
+  }
+}
+
+}  // namespace
+
+extern "C" {
+#endif
+
+// Install the record-stream hook on PyTorch's current allocator, which must
+// be the CUDAPluggableAllocator over this shim (call it right after
+// torch.cuda.memory.change_current_allocator). Returns 1 when installed;
+// 0 with the reason in `why` (cap bytes) otherwise.
+int xlog_shim_install_record_stream(char* why, size_t cap) {
+#ifdef XLOG_SHIM_RECORD_STREAM
+  try {
+    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
+    auto* pluggable =
+        dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(current.get());
+    if (pluggable == nullptr) {
+      std::snprintf(why, cap, "PyTorch's current allocator is not a CUDAPluggableAllocator (%s)",
+                    current ? current->name().c_str() : "none");
+      return 0;
+    }
+    if (g_record == nullptr) {
+      std::snprintf(why, cap, "%s", "xlog_torch_record_stream_hook was not bound");
+      return 0;
+    }
+    pluggable->set_record_stream_fn(&record_stream_hook);
+    return 1;
+  } catch (const std::exception& e) {
+    std::snprintf(why, cap, "setting the record-stream hook failed: %s", e.what());
+    return 0;
+  }
+#else
+  std::snprintf(why, cap, "%s",
+                "the shim was built without PyTorch's CUDA headers (no CUDA toolkit found by "
+                "torch.utils.cpp_extension)");
+  return 0;
+#endif
 }
 
 }  // extern "C"

@@ -31,7 +31,7 @@ from . import _library
 from ._config import Backend, Config, SizeLike, _enum_value, _size_value, _threshold_value
 from ._config import U64_MAX
 from ._errors import InvalidArgumentError, call, call_status, error_for
-from ._runtime import I32_MAX, I32_MIN, Runtime, Stats, _checked_int
+from ._runtime import I32_MAX, I32_MIN, LiveBlock, Runtime, Stats, TagStats, _checked_int
 
 __all__ = [
     "configure",
@@ -43,6 +43,10 @@ __all__ = [
     "drain",
     "trim",
     "live_blocks",
+    "live_block_list",
+    "tag_stats",
+    "reset_peak",
+    "memory_summary",
     "record_stream",
     "torch_allocator",
     "cupy_allocator",
@@ -139,6 +143,31 @@ def trim(device: int = 0, keep_bytes: int = 0) -> int:
 def live_blocks(device: int = 0) -> int:
     """Blocks the hooks of `device` hold now (0 if never used)."""
     return _library.load().xlog_interop_live_blocks(_device(device))
+
+
+def live_block_list(device: int = 0) -> List[LiveBlock]:
+    """The live blocks of `device`'s hook runtime, oldest first
+    (`Runtime.live_blocks`)."""
+    with runtime(device) as rt:
+        return rt.live_blocks()
+
+
+def tag_stats(device: int = 0) -> List[TagStats]:
+    """Counters per tag of `device`'s hook runtime (`Runtime.tag_stats`)."""
+    with runtime(device) as rt:
+        return rt.tag_stats()
+
+
+def reset_peak(device: int = 0) -> None:
+    """Restart the peaks of `device`'s hook runtime (`Runtime.reset_peak`)."""
+    with runtime(device) as rt:
+        rt.reset_peak()
+
+
+def memory_summary(device: int = 0) -> str:
+    """The text summary of `device`'s hook runtime (`Runtime.memory_summary`)."""
+    with runtime(device) as rt:
+        return rt.memory_summary()
 
 
 def record_stream(ptr: int, device: int, stream: Optional[int]) -> None:

@@ -3,7 +3,8 @@
     python -m xlog_cuda.report LOG.csv -o report.html [--png report.png]
 
 The log is the one `XLOG_LOG_PATH` (or `log_path=`) writes:
-`Thread,Time,Action,Pointer,Size,Stream,Tag`, one row per event. The page
+`Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail`, one
+row per event (RMM's six-column logs read too). The page
 works offline (no network, no CDN: the data and the code are inline) and
 shows
 
@@ -14,7 +15,7 @@ shows
 - leaks: blocks the log allocated and never freed, and the `leak` rows the
   runtime writes at close;
 - refusals (`allocate failure` rows, and any action that says it refused
-  or failed), with their messages when the row carries one;
+  or failed), with their messages (the `Detail` column);
 - a table per tag and per stream, and the rows it did not use.
 
 Reading is streaming: one pass over the file keeps the blocks live at the
@@ -23,10 +24,14 @@ resampled to a fixed number of points (each point is the moment of the
 largest total in its interval, so no peak is lost). A 1,000,000-line log
 renders in a few seconds.
 
-Actions other than allocate, free, leak and refusals (for example a
-release-to-driver action) are counted and listed, and otherwise left out:
-they do not change live bytes. Rows that cannot be read are counted and
-the first few are shown, never fatal.
+xlog's driver-traffic rows (`reserve`: memory taken from the driver,
+`release`: handed back, `retire`: seen complete) give what the runtime
+held besides live memory: the page shows the peak of live + cached +
+pending and what was held at the end (`held` in the data; absent for logs
+without such rows, such as RMM's). Other actions are counted and listed,
+and otherwise left out. Rows that cannot be read are counted and the first
+few are shown, never fatal; a header repeated by another writer of a
+shared log file is skipped.
 """
 
 from __future__ import annotations
@@ -50,7 +55,11 @@ MAX_LISTED = 200  # blocks / refusals / bad rows listed in the page
 OTHER = "(other)"
 
 
-_KNOWN = frozenset(("allocate", "free", "leak", "allocate failure"))
+_KNOWN = frozenset(("allocate", "free", "leak", "allocate failure", "reserve", "release", "retire"))
+# xlog's driver-traffic actions: with them, cached and pending bytes are
+# rebuilt next to live ones (live = allocate - free; cached = reserve -
+# allocate + free - release; pending = release - retire).
+_DRIVER = frozenset(("reserve", "release", "retire"))
 
 
 class ReportError(Exception):
@@ -98,7 +107,7 @@ class _Columns:
         self.size = find("size")
         self.stream = find("stream")
         self.tag = find("tag")
-        self.message = find("message", "reason", "error")
+        self.message = find("detail", "message", "reason", "error")
         missing = [n for n, i in (("Action", self.action), ("Pointer", self.pointer), ("Size", self.size)) if i < 0]
         if missing:
             raise ReportError(
@@ -182,6 +191,12 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     refusal_bytes = 0
     leak_rows: List[Dict[str, Any]] = []
     leak_row_count = 0
+    # Driver traffic (reserve/release/retire rows): cached and pending.
+    driver_counts = {"reserve": 0, "release": 0, "retire": 0}
+    cached = 0
+    pending = 0
+    held_peak = -1
+    held_peak_at: Dict[str, Any] = {}
 
     total = 0
     peak = -1
@@ -238,6 +253,8 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         action = row[c_action]
         if action not in _KNOWN:
             action = action.strip()
+            if action == "Action":
+                continue  # a header repeated by another writer of the file
         # Time: seconds since the log's midnight, unwrapped across midnights.
         t = last_t
         if c_time >= 0 and c_time < len(row):
@@ -272,6 +289,27 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         if c_thread >= 0:
             threads.add(row[c_thread] if c_thread < len(row) else "")
 
+        if action in _DRIVER:
+            try:
+                size = int(row[c_size])
+            except ValueError:
+                bad_count += 1
+                if len(bad_rows) < 20:
+                    bad_rows.append({"line": line, "why": f"size {row[c_size]!r}", "row": ",".join(row)[:300]})
+                continue
+            driver_counts[action] += 1
+            if action == "reserve":
+                cached += size
+            elif action == "release":
+                cached -= size
+                pending += size
+            else:
+                pending -= size
+            if total + cached + pending > held_peak:
+                held_peak = total + cached + pending
+                held_peak_at = {"t": t, "clock": row[c_time] if 0 <= c_time < len(row) else "", "live": total,
+                                "cached": cached, "pending": pending}
+            continue
         if action == "allocate" or action == "free":
             try:
                 size = int(row[c_size])
@@ -281,6 +319,9 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                     bad_rows.append({"line": line, "why": f"size {row[c_size]!r}", "row": ",".join(row)[:300]})
                 continue
             ptr = row[c_ptr]
+            # Live bytes move to and from the cache (meaningful when the
+            # log has reserve rows).
+            cached += -size if action == "allocate" else size
             if action == "allocate":
                 counts["allocate"] += 1
                 old = live.pop(ptr, None)
@@ -484,7 +525,21 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
             "by_tag": sorted(([k, v[0], v[1]] for k, v in leak_by_tag.items()), key=lambda x: -x[2]),
         },
         "refusals": {"count": refusal_count, "bytes": refusal_bytes, "listed": refusals},
+        "held": _held_json(driver_counts, total, cached, pending, held_peak, held_peak_at, t0),
     }
+
+
+def _held_json(counts, live, cached, pending, peak, at, t0) -> Dict[str, Any]:
+    """What xlog held from the driver, rebuilt from reserve/release/retire
+    rows: `known` is False for a log without them (RMM's, or an older
+    xlog's), and the numbers are then left out."""
+    known = any(counts.values())
+    out: Dict[str, Any] = {"known": known, "counts": dict(counts)}
+    if known:
+        out["at_end"] = {"live": live, "cached": cached, "pending": pending, "held": live + cached + pending}
+        out["peak"] = {"bytes": max(peak, 0), "t": at.get("t", t0) - t0, "clock": at.get("clock", ""),
+                       "live": at.get("live", 0), "cached": at.get("cached", 0), "pending": at.get("pending", 0)}
+    return out
 
 
 def _end_block(block, t, b_size, b_tag, b_stream, b_free_ev, ev_t, ev_delta, ev_tag, ev_stream, tag_live,
@@ -749,6 +804,13 @@ code { font-size: 12px; }
   card("live at the end of the log", bytes(D.live_at_end.bytes) + " in " + num(D.live_at_end.blocks), D.live_at_end.blocks > 0);
   card("refusals", num(D.refusals.count), D.refusals.count > 0);
   card("leaked blocks", num(D.leaks.blocks) + " (" + bytes(D.leaks.bytes) + ")", D.leaks.blocks > 0);
+  if (D.held && D.held.known) {
+    var hp = D.held.peak, he = D.held.at_end;
+    card("peak held from the driver", bytes(hp.bytes) + " at " + (hp.clock || secs(hp.t)) + ": live " + bytes(hp.live) +
+      ", cached " + bytes(hp.cached) + ", pending " + bytes(hp.pending));
+    card("held at the end of the log", "live " + bytes(he.live) + ", cached " + bytes(he.cached) + ", pending " +
+      bytes(he.pending), he.held > 0);
+  }
 
   // ---- the timeline ----
   var tip = el("div", { "class": "tip" });

@@ -24,14 +24,29 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Dict, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
 from . import _library, interop
 from ._config import Backend, SizeLike
 from ._errors import InvalidArgumentError
-from ._runtime import Stats
+from ._runtime import LiveBlock, Stats, TagStats
 
-__all__ = ["enable", "is_enabled", "enable_info", "stats", "trim", "record_stream", "oom_shim", "shim_cache_dir"]
+__all__ = [
+    "enable",
+    "is_enabled",
+    "enable_info",
+    "stats",
+    "trim",
+    "record_stream",
+    "oom_shim",
+    "shim_cache_dir",
+    "memory_stats",
+    "memory_stats_of",
+    "memory_summary",
+    "reset_peak_memory_stats",
+    "live_blocks",
+    "tag_stats",
+]
 
 _WHO = "xlog_cuda.torch.enable"
 
@@ -46,6 +61,10 @@ class _Enabled:
     shim_problem: str
     # "cached" (loaded from the shim cache) or "built" (this process built it).
     shim_origin: str = ""
+    # Whether Tensor.record_stream reaches xlog (the shim set PyTorch's
+    # record-stream hook), and why not when it does not.
+    record_stream_hook: bool = False
+    record_stream_problem: str = ""
     # Seconds spent in enable()'s steps: hooks, shim, allocator, total.
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -131,6 +150,16 @@ def enable(
                 "allocator is in place already (another pluggable allocator, or PyTorch's own after "
                 "CUDA memory was used); call enable() before anything else touches CUDA."
             ) from e
+        hooked, hook_problem = _install_record_stream(shim, problem)
+        if not hooked:
+            warnings.warn(
+                f"{_WHO}: Tensor.record_stream does not reach xlog ({hook_problem}): PyTorch drops it, "
+                "so memory used on another stream may be reused while that stream still reads it. "
+                "Call xlog_cuda.torch.record_stream(tensor, stream) instead, or synchronize the other "
+                "stream before the tensor is freed.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         done = time.perf_counter()
         seconds = {
             "hooks": hooks_done - started,
@@ -140,7 +169,7 @@ def enable(
         }
         _state = _Enabled(
             allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem,
-            shim_origin=origin, seconds=seconds,
+            shim_origin=origin, seconds=seconds, record_stream_hook=hooked, record_stream_problem=hook_problem,
         )
 
 
@@ -185,12 +214,46 @@ def _shim_key_of(torch) -> str:
     return shim_key(str(torch.__version__), source, _torch_abi(torch))
 
 
+# Next to a shim built without the record-stream hook: why the build with
+# it failed (so later processes neither retry it nor lose the reason).
+_NO_RECORD_STREAM = "no-record-stream.txt"
+
+
+def _compile(cpp_extension, work: str, record_stream: bool) -> str:
+    """One cpp_extension build of the shim into `work`; its .so path.
+    `record_stream` adds PyTorch's CUDA headers and libraries (the
+    record-stream hook needs torch/csrc/cuda/CUDAPluggableAllocator.h)."""
+    extra = {"extra_cflags": ["-DXLOG_SHIM_RECORD_STREAM=1"], "with_cuda": True} if record_stream else {}
+    os.makedirs(work, exist_ok=True)
+    built = cpp_extension.load(
+        name=_SHIM_NAME, sources=[_SHIM_SOURCE], build_directory=work, is_python_module=False, verbose=False,
+        **extra,
+    )
+    # cpp_extension returns the library's path; a second build in one
+    # process may have named it <name>_v1.so.
+    if not (isinstance(built, str) and os.path.isfile(built)):
+        found = [os.path.join(work, n) for n in os.listdir(work) if n.endswith(".so")]
+        if len(found) != 1:
+            raise RuntimeError(f"cpp_extension.load left {len(found)} .so files in {work}")
+        built = found[0]
+    return built
+
+
+def _last_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
 def _build_shim(final: str) -> None:
     """Compile the shim with torch.utils.cpp_extension into a scratch
     directory next to `final`, then move it into place atomically, so a
     concurrent process sees either no shim or a whole one. One build at a
     time per entry (a lock file); a process that waited on it finds the shim
-    built and returns."""
+    built and returns.
+
+    The full shim (OOM error and record-stream hook) needs PyTorch's CUDA
+    headers; where that build fails, the shim is built without the hook,
+    and the reason is kept next to it (`no-record-stream.txt`)."""
     import fcntl
 
     entry = os.path.dirname(final)
@@ -203,28 +266,63 @@ def _build_shim(final: str) -> None:
 
         work = tempfile.mkdtemp(prefix="build-", dir=entry)
         try:
-            built = cpp_extension.load(
-                name=_SHIM_NAME, sources=[_SHIM_SOURCE], build_directory=work, is_python_module=False, verbose=False
-            )
-            # cpp_extension returns the library's path; a second build in one
-            # process may have named it <name>_v1.so.
-            if not (isinstance(built, str) and os.path.isfile(built)):
-                found = [os.path.join(work, n) for n in os.listdir(work) if n.endswith(".so")]
-                if len(found) != 1:
-                    raise RuntimeError(f"cpp_extension.load left {len(found)} .so files in {work}")
-                built = found[0]
+            try:
+                built = _compile(cpp_extension, os.path.join(work, "full"), record_stream=True)
+                no_hook = None
+            except Exception as e:  # noqa: BLE001 - the reason is kept, the OOM-only build follows
+                no_hook = f"building it with PyTorch's CUDA headers failed: {_last_line(e)}"
+                built = _compile(cpp_extension, os.path.join(work, "oom"), record_stream=False)
+            marker = os.path.join(entry, _NO_RECORD_STREAM)
+            if no_hook is None:
+                if os.path.exists(marker):
+                    os.remove(marker)
+            else:
+                with open(marker + ".tmp", "w") as f:
+                    f.write(no_hook + "\n")
+                os.replace(marker + ".tmp", marker)
             os.replace(built, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
+# The shim loaded in this process (ctypes handle), once bound.
+_shim_handle: Optional[ctypes.CDLL] = None
+
+
 def _bind_shim(path: str) -> None:
+    global _shim_handle
     lib = _library.load()
     handle = ctypes.CDLL(path)
-    handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 2
+    handle.xlog_shim_bind.argtypes = [ctypes.c_void_p] * 4
     handle.xlog_shim_bind.restype = None
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-    handle.xlog_shim_bind(addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free))
+    handle.xlog_shim_bind(
+        addr(lib.xlog_torch_malloc), addr(lib.xlog_torch_free), addr(lib.xlog_last_error_message),
+        addr(lib.xlog_torch_record_stream_hook),
+    )
+    handle.xlog_shim_install_record_stream.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    handle.xlog_shim_install_record_stream.restype = ctypes.c_int
+    handle.xlog_shim_has_record_stream.argtypes = []
+    handle.xlog_shim_has_record_stream.restype = ctypes.c_int
+    _shim_handle = handle
+
+
+def _install_record_stream(shim: Optional[str], shim_problem: str) -> "tuple[bool, str]":
+    """Set PyTorch's record-stream hook through the shim (after the
+    allocator swap): (True, "") or (False, why not)."""
+    if shim is None or _shim_handle is None:
+        return False, f"no shim: {shim_problem}"
+    if not _shim_handle.xlog_shim_has_record_stream():
+        try:
+            with open(os.path.join(os.path.dirname(shim), _NO_RECORD_STREAM)) as f:
+                why = f.read().strip()
+        except OSError:
+            why = ""
+        return False, why or "the shim was built without PyTorch's CUDA headers"
+    why = ctypes.create_string_buffer(512)
+    if _shim_handle.xlog_shim_install_record_stream(why, len(why)) != 1:
+        return False, why.value.decode(errors="replace") or "the shim could not set the hook"
+    return True, ""
 
 
 def _oom_shim(torch) -> "tuple[Optional[str], str, str]":
@@ -257,14 +355,14 @@ def _oom_shim(torch) -> "tuple[Optional[str], str, str]":
             _bind_shim(final)
         return final, "", origin
     except Exception as e:  # noqa: BLE001 - any build problem falls back, with the reason
-        text = str(e).strip()
-        return None, f"building it failed: {type(e).__name__}: {text.splitlines()[-1] if text else ''}", ""
+        return None, f"building it failed: {_last_line(e)}", ""
 
 
 def oom_shim() -> str:
     """How refused allocations reach PyTorch: "torch.OutOfMemoryError (shim
-    PATH)" or why the shim is not in use (then PyTorch gets an unchecked
-    NULL). Empty before `enable()`."""
+    PATH)", whose message carries the numbers (requested, live, cached,
+    pending, limit), or why the shim is not in use (then PyTorch gets an
+    unchecked NULL). Empty before `enable()`."""
     if _state is None:
         return ""
     if _state.shim is not None:
@@ -275,7 +373,9 @@ def oom_shim() -> str:
 def enable_info() -> Dict[str, Any]:
     """What `enable()` did in this process: the library, the OOM shim (its
     path, or why it is not in use) and whether it came from the shim cache
-    ("cached") or was built here ("built"), and the seconds its steps took
+    ("cached") or was built here ("built"), whether `Tensor.record_stream`
+    reaches xlog ("record_stream_hook", else "record_stream_problem" says
+    why not), and the seconds its steps took
     ("hooks": opening the hook runtime; "shim"; "allocator": installing it;
     "total"). Empty before `enable()`."""
     if _state is None:
@@ -285,6 +385,8 @@ def enable_info() -> Dict[str, Any]:
         "shim": _state.shim,
         "shim_problem": _state.shim_problem,
         "shim_origin": _state.shim_origin,
+        "record_stream_hook": _state.record_stream_hook,
+        "record_stream_problem": _state.record_stream_problem,
         "seconds": dict(_state.seconds),
         "devices": sorted(_state.devices),
     }
@@ -302,6 +404,89 @@ def stats(device: int = 0) -> Stats:
     return interop.stats(device)
 
 
+def memory_stats_of(st: Stats, requested_bytes: Optional[int] = None) -> Dict[str, int]:
+    """`st` under the key names of `torch.cuda.memory_stats()`, for the
+    keys that have a meaning here (pool "all" only: xlog has no large/small
+    pools). Bytes are device bytes (sizes rounded up as xlog hands them out).
+
+    - allocation / active .{current,peak,allocated,freed}: live blocks, their
+      peak, allocations and frees (a block is active exactly while it is
+      allocated: a freed block's pending stream uses are waits queued on
+      the GPU, not held memory).
+    - allocated_bytes / active_bytes .{current,peak}: live bytes and their
+      peak.
+    - reserved_bytes.all.{current,peak}: what xlog holds from the driver
+      (live + cached + pending) and its peak; the driver pool's own figure is
+      `stats().reserved_bytes`.
+    - segment.all.current: blocks xlog holds from the driver (live, cached,
+      pending), each one driver allocation.
+    - inactive_split / inactive_split_bytes .all.current: 0, as xlog never
+      splits a block.
+    - requested_bytes.all.current: the requested (unrounded) sizes of the
+      live blocks, when `requested_bytes` is given.
+    - num_alloc_retries: refusals answered by releasing the cache and trying
+      again; num_ooms: refused allocations; num_device_alloc: allocations
+      that went to the driver (cache misses).
+    """
+    out: Dict[str, int] = {}
+    for kind in ("allocation", "active"):
+        out[f"{kind}.all.current"] = st.live_blocks
+        out[f"{kind}.all.peak"] = max(st.peak_live_blocks, st.live_blocks)
+        out[f"{kind}.all.allocated"] = st.allocations
+        out[f"{kind}.all.freed"] = st.deallocations
+    for kind in ("allocated_bytes", "active_bytes"):
+        out[f"{kind}.all.current"] = st.live_bytes
+        out[f"{kind}.all.peak"] = max(st.peak_live_bytes, st.live_bytes)
+    out["reserved_bytes.all.current"] = st.outstanding_bytes
+    out["reserved_bytes.all.peak"] = max(st.peak_outstanding_bytes, st.outstanding_bytes)
+    out["segment.all.current"] = st.live_blocks + st.cached_blocks + st.pending_blocks
+    out["inactive_split.all.current"] = 0
+    out["inactive_split_bytes.all.current"] = 0
+    if requested_bytes is not None:
+        out["requested_bytes.all.current"] = requested_bytes
+    out["num_alloc_retries"] = st.alloc_retries
+    out["num_ooms"] = st.failed_allocations
+    out["num_device_alloc"] = st.cache_misses
+    return dict(sorted(out.items()))
+
+
+def memory_stats(device: int = 0) -> Dict[str, int]:
+    """`torch.cuda.memory_stats()` for memory PyTorch allocates through
+    xlog (`device`'s hook runtime, shared with CuPy and other hook users):
+    PyTorch's own function reports nothing for a pluggable allocator. See
+    `memory_stats_of` for the keys. PyTorch is not needed."""
+    with interop.runtime(device) as rt:
+        st = rt.stats()
+        requested = sum(b.size for b in rt.live_blocks())
+    return memory_stats_of(st, requested)
+
+
+def memory_summary(device: int = 0) -> str:
+    """`torch.cuda.memory_summary()` for xlog: totals (live, cached,
+    pending, held, reserved, peaks, budget), the per-tag table and the
+    largest live blocks of `device`'s hook runtime."""
+    return interop.memory_summary(device)
+
+
+def reset_peak_memory_stats(device: int = 0) -> None:
+    """`torch.cuda.reset_peak_memory_stats()` for xlog: every peak of
+    `device`'s hook runtime restarts from its current value."""
+    interop.reset_peak(device)
+
+
+def live_blocks(device: int = 0) -> List[LiveBlock]:
+    """The blocks live in `device`'s hook runtime, oldest first: the
+    memory-snapshot counterpart. With XLOG_TRACK_CALLSITES=1 each carries its
+    age in seconds and the label `xlog_cuda.call_site(...)` set around the
+    code that allocated it."""
+    return interop.live_block_list(device)
+
+
+def tag_stats(device: int = 0) -> List[TagStats]:
+    """Counters per tag of `device`'s hook runtime."""
+    return interop.tag_stats(device)
+
+
 def trim(device: int = 0, keep_bytes: int = 0) -> int:
     """Give the memory cached by `device`'s hook runtime back to the driver,
     keeping at most `keep_bytes` cached; returns the bytes released. The
@@ -316,12 +501,13 @@ def record_stream(tensor: Any, stream: Any) -> None:
     """Tell the allocator that `tensor`'s memory is used on `stream` (a
     `torch.cuda.Stream`, or a raw `cudaStream_t` as an int).
 
-    The role of `Tensor.record_stream`, which does not reach a pluggable
-    allocator: PyTorch's CUDAPluggableAllocator has no record-stream hook
-    from Python. When the tensor's memory is freed, its allocation stream
-    first waits for the work queued on `stream` up to that moment. Either
-    call this for a tensor used on a stream other than the one it was
-    created on, or synchronize that stream before the tensor dies.
+    What `Tensor.record_stream` does once `enable()` has installed the
+    shim's record-stream hook (`enable_info()["record_stream_hook"]`); this
+    function works without the hook too (no shim, `XLOG_TORCH_OOM_SHIM=0`,
+    a shim built without PyTorch's CUDA headers), where PyTorch drops
+    `Tensor.record_stream`. When the tensor's memory is freed, its
+    allocation stream first waits for the work queued on `stream` up to
+    that moment.
     """
     torch = _torch("xlog_cuda.torch.record_stream")
     if not isinstance(tensor, torch.Tensor):

@@ -305,6 +305,20 @@ impl CudaDevice {
         self.context as usize as sys::CUcontext
     }
 
+    /// `bind`, for calls that take a stream: a created stream carries its
+    /// context, so only the default-stream handles (0, `CU_STREAM_LEGACY`,
+    /// `CU_STREAM_PER_THREAD`), which resolve in the current context, need
+    /// ours current. Measured on an H100: `cuEventRecord` and
+    /// `cuStreamWaitEvent` on a created stream succeed from a thread with no
+    /// current context; the check costs about 10 ns a call.
+    fn bind_for(&self, stream: RawStream) -> DeviceResult<()> {
+        if stream <= 2 {
+            self.bind()
+        } else {
+            Ok(())
+        }
+    }
+
     /// Make our primary context current on this thread if it is not.
     fn bind(&self) -> DeviceResult<()> {
         let mut current: sys::CUcontext = ptr::null_mut();
@@ -407,6 +421,38 @@ impl Drop for CudaDevice {
     }
 }
 
+/// Relaxed stream-capture mode for this thread while alive, then the mode
+/// it had. Queries and host waits are "potentially unsafe" calls under
+/// stream capture: made in the default (global) mode while any thread
+/// captures, they fail and invalidate that capture (measured on an H100:
+/// `cuEventQuery` of an ordinary event during a capture returned
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and left the capture
+/// invalidated). xlog's reap and waits never touch a capture's work, so
+/// they run relaxed and a capture is never broken by them.
+struct RelaxedCapture {
+    /// The mode to restore; `None` when the exchange failed (nothing to undo).
+    previous: Option<sys::CUstreamCaptureMode>,
+}
+
+impl RelaxedCapture {
+    fn enter() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a local in/out value; the driver is loaded (only
+        // a `CudaDevice` method calls this).
+        let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture { previous: (r == CUresult::CUDA_SUCCESS).then_some(mode) }
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.previous {
+            // SAFETY: as in `enter`.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
 /// Driver-side entry point of `enqueue_host`: takes back the boxed closure
 /// and runs it. A panic is caught here and never unwinds into the driver
 /// (even if it did, Rust aborts rather than unwinding through `extern "C"`).
@@ -487,6 +533,7 @@ impl Device for CudaDevice {
 
     fn synchronize_stream(&self, stream: RawStream) -> DeviceResult<()> {
         self.bind()?;
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: `stream` is a live stream handle or a default-stream
         // handle, resolved in our (current) context.
         check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(as_stream(stream)) })
@@ -658,14 +705,14 @@ impl Device for CudaDevice {
         if self.faults.hit(FaultKind::EventRecord) {
             return Err(DeviceError::InjectedFault(format!("cuda record of event {event:#x} (cuEventRecord)")));
         }
-        self.bind()?;
+        self.bind_for(stream)?;
         // SAFETY: `event` and `stream` are live handles of our context (or a
         // default-stream handle, resolved in our current context).
         check("cuEventRecord", unsafe { sys::cuEventRecord(as_event(event), as_stream(stream)) })
     }
 
     fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> DeviceResult<()> {
-        self.bind()?;
+        self.bind_for(stream)?;
         // SAFETY: as in `record_event`; flags must be 0.
         let r = unsafe { sys::cuStreamWaitEvent(as_stream(stream), as_event(event), 0) };
         check("cuStreamWaitEvent", r)
@@ -673,6 +720,7 @@ impl Device for CudaDevice {
 
     fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
         // No bind: the event carries its context. This is the reap hot path.
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: `event` is a live handle from `create_event`.
         let r = unsafe { sys::cuEventQuery(as_event(event)) };
         match r {
@@ -685,6 +733,7 @@ impl Device for CudaDevice {
     fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
         // SAFETY: `event` is a live handle from `create_event`; the event
         // carries its own context, so none needs to be current.
+        let _relaxed = RelaxedCapture::enter();
         check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(as_event(event)) })
     }
 

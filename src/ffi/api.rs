@@ -16,17 +16,18 @@ use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runt
 use crate::config::{AllocatorKind, Config};
 use crate::device::Backend;
 use crate::error::ResourceError;
+use crate::inline_list::InlineList;
 use crate::resource::{Access, BlockId, BlockUse, DeviceBlock, Generation, StreamId};
 use crate::runtime::{Runtime, Stats};
 
 /// Most uses one recorded launch may name.
 const MAX_USES: usize = 1 << 20;
 
-fn invalid(msg: String) -> ResourceError {
+pub(crate) fn invalid(msg: String) -> ResourceError {
     ResourceError::InvalidArgument(msg)
 }
 
-fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
+pub(crate) fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
     if stream == 0 {
         return Err(invalid("stream 0 is never a valid stream id".into()));
     }
@@ -54,7 +55,7 @@ fn block_id(b: &xlog_block) -> BlockId {
     }
 }
 
-fn block_of(d: &DeviceBlock) -> xlog_block {
+pub(crate) fn block_of(d: &DeviceBlock) -> xlog_block {
     xlog_block {
         ptr: d.id.ptr as usize as *mut c_void,
         size: d.id.size,
@@ -64,9 +65,14 @@ fn block_of(d: &DeviceBlock) -> xlog_block {
     }
 }
 
-fn uses_of(uses: *const xlog_use, n: usize) -> Result<Vec<BlockUse>, ResourceError> {
+/// A launch's uses, converted and checked. Up to 16 stay on the stack: the
+/// recorded-launch path allocates nothing per call.
+type Uses = InlineList<BlockUse, 16>;
+
+fn uses_of(uses: *const xlog_use, n: usize) -> Result<Uses, ResourceError> {
+    let mut out = Uses::new();
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(out);
     }
     if uses.is_null() {
         return Err(invalid(format!("uses is NULL but n is {n}")));
@@ -77,14 +83,11 @@ fn uses_of(uses: *const xlog_use, n: usize) -> Result<Vec<BlockUse>, ResourceErr
     // SAFETY: non-NULL, n bounded; the caller guarantees `uses` points at n
     // initialised xlog_use values (plain data, any bit pattern is valid).
     let slice = unsafe { std::slice::from_raw_parts(uses, n) };
-    slice
-        .iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let access = access_of(u.access).map_err(|e| invalid(format!("uses[{i}]: {e}")))?;
-            Ok(BlockUse { block: block_id(&u.block), access })
-        })
-        .collect()
+    for (i, u) in slice.iter().enumerate() {
+        let access = access_of(u.access).map_err(|e| invalid(format!("uses[{i}]: {e}")))?;
+        out.push(BlockUse { block: block_id(&u.block), access });
+    }
+    Ok(out)
 }
 
 fn backend_of(value: xlog_backend) -> Result<Backend, ResourceError> {
@@ -144,6 +147,7 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
         wait_on_pressure: cfg.wait_on_pressure as u8,
         cache: cfg.cache as u8,
         pool_release_threshold: cfg.pool_release_threshold,
+        track_call_sites: cfg.track_call_sites as u8,
         sim_devices: cfg.sim_devices,
     };
 }
@@ -176,6 +180,9 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
     if c.cache > 1 {
         return Err(invalid(format!("cache is {} (must be 0 or 1)", c.cache)));
     }
+    if c.track_call_sites > 1 {
+        return Err(invalid(format!("track_call_sites is {} (must be 0 or 1)", c.track_call_sites)));
+    }
     let log_path = if c.log_path.is_null() {
         None
     } else {
@@ -198,6 +205,7 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
         wait_on_pressure: c.wait_on_pressure == 1,
         cache: c.cache == 1,
         pool_release_threshold: c.pool_release_threshold,
+        track_call_sites: c.track_call_sites == 1,
         sim_devices: c.sim_devices,
     };
     config.validate()?;
@@ -224,6 +232,9 @@ fn stats_of(s: &Stats) -> xlog_stats {
         cache_misses: s.cache_misses,
         reserved_bytes: s.reserved_bytes,
         log_lines_lost: s.log_lines_lost,
+        peak_live_bytes: s.peak_live_bytes,
+        peak_live_blocks: s.peak_live_blocks,
+        alloc_retries: s.alloc_retries,
     }
 }
 
@@ -332,6 +343,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             wait_on_pressure: 0,
             cache: 0,
             pool_release_threshold: 0,
+            track_call_sites: 0,
             sim_devices: 0,
         };
         let mut config = Config::default();
@@ -640,7 +652,7 @@ pub unsafe extern "C" fn xlog_prepare_all(
 ) -> xlog_status {
     boundary("xlog_prepare_all", || {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, &uses))
+        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 
@@ -655,7 +667,7 @@ pub unsafe extern "C" fn xlog_finish_all(
 ) -> xlog_status {
     boundary("xlog_finish_all", || {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, &uses))
+        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 

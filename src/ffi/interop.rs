@@ -15,6 +15,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::collections::HashMap;
+
+use crate::fast_hash::FastMap;
+use crate::resource::AllocTag;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,9 +41,34 @@ struct HookBlock {
     used_on: Vec<StreamId>,
 }
 
+/// The pointer → block map of the hooks, sharded by address so threads
+/// that allocate on different blocks rarely meet on one lock.
+struct HookBlocks {
+    shards: Box<[Mutex<FastMap<u64, HookBlock>>]>,
+}
+
+const HOOK_SHARDS: usize = 16;
+
+impl Default for HookBlocks {
+    fn default() -> Self {
+        HookBlocks { shards: (0..HOOK_SHARDS).map(|_| Mutex::default()).collect() }
+    }
+}
+
+impl HookBlocks {
+    /// The shard that holds `ptr` (blocks are at least 256-byte aligned).
+    fn lock(&self, ptr: u64) -> MutexGuard<'_, FastMap<u64, HookBlock>> {
+        lock(&self.shards[((ptr >> 8) ^ (ptr >> 20)) as usize % HOOK_SHARDS])
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+}
+
 struct Hooks {
     runtime: Arc<Runtime>,
-    blocks: Mutex<HashMap<u64, HookBlock>>,
+    blocks: HookBlocks,
     frees: AtomicU64,
 }
 
@@ -98,6 +126,36 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     Ok(h)
 }
 
+/// Run `f` with the hooks of `device`: borrowed from this thread's copy
+/// while it is current (no reference count touched, no table lock), else
+/// from the table (opened there on first use when `open`; else an error
+/// from `missing` when the device has no open hooks).
+fn with_hooks<T>(
+    device: i32,
+    open: bool,
+    missing: impl FnOnce() -> ResourceError,
+    f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
+) -> Result<T, ResourceError> {
+    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
+    let mut f = Some(f);
+    let hit = LAST_HOOKS.with(|c| match c.borrow().as_ref() {
+        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => {
+            Some((f.take().expect("called once"))(h))
+        }
+        _ => None,
+    });
+    if let Some(result) = hit {
+        return result;
+    }
+    let h = if open {
+        hooks_from_table(device)?
+    } else {
+        table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned().ok_or_else(missing)?
+    };
+    remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    (f.take().expect("called once"))(&h)
+}
+
 fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     let mut t = table();
     if let Some(h) = t.hooks.get(&device) {
@@ -116,7 +174,7 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
         }
     };
     let runtime = Runtime::open(device, &config)?;
-    let h = Arc::new(Hooks { runtime, blocks: Mutex::default(), frees: AtomicU64::new(0) });
+    let h = Arc::new(Hooks { runtime, blocks: HookBlocks::default(), frees: AtomicU64::new(0) });
     t.hooks.insert(device, h.clone());
     HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
     Ok(h)
@@ -135,38 +193,51 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
     ))
 }
 
-fn hook_allocate(size: usize, device: i32, stream: u64, tag: &str) -> Result<*mut c_void, ResourceError> {
-    let h = hooks(device)?;
-    let sid = h.runtime.import_stream(stream)?;
-    // Frameworks expect a usable, distinct pointer even for 0 bytes.
-    let block = h.runtime.allocate((size as u64).max(1), sid, tag)?;
-    lock(&h.blocks).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
-    Ok(block.id.ptr as usize as *mut c_void)
+fn hook_allocate(size: usize, device: i32, stream: u64, tag: AllocTag) -> Result<*mut c_void, ResourceError> {
+    with_hooks(device, true, || unreachable!("opened on first use"), |h| {
+        let sid = h.runtime.import_stream(stream)?;
+        // Frameworks expect a usable, distinct pointer even for 0 bytes.
+        let block = h.runtime.allocate_tagged((size as u64).max(1), sid, tag)?;
+        h.blocks.lock(block.id.ptr).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
+        Ok(block.id.ptr as usize as *mut c_void)
+    })
 }
 
 fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
-    let h = opened_hooks(device).ok_or_else(|| not_a_hook_block(ptr, device))?;
-    let key = ptr as u64;
-    let entry = lock(&h.blocks).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
-    // Fence every stream that used the block: the free then waits for the
-    // work queued on them so far (the same contract as torch record_stream).
-    for &stream in &entry.used_on {
-        if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-            lock(&h.blocks).insert(key, entry);
+    with_hooks(device, false, || not_a_hook_block(ptr, device), |h| {
+        let key = ptr as u64;
+        let entry = h.blocks.lock(key).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
+        // Fence every stream that used the block: the free then waits for
+        // the work queued on them so far (the contract of record_stream).
+        for &stream in &entry.used_on {
+            if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
+                h.blocks.lock(key).insert(key, entry);
+                return Err(e);
+            }
+        }
+        if let Err(e) = h.runtime.deallocate(&entry.id) {
+            h.blocks.lock(key).insert(key, entry);
             return Err(e);
         }
+        if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
+            let _ = h.runtime.reap();
+        }
+        Ok(())
+    })
+}
+
+/// Tags of the framework hooks, interned once.
+fn framework_tag(name: &'static str) -> AllocTag {
+    static TORCH: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("torch"));
+    static CUPY: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("cupy"));
+    match name {
+        "torch" => *TORCH,
+        "cupy" => *CUPY,
+        other => AllocTag::new(other),
     }
-    if let Err(e) = h.runtime.deallocate(&entry.id) {
-        lock(&h.blocks).insert(key, entry);
-        return Err(e);
-    }
-    if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
-        let _ = h.runtime.reap();
-    }
-    Ok(())
 }
 
 /// Test support (`xlog_testing_interop_reset`): forget the hooks of
@@ -265,7 +336,7 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
         if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
             return 0;
         }
-        table().hooks.get(&device).map_or(0, |h| lock(&h.blocks).len() as u64)
+        table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
     })
 }
 
@@ -279,7 +350,7 @@ pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_voi
         if super::refused_in_host_callback("xlog_torch_malloc").is_some() {
             return std::ptr::null_mut();
         }
-        hook_allocate(size, device, stream as u64, "torch").unwrap_or_else(|e| {
+        hook_allocate(size, device, stream as u64, framework_tag("torch")).unwrap_or_else(|e| {
             report("xlog_torch_malloc", &e);
             std::ptr::null_mut()
         })
@@ -311,17 +382,55 @@ pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream
         let not_live =
             || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
         let h = opened_hooks(device).ok_or_else(not_live)?;
-        if !lock(&h.blocks).contains_key(&(ptr as u64)) {
+        record_use_on(&h, ptr, stream).map_err(|()| not_live())?
+    })
+}
+
+/// `xlog_torch_record_stream` with the signature of PyTorch's
+/// record-stream hook (`CUDAPluggableAllocator::set_record_stream_fn`:
+/// a pointer and a stream, no device): the block is looked up in the hooks
+/// of every device opened so far (device pointers are unique within a
+/// process). The OOM shim of `xlog_cuda.torch` installs it, so that
+/// `Tensor.record_stream` and PyTorch's own calls reach xlog.
+#[no_mangle]
+pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c_void) -> xlog_status {
+    boundary("xlog_torch_record_stream_hook", || {
+        let not_live = || {
+            ResourceError::InvalidArgument(format!(
+                "{ptr:p} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
+            ))
+        };
+        if ptr.is_null() {
             return Err(not_live());
         }
-        let sid = h.runtime.import_stream(stream as u64)?;
-        let mut blocks = lock(&h.blocks);
-        let entry = blocks.get_mut(&(ptr as u64)).ok_or_else(not_live)?;
-        if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
-            entry.used_on.push(sid);
+        let opened: Vec<Arc<Hooks>> = table().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
+        for h in opened {
+            if let Ok(result) = record_use_on(&h, ptr, stream) {
+                return result;
+            }
         }
-        Ok(())
+        Err(not_live())
     })
+}
+
+/// Add `stream` to the streams that used the hook block at `ptr` in `h`:
+/// `Err(())` when `h` does not hold `ptr` (nothing changed, no stream
+/// imported), else the import's result.
+fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Result<(), ResourceError>, ()> {
+    if !h.blocks.lock(ptr as u64).contains_key(&(ptr as u64)) {
+        return Err(());
+    }
+    let sid = match h.runtime.import_stream(stream as u64) {
+        Ok(sid) => sid,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut blocks = h.blocks.lock(ptr as u64);
+    // Freed by another thread between the two lookups.
+    let entry = blocks.get_mut(&(ptr as u64)).ok_or(())?;
+    if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
+        entry.used_on.push(sid);
+    }
+    Ok(Ok(()))
 }
 
 /// CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
@@ -335,7 +444,7 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
         if super::refused_in_host_callback("xlog_cupy_malloc").is_some() {
             return std::ptr::null_mut();
         }
-        hook_allocate(size, device, 0, "cupy").unwrap_or_else(|e| {
+        hook_allocate(size, device, 0, framework_tag("cupy")).unwrap_or_else(|e| {
             report("xlog_cupy_malloc", &e);
             std::ptr::null_mut()
         })
@@ -447,6 +556,42 @@ mod tests {
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
         assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn the_record_stream_hook_finds_the_device_and_fences_the_free() {
+        // Two devices in use; the hook (no device argument, as PyTorch's
+        // set_record_stream_fn calls it) finds the one holding the pointer.
+        let (d1, d2) = (7007, 7008);
+        for d in [d1, d2] {
+            let cfg = sim_config(0);
+            // SAFETY: a valid config pointer.
+            assert_eq!(unsafe { xlog_interop_configure(d, &cfg) }, XLOG_OK);
+        }
+        let a = xlog_torch_malloc(4096, d1, std::ptr::null_mut());
+        let b = xlog_torch_malloc(8192, d2, std::ptr::null_mut());
+        assert!(!a.is_null() && !b.is_null(), "{}", last_error());
+        let side = 0x7000 as *mut c_void;
+        let (h1, h2) = (hooks(d1).unwrap(), hooks(d2).unwrap());
+        let imported = (h1.runtime.stream_usage().imported, h2.runtime.stream_usage().imported);
+        assert_eq!(xlog_torch_record_stream_hook(b, side), XLOG_OK, "{}", last_error());
+        assert_eq!(h2.runtime.stream_usage().imported, imported.1 + 1, "the side stream was imported on the block's device");
+        assert_eq!(h1.runtime.stream_usage().imported, imported.0, "and not on the other one");
+        let waits = (h1.runtime.usage().cross_stream_waits, h2.runtime.usage().cross_stream_waits);
+        xlog_torch_free(a, 4096, d1, std::ptr::null_mut());
+        xlog_torch_free(b, 8192, d2, std::ptr::null_mut());
+        assert_eq!(h1.runtime.usage().cross_stream_waits, waits.0, "a's free waited on nothing");
+        assert_eq!(h2.runtime.usage().cross_stream_waits, waits.1 + 1, "b's free waited on the side stream");
+        // Freed, NULL, or never a hook block: an error naming the pointer, nothing imported.
+        assert_eq!(xlog_torch_record_stream_hook(b, side), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("not a live hook allocation of any device"), "{}", last_error());
+        assert_eq!(xlog_torch_record_stream_hook(std::ptr::null_mut(), side), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(xlog_torch_record_stream_hook(0x1234 as *mut c_void, 0x7100 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(
+            (h1.runtime.stream_usage().imported, h2.runtime.stream_usage().imported),
+            (imported.0, imported.1 + 1),
+            "the failed calls imported nothing"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! codes, the thread-local last-error message, and the runtime handle table.
 
 pub mod api;
+pub mod inspect;
 pub mod interop;
 pub mod testing;
 pub mod types;

@@ -104,6 +104,10 @@ pub struct xlog_config {
     /// synchronisation points; UINT64_MAX (the default, env
     /// `XLOG_POOL_RELEASE_THRESHOLD`, e.g. `max` or `2GiB`) keeps all.
     pub pool_release_threshold: u64,
+    /// Record each allocation's call site for `xlog_live_blocks` (0 or 1;
+    /// default 0, env `XLOG_TRACK_CALLSITES`). Costs a lock and a map
+    /// update per allocation and free when on, nothing when off.
+    pub track_call_sites: u8,
     /// Devices the sim backend simulates (default 1, env
     /// `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
     /// XLOG_ERR_NO_DEVICE. Ignored on CUDA.
@@ -150,6 +154,13 @@ pub struct xlog_stats {
     /// FIFO nobody reads); 0 without a log. The first loss is also reported
     /// once on stderr.
     pub log_lines_lost: u64,
+    /// Highest live_bytes / live_blocks since the runtime opened or the
+    /// last `xlog_reset_peak`.
+    pub peak_live_bytes: u64,
+    pub peak_live_blocks: u64,
+    /// Refused allocations tried again after relieving pressure (the cache
+    /// given back, pending frees reaped or waited for).
+    pub alloc_retries: u64,
 }
 
 /// Host callback run in stream order.
@@ -159,3 +170,56 @@ pub type xlog_host_fn = Option<extern "C" fn(user: *mut c_void)>;
 pub const XLOG_VERSION_MAJOR: u32 = 0;
 pub const XLOG_VERSION_MINOR: u32 = 1;
 pub const XLOG_VERSION_PATCH: u32 = 0;
+
+/// Largest live blocks `xlog_memory_summary` lists.
+pub const XLOG_SUMMARY_TOP_BLOCKS: u32 = 10;
+
+/// One live block, as `xlog_live_blocks` reports it.
+///
+/// Set `struct_size = sizeof(xlog_live_block)` in the first element of the
+/// array you pass: the library writes each element at that stride and fills
+/// only the fields that fit, so a caller built against an older, shorter
+/// header keeps working.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct xlog_live_block {
+    /// Set by the caller (first element) to `sizeof(xlog_live_block)`.
+    pub struct_size: u32,
+    /// The block's handle (pointer, requested size, generation, allocation
+    /// stream, device): usable with every block call while it is live.
+    pub block: xlog_block,
+    /// Device bytes the block takes (its size class or granularity).
+    pub device_bytes: u64,
+    /// Allocation sequence number in this runtime (1 = its first).
+    pub sequence: u64,
+    /// Allocations the runtime made after this one: its age in allocations.
+    pub allocations_since: u64,
+    /// Nanoseconds since the allocation when the runtime tracks call sites,
+    /// else UINT64_MAX.
+    pub age_ns: u64,
+    /// Tag name; never NULL ("" for untagged). Valid for the life of the
+    /// process.
+    pub tag: *const c_char,
+    /// Call site (what `xlog_allocate_at` or `xlog_set_call_site` gave);
+    /// NULL when none was recorded. Valid for the life of the process.
+    pub call_site: *const c_char,
+}
+
+/// Counters of one tag, as `xlog_tag_stats` reports them. Same
+/// `struct_size` rule as `xlog_live_block`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct xlog_tag_stat {
+    /// Set by the caller (first element) to `sizeof(xlog_tag_stat)`.
+    pub struct_size: u32,
+    /// Tag name; never NULL ("" for untagged, "(other)" for the bucket of
+    /// tags past the tag table's bound). Valid for the life of the process.
+    pub tag: *const c_char,
+    /// Device bytes of the tag's live blocks.
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+    /// Highest live_bytes since the runtime opened or `xlog_reset_peak`.
+    pub peak_bytes: u64,
+    pub allocations: u64,
+    pub frees: u64,
+}

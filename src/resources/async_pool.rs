@@ -42,9 +42,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::logging::CsvLog;
 use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
+use crate::inline_list::InlineList;
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock,
     DeviceMemoryResource, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId,
@@ -113,12 +115,19 @@ impl Events {
     }
 }
 
-/// One recorded use: the stream it ran on and the event after it.
+/// One recorded use: the stream it ran on and the event after it. The
+/// block holds a reference on the event, so while its shard is locked the
+/// event cannot be re-recorded and `raw` can be waited on without the
+/// events lock.
 #[derive(Copy, Clone)]
 struct Use {
     stream: RawStream,
     event: Ev,
+    raw: RawEvent,
 }
+
+/// Events one call waits for (a launch rarely needs more than a few).
+type WaitList = InlineList<RawEvent, 16>;
 
 /// Dependency state, allocated only for blocks that were ever used through
 /// prepare/finish, to keep untracked records small.
@@ -135,20 +144,24 @@ struct BlockRecord {
     held: u64,
     stream: StreamRef,
     tag: AllocTag,
+    /// Allocation sequence number (see `LeakedBlock::sequence`).
+    sequence: u64,
     tracking: Option<Box<Tracking>>,
 }
 
 impl BlockRecord {
     /// Events `stream` must wait for before an access of kind `access`.
-    fn waits_for(&self, stream: RawStream, access: Access, out: &mut Vec<Ev>) {
+    fn waits_for(&self, stream: RawStream, access: Access, out: &mut WaitList) {
         let Some(t) = &self.tracking else { return };
         if let Some(w) = &t.last_write {
             if w.stream != stream {
-                out.push(w.event);
+                out.push(w.raw);
             }
         }
         if access.writes() {
-            out.extend(t.readers.iter().filter(|r| r.stream != stream).map(|r| r.event));
+            for r in t.readers.iter().filter(|r| r.stream != stream) {
+                out.push(r.raw);
+            }
         }
     }
 
@@ -156,7 +169,7 @@ impl BlockRecord {
     fn record_use(&mut self, events: &mut Events, stream: RawStream, access: Access, event: Ev) {
         events.hold(event);
         let t = self.tracking.get_or_insert_with(Default::default);
-        let new_use = Use { stream, event };
+        let new_use = Use { stream, event, raw: events.raw(event) };
         if access.writes() {
             if let Some(old) = t.last_write.replace(new_use) {
                 events.release(old.event);
@@ -247,6 +260,36 @@ impl TableShard {
         let rec = self.blocks.get(&id.generation)?;
         Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
     }
+
+    /// `record`, for changing it.
+    fn record_mut(&mut self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&mut BlockRecord>> {
+        let rec = self.blocks.get_mut(&id.generation)?;
+        Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
+    }
+}
+
+/// The table shards a launch touches, locked in ascending index order. A
+/// launch whose blocks all come from one shard (one allocation stream, the
+/// common case) takes one lock and no allocation.
+enum LockedShards<'a> {
+    One(usize, MutexGuard<'a, TableShard>),
+    Many(Vec<(usize, MutexGuard<'a, TableShard>)>),
+}
+
+impl LockedShards<'_> {
+    fn get(&mut self, id: &BlockId) -> &mut TableShard {
+        let want = shard_index(id.alloc_stream);
+        match self {
+            LockedShards::One(i, g) => {
+                debug_assert_eq!(*i, want);
+                g
+            }
+            LockedShards::Many(list) => {
+                let k = list.binary_search_by_key(&want, |(i, _)| *i).expect("shard locked by lock_shards");
+                &mut list[k].1
+            }
+        }
+    }
 }
 
 pub(crate) fn stale(id: &BlockId) -> ResourceError {
@@ -322,6 +365,13 @@ pub struct AsyncPool {
     /// Highest live total seen at a miss (the hoarding bound's base).
     peak_live: AtomicU64,
     waits: AtomicU64,
+    /// The runtime's CSV log, if any: `reserve`, `release` (from the
+    /// cache) and `retire` rows.
+    log: Option<Arc<CsvLog>>,
+    /// Allocation sequence numbers issued (the live-block list's age).
+    sequence: AtomicU64,
+    /// Driver refusals retried after giving the cache back.
+    retries: AtomicU64,
 }
 
 
@@ -345,7 +395,16 @@ impl AsyncPool {
             peak_held: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            log: None,
+            sequence: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
+    }
+
+    /// Write the driver traffic (`reserve`, `release`, `retire`) into `log`.
+    pub fn with_log(mut self, log: Option<Arc<CsvLog>>) -> AsyncPool {
+        self.log = log;
+        self
     }
 
     pub fn options(&self) -> PoolOptions {
@@ -409,10 +468,11 @@ impl AsyncPool {
         shards_from(home).find_map(|i| lock(&self.table[i]).cache.take_coldest(stream).map(|b| (b, i)))
     }
 
-    /// Queue on `stream` a wait for each event (already deduplicated).
-    fn wait_all(&self, events: &Events, stream: RawStream, list: &[Ev]) -> ResourceResult<()> {
+    /// Queue on `stream` a wait for each event (already deduplicated). The
+    /// caller holds the shard lock of the blocks that hold these events.
+    fn wait_all(&self, stream: RawStream, list: &[RawEvent]) -> ResourceResult<()> {
         for &ev in list {
-            self.device.stream_wait_event(stream, events.raw(ev))?;
+            self.device.stream_wait_event(stream, ev)?;
             self.waits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -441,7 +501,8 @@ impl AsyncPool {
         tag: AllocTag,
     ) -> DeviceBlock {
         let generation = Generation::next();
-        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, tracking: None });
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None });
         self.shard_live[shard_index(stream.id)].add(held as i64);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
@@ -465,7 +526,12 @@ impl AsyncPool {
     /// it goes back into the cache, unchanged.
     fn release_cached(&self, stream: RawStream, block: CachedBlock, home: usize) -> ResourceResult<u64> {
         match self.free_to_driver(stream, block.ptr, block.bytes) {
-            Ok(()) => Ok(block.bytes),
+            Ok(()) => {
+                if let Some(log) = &self.log {
+                    log.released(block.ptr, block.bytes);
+                }
+                Ok(block.bytes)
+            }
             Err(e) => {
                 lock(&self.table[home]).cache.put(stream, block.ptr, block.bytes);
                 Err(e)
@@ -520,6 +586,11 @@ impl AsyncPool {
         pending.blocks -= blocks;
         self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.held.fetch_sub(bytes, Ordering::AcqRel);
+        if bytes > 0 {
+            if let Some(log) = &self.log {
+                log.retired(bytes, blocks);
+            }
+        }
         match first_error {
             Some(e) if bytes == 0 => Err(e),
             _ => Ok(bytes),
@@ -601,6 +672,7 @@ impl AsyncPool {
         if self.options.cache {
             self.bound_hoard(class, stream);
         }
+        let stream_id = stream.id;
         let stream = stream.raw;
         gate.try_charge(class)?;
         let mut result = self.device.alloc_async(class, stream);
@@ -609,6 +681,7 @@ impl AsyncPool {
             if !out_of_memory || (wait && !self.options.wait_on_pressure) {
                 break;
             }
+            self.retries.fetch_add(1, Ordering::Relaxed);
             let _ = self.release_largest(u64::MAX);
             if wait {
                 let _ = self.wait_pending();
@@ -622,6 +695,9 @@ impl AsyncPool {
         })?;
         let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
         self.peak_held.fetch_max(held, Ordering::Relaxed);
+        if let Some(log) = &self.log {
+            log.reserved(ptr, class, stream_id.0);
+        }
         Ok(ptr)
     }
 
@@ -647,6 +723,50 @@ impl AsyncPool {
         Ok(None)
     }
 
+    /// prepare's slow path: blocks used for the first time on a stream
+    /// other than their allocation stream. One event is recorded on each of
+    /// those allocation streams (all of them before any block changes, so a
+    /// failed record leaves every block as it was); it counts as the
+    /// block's first write, and `stream` waits for it.
+    fn fence_first_uses(
+        &self,
+        shards: &mut LockedShards<'_>,
+        stream: StreamRef,
+        uses: &[BlockUse],
+        first_use_streams: &mut InlineList<RawStream, 8>,
+        waits: &mut WaitList,
+    ) -> ResourceResult<()> {
+        first_use_streams.sort_dedup();
+        let mut events = lock(&self.events);
+        let mut fences: InlineList<(RawStream, Ev), 8> = InlineList::new();
+        for &s in first_use_streams.as_slice() {
+            match events.record(&*self.device, s) {
+                Ok(ev) => fences.push((s, ev)),
+                Err(e) => {
+                    for &(_, ev) in fences.as_slice() {
+                        events.release(ev);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        for u in uses {
+            let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated by prepare");
+            if rec.tracking.is_some() {
+                continue;
+            }
+            let alloc_stream = rec.stream.raw;
+            if let Some(&(_, fence)) = fences.as_slice().iter().find(|(s, _)| *s == alloc_stream) {
+                rec.record_use(&mut events, alloc_stream, Access::Write, fence);
+                rec.waits_for(stream.raw, u.access, waits);
+            }
+        }
+        for &(_, ev) in fences.as_slice() {
+            events.release(ev);
+        }
+        Ok(())
+    }
+
     /// Make `stream` wait (on the GPU) for everything queued on `owner` so
     /// far: one event recorded on `owner`, one wait.
     fn fence_after(&self, owner: RawStream, stream: RawStream) -> ResourceResult<()> {
@@ -660,18 +780,22 @@ impl AsyncPool {
     }
 
     /// Lock the table shards that `uses` touch, in ascending order.
-    fn lock_shards(&self, uses: &[BlockUse]) -> [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] {
+    fn lock_shards(&self, uses: &[BlockUse]) -> LockedShards<'_> {
         let mut mask = 0u64;
         for u in uses {
             mask |= 1 << shard_index(u.block.alloc_stream);
         }
-        let mut guards: [Option<MutexGuard<'_, TableShard>>; TABLE_SHARDS] = Default::default();
-        for (i, slot) in guards.iter_mut().enumerate() {
-            if mask & (1 << i) != 0 {
-                *slot = Some(lock(&self.table[i]));
-            }
+        if mask.count_ones() <= 1 {
+            let i = mask.trailing_zeros() as usize % TABLE_SHARDS;
+            return LockedShards::One(i, lock(&self.table[i]));
         }
-        guards
+        let mut list = Vec::with_capacity(mask.count_ones() as usize);
+        while mask != 0 {
+            let i = mask.trailing_zeros() as usize;
+            list.push((i, lock(&self.table[i])));
+            mask &= mask - 1;
+        }
+        LockedShards::Many(list)
     }
 }
 
@@ -694,13 +818,6 @@ impl Drop for AsyncPool {
             self.device.destroy_event(slot.raw);
         }
     }
-}
-
-fn guard_of<'a, 'g>(
-    guards: &'a mut [Option<MutexGuard<'g, TableShard>>; TABLE_SHARDS],
-    id: &BlockId,
-) -> &'a mut TableShard {
-    guards[shard_index(id.alloc_stream)].as_mut().expect("shard locked by lock_shards")
 }
 
 impl DeviceMemoryResource for AsyncPool {
@@ -799,6 +916,7 @@ impl DeviceMemoryResource for AsyncPool {
             events_recorded: recorded,
             allocations,
             deallocations,
+            alloc_retries: self.retries.load(Ordering::Relaxed),
         }
     }
 
@@ -820,9 +938,20 @@ impl DeviceMemoryResource for AsyncPool {
             out.extend(shard.blocks.iter().map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
                 tag: r.tag.name(),
+                tag_id: r.tag,
+                held: r.held,
+                sequence: r.sequence,
             }));
         }
         out
+    }
+
+    fn allocation_sequence(&self) -> u64 {
+        self.sequence.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
@@ -927,92 +1056,73 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut guards = self.lock_shards(uses);
+        let mut shards = self.lock_shards(uses);
         // Blocks never used since allocation, now used on another stream:
         // the allocation is ordered on its own stream only (the memory may
         // come from a cache or pool whose previous owner's work is still
         // queued there), so the first foreign use must wait for that stream.
-        let mut first_use_streams: Vec<RawStream> = Vec::new();
+        let mut first_use_streams: InlineList<RawStream, 8> = InlineList::new();
+        let mut waits = WaitList::new();
         for u in uses {
-            let rec = match guard_of(&mut guards, &u.block).record(&u.block, self.ordinal) {
+            let rec = match shards.get(&u.block).record(&u.block, self.ordinal) {
                 Some(rec) => rec?,
                 None => {
-                    drop(guards);
+                    drop(shards);
                     return Err(self.not_live(&u.block));
                 }
             };
-            if rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != stream.raw {
-                first_use_streams.push(rec.stream.raw);
-            }
-        }
-        let mut events = lock(&self.events);
-        // Record every fence before changing any block, so a failed record
-        // leaves all state as it was.
-        let mut fences: Vec<(RawStream, Ev)> = Vec::new();
-        if !first_use_streams.is_empty() {
-            first_use_streams.sort_unstable();
-            first_use_streams.dedup();
-            for &s in &first_use_streams {
-                match events.record(&*self.device, s) {
-                    Ok(ev) => fences.push((s, ev)),
-                    Err(e) => {
-                        for &(_, ev) in &fences {
-                            events.release(ev);
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        let mut waits: Vec<Ev> = Vec::new();
-        for u in uses {
-            let rec = guard_of(&mut guards, &u.block)
-                .blocks
-                .get_mut(&u.block.generation)
-                .expect("validated above");
             if rec.tracking.is_none() {
-                if let Some(&(_, fence)) = fences.iter().find(|(s, _)| *s == rec.stream.raw) {
-                    // The allocation counts as the block's first write.
-                    let alloc_stream = rec.stream.raw;
-                    rec.record_use(&mut events, alloc_stream, Access::Write, fence);
+                if rec.size > 0 && rec.stream.raw != stream.raw {
+                    first_use_streams.push(rec.stream.raw);
                 }
+            } else {
+                rec.waits_for(stream.raw, u.access, &mut waits);
             }
-            rec.waits_for(stream.raw, u.access, &mut waits);
         }
-        for &(_, ev) in &fences {
-            events.release(ev);
+        if !first_use_streams.is_empty() {
+            self.fence_first_uses(&mut shards, stream, uses, &mut first_use_streams, &mut waits)?;
         }
         // One wait per distinct event: blocks finished by one launch share it.
-        if waits.len() > 1 {
-            waits.sort_unstable();
-            waits.dedup();
-        }
-        self.wait_all(&events, stream.raw, &waits)
+        waits.sort_dedup();
+        self.wait_all(stream.raw, waits.as_slice())
     }
 
     fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        let mut guards = self.lock_shards(uses);
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let mut shards = self.lock_shards(uses);
+        if let [u] = uses {
+            // One block: one lookup.
+            let shard = shards.get(&u.block);
+            let rec = match shard.record_mut(&u.block, self.ordinal) {
+                Some(rec) => rec?,
+                None => {
+                    drop(shards);
+                    return Err(self.not_live(&u.block));
+                }
+            };
+            let mut events = lock(&self.events);
+            let event = events.record(&*self.device, stream.raw)?;
+            rec.record_use(&mut events, stream.raw, u.access, event);
+            events.release(event);
+            return Ok(());
+        }
         for u in uses {
-            match guard_of(&mut guards, &u.block).record(&u.block, self.ordinal) {
+            match shards.get(&u.block).record(&u.block, self.ordinal) {
                 Some(rec) => {
                     rec?;
                 }
                 None => {
-                    drop(guards);
+                    drop(shards);
                     return Err(self.not_live(&u.block));
                 }
             }
         }
-        if uses.is_empty() {
-            return Ok(());
-        }
         let mut events = lock(&self.events);
         let event = events.record(&*self.device, stream.raw)?;
         for u in uses {
-            let rec = guard_of(&mut guards, &u.block)
-                .blocks
-                .get_mut(&u.block.generation)
-                .expect("validated above");
+            let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated above");
             rec.record_use(&mut events, stream.raw, u.access, event);
         }
         events.release(event);
@@ -1037,12 +1147,10 @@ impl AsyncPool {
         let (stream, tag, held, ptr) = (rec.stream.raw, rec.tag, rec.held, rec.ptr);
         if held > 0 {
             if rec.tracking.is_some() {
-                let mut waits = Vec::new();
+                let mut waits = WaitList::new();
                 rec.waits_for(stream, Access::Write, &mut waits);
-                waits.sort_unstable();
-                waits.dedup();
-                let events = lock(&self.events);
-                self.wait_all(&events, stream, &waits)?;
+                waits.sort_dedup();
+                self.wait_all(stream, waits.as_slice())?;
             }
             if !self.options.cache {
                 self.free_to_driver(stream, ptr, held)?;

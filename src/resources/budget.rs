@@ -46,16 +46,24 @@ pub struct GlobalDeviceBudget {
     limit: u64,
     wait_on_pressure: bool,
     reserved: AtomicU64,
+    /// Refusals by this budget answered by relieving pressure and trying
+    /// again (`num_alloc_retries` in PyTorch's terms).
+    retries: AtomicU64,
 }
 
 impl GlobalDeviceBudget {
     pub fn new(inner: Arc<dyn DeviceMemoryResource>, limit: u64, wait_on_pressure: bool) -> Self {
         let reserved = inner.bytes_outstanding();
-        GlobalDeviceBudget { inner, limit, wait_on_pressure, reserved: AtomicU64::new(reserved) }
+        GlobalDeviceBudget { inner, limit, wait_on_pressure, reserved: AtomicU64::new(reserved), retries: AtomicU64::new(0) }
     }
 
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// Refused allocations retried after relieving pressure.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     /// Bytes charged to the budget (live + cached + pending).
@@ -199,6 +207,7 @@ impl GlobalDeviceBudget {
                             other => other,
                         });
                     };
+                    self.retries.fetch_add(1, Ordering::Relaxed);
                     let retired = self.inner.relieve_pressure(bytes, wait)?;
                     self.release(retired);
                 }

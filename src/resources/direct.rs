@@ -24,6 +24,8 @@ struct Record {
     held: u64,
     stream: StreamRef,
     tag: AllocTag,
+    /// Allocation sequence number (see `LeakedBlock::sequence`).
+    sequence: u64,
 }
 
 #[derive(Default)]
@@ -39,12 +41,21 @@ pub struct Direct {
     device: Arc<dyn Device>,
     ordinal: u32,
     state: Mutex<DirectState>,
+    /// The runtime's CSV log, if any: a `reserve` row per allocation (a
+    /// free's `release` and `retire` rows are the logging layer's).
+    log: Option<Arc<super::logging::CsvLog>>,
 }
 
 impl Direct {
     pub fn new(device: Arc<dyn Device>) -> Direct {
         let ordinal = device.ordinal().max(0) as u32;
-        Direct { device, ordinal, state: Mutex::default() }
+        Direct { device, ordinal, state: Mutex::default(), log: None }
+    }
+
+    /// Write a `reserve` row per allocation into `log`.
+    pub fn with_log(mut self, log: Option<Arc<super::logging::CsvLog>>) -> Direct {
+        self.log = log;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, DirectState> {
@@ -75,7 +86,12 @@ impl DeviceMemoryResource for Direct {
         } else {
             gate.try_charge(held)?;
             match self.device.alloc_sync(bytes) {
-                Ok(ptr) => ptr,
+                Ok(ptr) => {
+                    if let Some(log) = &self.log {
+                        log.reserved(ptr, held, stream.id.0);
+                    }
+                    ptr
+                }
                 Err(e) => {
                     gate.uncharge(held);
                     return Err(e.into());
@@ -83,10 +99,11 @@ impl DeviceMemoryResource for Direct {
             }
         };
         let mut st = self.lock();
-        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag });
+        st.allocations += 1;
+        let sequence = st.allocations;
+        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
-        st.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
@@ -146,7 +163,19 @@ impl DeviceMemoryResource for Direct {
             .map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
                 tag: r.tag.name(),
+                tag_id: r.tag,
+                held: r.held,
+                sequence: r.sequence,
             })
             .collect()
+    }
+
+    fn allocation_sequence(&self) -> u64 {
+        self.lock().allocations
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak = st.live_bytes;
     }
 }

@@ -1,9 +1,42 @@
-//! `LoggingResource`: CSV telemetry of every allocation and free that
-//! reaches the inner resource. The first six columns match RMM's logging
-//! adaptor (`Thread,Time,Action,Pointer,Size,Stream`) so existing replay and
-//! analysis tools read it; `Tag` follows. Placed under the budget, it sees
-//! only calls the budget let through, so a refusal is logged once (by the
-//! runtime's stats), not twice.
+//! `LoggingResource`: CSV telemetry of the memory a runtime hands out and
+//! takes back, and of what it takes from and gives back to the driver, so
+//! that live, cached and pending bytes can all be rebuilt from the log.
+//!
+//! Columns: `Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail`.
+//! The first six are RMM's logging adaptor's, so its replay and analysis
+//! tools read them (RMM's parser finds columns by name; it accepts the
+//! actions `allocate`, `free` and `allocate failure` only, see
+//! [`RMM_ACTIONS`]). Actions, with `Size` in device bytes:
+//!
+//! - `allocate` (RMM): a block handed to the caller; cached → live.
+//! - `free` (RMM): the caller gave it back; live → cached (with the cache
+//!   off a `release` row follows at once).
+//! - `allocate failure` (RMM): a refused allocation, written by the runtime
+//!   once per failed call (after the budget's retries), with `Size` the
+//!   request and `Detail` the reason (requested, live, cached, pending,
+//!   limit).
+//! - `reserve` (xlog): memory taken from the driver; → cached (the
+//!   `allocate` row that follows moves it to live).
+//! - `release` (xlog): memory handed back to the driver, stream-ordered;
+//!   cached → pending.
+//! - `retire` (xlog): pending frees the runtime saw complete; pending →
+//!   gone. One row per completed batch: `Pointer` 0x0, `Detail` the number
+//!   of blocks.
+//! - `leak` (xlog): a block still live when the runtime closed (its `free`
+//!   row follows: close frees it).
+//!
+//! So live = Σallocate − Σfree, pending = Σrelease − Σretire and cached =
+//! Σreserve − Σallocate + Σfree − Σrelease, per (Process, Device).
+//! `Stream` is xlog's stream id on allocate/free/failure/reserve/leak rows
+//! and 0 on release and retire rows.
+//!
+//! Sharing one file: the log is opened for appending and never truncated.
+//! The header is written by whoever creates the file (or finds it empty).
+//! Rows are written in batches of whole lines, each batch one `write(2)` on
+//! an `O_APPEND` descriptor, so several runtimes (devices, processes)
+//! appending to one path never cut each other's lines; their rows
+//! interleave by batch, not in time order (sort by Time, or group by
+//! Process and Device).
 //!
 //! The log path may name a regular file, a character device (`/dev/null`,
 //! a terminal) or a FIFO that a reader already holds open. It is opened
@@ -24,11 +57,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::device::RawStream;
 use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, ChargeGate, DeviceBlock, DeviceMemoryResource,
-    ResourceError, ResourceResult, StreamRef, Trimmed,
+    forward_to_inner, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock,
+    DeviceMemoryResource, ResourceError, ResourceResult, StreamRef, Trimmed,
 };
 
-pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag";
+pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail";
+
+/// The actions RMM's log parser accepts; keep only these rows to hand a
+/// log to RMM's tools (docs/frameworks.md gives the filter).
+pub const RMM_ACTIONS: [&str; 3] = ["allocate", "free", "allocate failure"];
+
+/// The actions only xlog writes.
+pub const XLOG_ACTIONS: [&str; 4] = ["reserve", "release", "retire", "leak"];
 
 /// Lines are written in batches of about this many bytes (and at every
 /// reap and at close).
@@ -47,7 +87,8 @@ fn time_of_day() -> String {
     format!("{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, now.subsec_micros())
 }
 
-/// Tags are user text: quote them when they hold CSV metacharacters.
+/// Tags and details are free text: quote them when they hold CSV
+/// metacharacters.
 fn csv_field(text: &str) -> String {
     if text.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", text.replace('"', "\"\""))
@@ -56,25 +97,39 @@ fn csv_field(text: &str) -> String {
     }
 }
 
-/// Open `path` for the log without ever blocking, and refuse what cannot
-/// hold one.
-fn open_log(path: &Path) -> ResourceResult<File> {
+/// Open `path` for appending without ever blocking, and refuse what cannot
+/// hold a log. Returns the file and whether it needs the header (this open
+/// created it, or found it empty).
+fn open_log(path: &Path) -> ResourceResult<(File, bool)> {
     let refuse = |why: String| ResourceError::InvalidArgument(format!("cannot create log file {}: {why}", path.display()));
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
+    let open = |create_new: bool| {
+        let mut o = OpenOptions::new();
+        o.append(true);
+        if create_new {
+            o.create_new(true);
+        }
         // Opening a FIFO for writing blocks until a reader opens it;
         // non-blocking, it fails at once (ENXIO) instead.
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENXIO) => refuse("it is a FIFO (named pipe) that no process has open for reading".into()),
-            _ => refuse(e.to_string()),
-        })?;
-    let kind = file.metadata().map_err(|e| refuse(e.to_string()))?.file_type();
-    if kind.is_file() || kind.is_char_device() || kind.is_fifo() {
-        Ok(file)
+        o.custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)
+    };
+    let map = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENXIO) => refuse("it is a FIFO (named pipe) that no process has open for reading".into()),
+        _ => refuse(e.to_string()),
+    };
+    // Create it if it is not there (the creator writes the header), else
+    // append to what is there: another runtime's rows are never truncated.
+    let (file, created) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (open(false).map_err(map)?, false),
+        Err(e) => return Err(map(e)),
+    };
+    let meta = file.metadata().map_err(|e| refuse(e.to_string()))?;
+    let kind = meta.file_type();
+    if kind.is_file() {
+        Ok((file, created || meta.len() == 0))
+    } else if kind.is_char_device() || kind.is_fifo() {
+        // A stream: every reader starts with a header.
+        Ok((file, true))
     } else {
         let what = if kind.is_block_device() { "a block device" } else { "not a regular file" };
         Err(refuse(format!("it is {what}; a log path must name a regular file, a character device or a FIFO")))
@@ -88,27 +143,37 @@ struct Sink {
     buffered_lines: u64,
 }
 
-pub struct LoggingResource {
-    inner: Arc<dyn DeviceMemoryResource>,
+/// The CSV file of one runtime: rows are buffered and appended in batches
+/// of whole lines. Shared by the logging layer and the base resource (which
+/// reports `reserve`, `release` and `retire`).
+pub struct CsvLog {
     path: PathBuf,
+    device: i32,
+    process: u32,
     sink: Mutex<Sink>,
     lines_lost: AtomicU64,
     failure_reported: AtomicBool,
 }
 
-impl LoggingResource {
-    pub fn new(inner: Arc<dyn DeviceMemoryResource>, path: &Path) -> ResourceResult<Self> {
-        let file = open_log(path)?;
+impl CsvLog {
+    /// Open (or create) the log at `path` for the runtime of `device`.
+    pub fn open(path: &Path, device: i32) -> ResourceResult<Arc<CsvLog>> {
+        let (file, needs_header) = open_log(path)?;
         let mut buffer = Vec::with_capacity(BUFFER_BYTES);
-        buffer.extend_from_slice(CSV_HEADER.as_bytes());
-        buffer.push(b'\n');
-        let log = LoggingResource {
-            inner,
+        let mut buffered_lines = 0;
+        if needs_header {
+            buffer.extend_from_slice(CSV_HEADER.as_bytes());
+            buffer.push(b'\n');
+            buffered_lines = 1;
+        }
+        let log = Arc::new(CsvLog {
             path: path.to_path_buf(),
-            sink: Mutex::new(Sink { file, buffer, buffered_lines: 1 }),
+            device,
+            process: std::process::id(),
+            sink: Mutex::new(Sink { file, buffer, buffered_lines }),
             lines_lost: AtomicU64::new(0),
             failure_reported: AtomicBool::new(false),
-        };
+        });
         // The header at once: a log that cannot be written is reported now
         // (once, and counted), not at the first reap.
         log.flush();
@@ -128,12 +193,15 @@ impl LoggingResource {
         self.sink.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn line(&self, action: &str, ptr: u64, size: u64, stream: u32, tag: AllocTag) {
+    fn row(&self, action: &str, ptr: u64, size: u64, stream: u32, tag: &str, detail: &str) {
         let line = format!(
-            "{},{},{action},{ptr:#x},{size},{stream},{}\n",
+            "{},{},{action},{ptr:#x},{size},{stream},{},{},{},{}\n",
             thread_number(),
             time_of_day(),
-            csv_field(&tag.name())
+            csv_field(tag),
+            self.device,
+            self.process,
+            csv_field(detail),
         );
         let mut sink = self.sink();
         sink.buffer.extend_from_slice(line.as_bytes());
@@ -143,9 +211,37 @@ impl LoggingResource {
         }
     }
 
-    /// Write the buffered lines. Telemetry must never fail an allocation:
-    /// on a write error they are dropped and counted, and the first failure
-    /// is reported once on stderr.
+    /// Memory taken from the driver (`ptr`, `bytes` device bytes) for an
+    /// allocation on `stream`.
+    pub fn reserved(&self, ptr: u64, bytes: u64, stream: u32) {
+        self.row("reserve", ptr, bytes, stream, "", "");
+    }
+
+    /// Memory handed back to the driver (stream-ordered: pending until
+    /// retired).
+    pub fn released(&self, ptr: u64, bytes: u64) {
+        self.row("release", ptr, bytes, 0, "", "");
+    }
+
+    /// Pending frees seen complete: `bytes` in `blocks` blocks left.
+    pub fn retired(&self, bytes: u64, blocks: u64) {
+        self.row("retire", 0, bytes, 0, "", &format!("{blocks} blocks"));
+    }
+
+    /// A refused allocation of `bytes` on `stream`, with the reason.
+    pub fn refused(&self, bytes: u64, stream: u32, tag: AllocTag, reason: &str) {
+        self.row("allocate failure", 0, bytes, stream, &tag.name(), reason);
+    }
+
+    /// A block still live when the runtime closed.
+    pub fn leaked(&self, block: &crate::resource::LeakedBlock) {
+        self.row("leak", block.id.ptr, block.id.size, block.id.alloc_stream.0, &block.tag, "");
+    }
+
+    /// Write the buffered lines: one `write(2)` of whole lines on the
+    /// append descriptor. Telemetry must never fail an allocation: on a
+    /// write error they are dropped and counted, and the first failure is
+    /// reported once on stderr.
     fn write_out(&self, sink: &mut Sink) {
         if sink.buffer.is_empty() {
             return;
@@ -165,11 +261,6 @@ impl LoggingResource {
         *buffered_lines = 0;
     }
 
-    /// Log a block still live when the runtime closed.
-    pub fn log_leak(&self, block: &crate::resource::LeakedBlock) {
-        self.line("leak", block.id.ptr, block.id.size, block.id.alloc_stream.0, AllocTag::new(&block.tag));
-    }
-
     pub fn flush(&self) {
         let mut sink = self.sink();
         self.write_out(&mut sink);
@@ -177,9 +268,41 @@ impl LoggingResource {
     }
 }
 
-impl Drop for LoggingResource {
+impl Drop for CsvLog {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+/// The logging layer: `allocate` and `free` rows for what passes through
+/// it, and the `release` (and, for a synchronous free, `retire`) row of a
+/// free that went straight to the driver. The base resource writes the
+/// rest into the same [`CsvLog`]: `reserve` when it takes memory from the
+/// driver, `release` when it gives cached memory back, `retire` at reap.
+pub struct LoggingResource {
+    inner: Arc<dyn DeviceMemoryResource>,
+    log: Arc<CsvLog>,
+}
+
+impl LoggingResource {
+    pub fn new(inner: Arc<dyn DeviceMemoryResource>, log: Arc<CsvLog>) -> Self {
+        LoggingResource { inner, log }
+    }
+
+    pub fn log(&self) -> &Arc<CsvLog> {
+        &self.log
+    }
+
+    pub fn path(&self) -> &Path {
+        self.log.path()
+    }
+
+    pub fn lines_lost(&self) -> u64 {
+        self.log.lines_lost()
+    }
+
+    pub fn flush(&self) {
+        self.log.flush();
     }
 }
 
@@ -192,13 +315,10 @@ impl DeviceMemoryResource for LoggingResource {
         gate: &dyn ChargeGate,
     ) -> ResourceResult<DeviceBlock> {
         let result = self.inner.allocate_gated(bytes, stream, tag, gate);
-        match &result {
-            Ok(b) => self.line("allocate", b.id.ptr, b.held, stream.id.0, tag),
-            // A budget above refused the growth (and may retry after
-            // relieving pressure): the refusal is the budget's, not logged
-            // per attempt here.
-            Err(ResourceError::OutOfBudget { .. }) => {}
-            Err(_) => self.line("allocate failure", 0, bytes, stream.id.0, tag),
+        // Failures are the runtime's to log, once per call: a budget above
+        // may retry a refusal after relieving pressure.
+        if let Ok(b) = &result {
+            self.log.row("allocate", b.id.ptr, b.held, stream.id.0, &tag.name(), "");
         }
         result
     }
@@ -210,19 +330,32 @@ impl DeviceMemoryResource for LoggingResource {
     fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         let (result, released) = self.inner.deallocate_released(block);
         if let Ok(b) = &result {
-            self.line("free", block.ptr, b.held, block.alloc_stream.0, b.tag);
+            self.log.row("free", block.ptr, b.held, block.alloc_stream.0, &b.tag.name(), "");
+            // What the free itself gave the driver (the base resource logs
+            // the rest: releases from its cache, retires at reap), after
+            // the `free` row so that a running sum never goes below zero.
+            match b.state {
+                BlockState::Pending => self.log.released(block.ptr, b.held),
+                BlockState::Retired if b.held > 0 => {
+                    self.log.released(block.ptr, b.held);
+                    self.log.retired(b.held, 1);
+                }
+                _ => {}
+            }
         }
         (result, released)
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
         let r = self.inner.reap_pending();
-        self.flush();
+        self.log.flush();
         r
     }
 
     fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
-        self.inner.trim(keep_bytes)
+        let r = self.inner.trim(keep_bytes);
+        self.log.flush();
+        r
     }
 
     fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {

@@ -178,6 +178,7 @@ impl Stack {
             wait_on_pressure: opts.wait_on_pressure,
             cache: kind.caches(),
             pool_release_threshold: u64::MAX,
+            track_call_sites: false,
             sim_devices: 1,
         }
     }
@@ -278,6 +279,10 @@ impl Stack {
         let n = self.name();
         let now = self.snapshot();
         let mut usage = now.usage;
+        // A refusal by the driver is retried once the cache is given back:
+        // the retry counter is telemetry of that attempt, not state.
+        assert!(usage.alloc_retries >= before.usage.alloc_retries, "[{n}] {what}");
+        usage.alloc_retries = before.usage.alloc_retries;
         if reaped {
             assert!(usage.events_recorded >= before.usage.events_recorded, "[{n}] {what}");
             usage.events_recorded = before.usage.events_recorded;
@@ -656,6 +661,9 @@ pub struct LogLine {
     pub size: u64,
     pub stream: u32,
     pub tag: String,
+    pub device: i32,
+    pub process: u32,
+    pub detail: String,
 }
 
 /// Split one CSV record; a quoted field may hold commas and doubled quotes.
@@ -686,7 +694,7 @@ pub fn parse_log(text: &str) -> (String, Vec<LogLine>) {
     let records = lines
         .map(|l| {
             let f = csv_fields(l);
-            assert_eq!(f.len(), 7, "log line {l:?} has {} fields", f.len());
+            assert_eq!(f.len(), 10, "log line {l:?} has {} fields", f.len());
             LogLine {
                 thread: f[0].clone(),
                 time: f[1].clone(),
@@ -695,6 +703,9 @@ pub fn parse_log(text: &str) -> (String, Vec<LogLine>) {
                 size: f[4].parse().unwrap_or_else(|_| panic!("size in {l:?}")),
                 stream: f[5].parse().unwrap_or_else(|_| panic!("stream in {l:?}")),
                 tag: f[6].clone(),
+                device: f[7].parse().unwrap_or_else(|_| panic!("device in {l:?}")),
+                process: f[8].parse().unwrap_or_else(|_| panic!("process in {l:?}")),
+                detail: f[9].clone(),
             }
         })
         .collect();
