@@ -25,7 +25,6 @@ XLOG_CHECK_LAYOUT(config_is_72_bytes, sizeof(xlog_config) == 72);
 XLOG_CHECK_LAYOUT(stats_is_168_bytes, sizeof(xlog_stats) == 168);
 XLOG_CHECK_LAYOUT(live_block_is_88_bytes, sizeof(xlog_live_block) == 88);
 XLOG_CHECK_LAYOUT(tag_stat_is_56_bytes, sizeof(xlog_tag_stat) == 56);
-XLOG_CHECK_LAYOUT(stats_is_144_bytes, sizeof(xlog_stats) == 144);
 #endif
 XLOG_CHECK_LAYOUT(status_is_32_bits, sizeof(xlog_status) == 4);
 XLOG_CHECK_LAYOUT(stream_is_32_bits, sizeof(xlog_stream) == 4);

@@ -18,7 +18,6 @@ static_assert(sizeof(void*) != 8 || sizeof(xlog_config) == 72, "xlog_config layo
 static_assert(sizeof(xlog_stats) == 168, "xlog_stats layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_live_block) == 88, "xlog_live_block layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_tag_stat) == 56, "xlog_tag_stat layout");
-static_assert(sizeof(xlog_stats) == 144, "xlog_stats layout");
 
 namespace {
 constexpr char kExpected[] = {

@@ -516,6 +516,8 @@ class Runtime {
   }
   Block allocate_at(std::uint64_t bytes, const Stream& stream, const char* tag, const char* call_site) {
     return allocate_at(bytes, stream.id(), tag, call_site);
+  }
+
   /// Let this runtime's device and `peer`'s (another device) use each
   /// other's memory: afterwards a stream of either may be passed to the
   /// other's prepare/finish for its blocks. Once per device pair (again is a

@@ -20,7 +20,7 @@ from test_frameworks import make_fake_torch
 KiB = 1 << 10
 MiB = 1 << 20
 
-_devices = itertools.count(700)
+_devices = itertools.count(800)  # apart from test_torch_shim.py (700...)
 
 
 def test_live_blocks_lists_every_field_oldest_first(make_runtime):
@@ -261,7 +261,7 @@ def test_memory_stats_of_maps_every_key_from_stats():
 
 def test_interop_inspection_of_the_hook_runtime():
     dev = next(_devices)
-    xi.configure(dev, xc.Config(backend="sim"))
+    xi.configure(dev, xc.Config(backend="sim", sim_devices=1024))  # a sim ordinal of its own
     with xi.runtime(dev) as rt:
         blk = rt.allocate(4096, rt.acquire_stream(), tag="via-handle")
         assert [e.tag for e in xi.live_block_list(dev)] == ["via-handle"]
