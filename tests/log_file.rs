@@ -22,6 +22,8 @@ fn config(log: &Path, budget: u64, cache: bool, allocator: AllocatorKind) -> Con
         log_path: Some(log.to_path_buf()),
         cache,
         sim_capacity_bytes: 64 * MIB,
+        // One test shares a log between sim devices 0 and 1.
+        sim_devices: 2,
         ..Config::default()
     }
 }
