@@ -7,7 +7,7 @@
 //                cuStreamWaitEvent(stream of device 1, that event): the
 //                least the driver needs to order one cross-device use
 //   xlog-peer    xlog_prepare + xlog_finish (read) on device 0's runtime with
-//                device 1's stream (the bridge path of src/multi_device.rs)
+//                device 1's stream (the bridge path of src/runtime/multi_device.rs)
 //   xlog-local   xlog_prepare + xlog_finish (read) with a second stream of
 //                device 0 (the single-device path, for reference)
 //

@@ -12,7 +12,6 @@ pub mod error;
 pub mod fast_hash;
 pub mod ids;
 pub mod inline_list;
-pub mod multi_device;
 pub mod resource;
 pub mod resources;
 pub mod runtime;

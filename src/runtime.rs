@@ -26,6 +26,9 @@ use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
+
+/// Several devices: peer access, a peer's streams on this runtime's blocks.
+pub mod multi_device;
 use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
 
 /// Counters and byte totals of a runtime (mirrors `xlog_stats`).
@@ -95,7 +98,7 @@ pub struct Runtime {
     telemetry: Telemetry,
     openers: AtomicU32,
     /// Peer runtimes and bridges for their streams (`multi_device.rs`).
-    peers: crate::multi_device::PeerLinks,
+    peers: multi_device::PeerLinks,
 }
 
 fn cuda_registry() -> &'static Mutex<HashMap<i32, Arc<Runtime>>> {
@@ -136,7 +139,7 @@ impl Runtime {
                 other => other,
             },
         }?;
-        crate::multi_device::register(&rt);
+        multi_device::register(&rt);
         Ok(rt)
     }
 
@@ -360,7 +363,7 @@ impl Runtime {
         let freed = self
             .stack
             .deallocate(block)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))?;
+            .map_err(|e| multi_device::explain_block_error(self, block, e))?;
         self.telemetry.freed(&freed);
         Ok(freed)
     }
@@ -368,7 +371,7 @@ impl Runtime {
     /// Check that `block` is live here.
     pub fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.validate(block).map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+        self.stack.validate(block).map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     // ----- several devices (multi_device.rs) -----
@@ -379,10 +382,10 @@ impl Runtime {
     pub fn enable_peer_access(self: &Arc<Self>, peer: &Arc<Runtime>) -> ResourceResult<()> {
         let _g = self.enter()?;
         let _peer_guard = peer.enter()?;
-        crate::multi_device::enable_peer_access(self, peer)
+        multi_device::enable_peer_access(self, peer)
     }
 
-    pub(crate) fn peers(&self) -> &crate::multi_device::PeerLinks {
+    pub(crate) fn peers(&self) -> &multi_device::PeerLinks {
         &self.peers
     }
 
@@ -418,13 +421,13 @@ impl Runtime {
             // Not a stream of this runtime: maybe one of a peer device.
             Err(e) => {
                 let uses = [BlockUse { block: *block, access }];
-                return crate::multi_device::prepare_all(self, stream, &uses, e)
-                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+                return multi_device::prepare_all(self, stream, &uses, e)
+                    .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
         self.stack
             .prepare_block_use(block, s, access)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+            .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
@@ -433,13 +436,13 @@ impl Runtime {
             Ok(s) => s,
             Err(e) => {
                 let uses = [BlockUse { block: *block, access }];
-                return crate::multi_device::finish_all(self, stream, &uses, e)
-                    .map_err(|e| crate::multi_device::explain_block_error(self, block, e));
+                return multi_device::finish_all(self, stream, &uses, e)
+                    .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
         self.stack
             .finish_block_use(block, s, access)
-            .map_err(|e| crate::multi_device::explain_block_error(self, block, e))
+            .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     /// Prepare every block of a launch; all handles are checked first and on
@@ -449,13 +452,13 @@ impl Runtime {
         let s = match self.streams.resolve(stream) {
             Ok(s) => s,
             Err(e) => {
-                return crate::multi_device::prepare_all(self, stream, uses, e)
-                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+                return multi_device::prepare_all(self, stream, uses, e)
+                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
         self.stack
             .prepare_block_uses(s, uses)
-            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
+            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
 
     /// Record a launch's uses with one event; all handles are checked first.
@@ -464,13 +467,13 @@ impl Runtime {
         let s = match self.streams.resolve(stream) {
             Ok(s) => s,
             Err(e) => {
-                return crate::multi_device::finish_all(self, stream, uses, e)
-                    .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e));
+                return multi_device::finish_all(self, stream, uses, e)
+                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
         self.stack
             .finish_block_uses(s, uses)
-            .map_err(|e| crate::multi_device::explain_uses_error(self, uses, e))
+            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
 
     /// Retire completed frees; never blocks. Returns the bytes released.

@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::resource::{BlockId, BlockUse, ResourceError, ResourceResult, StreamId, StreamRef};
-use crate::runtime::Runtime;
+use super::Runtime;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
