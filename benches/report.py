@@ -60,7 +60,7 @@ class Results:
 
     def fill_ratios(self):
         for r in self.rows:
-            if r["ratio_to_raw"] or r["peer"] == "raw" or r["workload"] in ("META", "ALL", "W4", "W5", "W6", "W10"):
+            if r["ratio_to_raw"] or r["peer"] == "raw" or r["workload"] in ("META", "ALL", "W4", "W5", "W6", "W9", "W10"):
                 continue
             v = as_float(r["value"])
             base = self.value(r["workload"], "raw", r["param"], r["metric"])
@@ -118,6 +118,16 @@ def check_targets(res):
     raw8 = res.value("W4", "raw", "8x(record+wait)", "us_per_op")
     ratio = all8 / raw8 if all8 is not None and raw8 else None
     add("W4 prepare_all/finish_all(8) / 8 raw pairs", fmt(ratio), "<= 0.35", None if ratio is None else ratio <= 0.35)
+    launch = res.value("W9", "xlog", "launch", "us_per_launch")
+    direct = res.value("W9", "raw", "launch", "us_per_launch")
+    ratio = launch / direct if launch is not None and direct else None
+    add("W9 8-block recorded launch through xlog / direct launch", fmt(ratio), "<= 1.3",
+        None if ratio is None else ratio <= 1.3)
+    replay = res.value("W9", "xlog", "graph", "us_per_launch")
+    direct = res.value("W9", "raw", "graph", "us_per_launch")
+    ratio = replay / direct if replay is not None and direct else None
+    add("W9 replay of the graph captured through xlog / of the directly captured graph", fmt(ratio),
+        "0.95 .. 1.05", None if ratio is None else 0.95 <= ratio <= 1.05)
     hook = res.value("W10", "xlog", "torch_malloc+torch_free", "us_per_pair")
     plain = res.value("W10", "xlog", "allocate+deallocate", "us_per_pair")
     ratio = hook / plain if hook is not None and plain else None
@@ -202,6 +212,8 @@ def render_markdown(res, targets, chart_note):
         ("W2", "ops_per_us", "W2 — random replay, ops/µs (ratio to raw; higher is better)"),
         ("W3", "aggregate_ops_per_us", "W3 — replay on N threads, aggregate ops/µs (ratio to raw)"),
         ("W4", "us_per_op", "W4 — block tracking, µs per operation (ratio to its raw analogue)"),
+        ("W9", "us_per_launch", "W9 — 8-block recorded launch of an empty kernel, µs per launch "
+         "(xlog launch: ratio to the direct launch; xlog graph rows: ratio to the directly captured graph)"),
         ("W10", "us_per_pair", "W10 — framework hook path, µs per pair (ratio to xlog_allocate+deallocate)"),
     ]
     for workload, metric, title in sections:

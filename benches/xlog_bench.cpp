@@ -25,6 +25,10 @@
 //   W3  W2 on 1, 4 and 8 threads, one stream each: aggregate ops/us
 //   W4  block tracking: prepare+finish against raw event record/wait
 //   W5  a budget under pressure: needless refusals
+//   W9  one 8-block recorded launch of an empty kernel: launched directly,
+//       through xlog (prepare_all + launch + finish_all), replayed from a
+//       graph captured directly, and from one captured through xlog
+//   W10 the framework hook path (xlog_torch_malloc/free)
 //
 // Every timed figure is the median of --repeats runs; the runs of different
 // peers are interleaved (repeat outer, peer inner) so that drift of the GPU
@@ -46,6 +50,9 @@
 #include <cuda_runtime_api.h>
 
 #include <dlfcn.h>
+
+// benches/w9_kernel.cu: the host symbol of W9's empty kernel.
+extern "C" const void* xlog_bench_w9_kernel();
 #include <unistd.h>
 
 #include <algorithm>
@@ -201,6 +208,15 @@ struct Driver {
   CUresult (*event_record)(CUevent, CUstream) = nullptr;
   CUresult (*event_query)(CUevent) = nullptr;
   CUresult (*launch_host_func)(CUstream, CUhostFn, void*) = nullptr;
+  // W9: kernel launches and graphs.
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void**, void**) = nullptr;
+  CUresult (*stream_begin_capture)(CUstream, CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_end_capture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*graph_instantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;
+  CUresult (*graph_launch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*graph_exec_destroy)(CUgraphExec) = nullptr;
+  CUresult (*graph_destroy)(CUgraph) = nullptr;
 
   bool load(std::string* why) {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -231,6 +247,13 @@ struct Driver {
     get(event_record, "cuEventRecord");
     get(event_query, "cuEventQuery");
     get(launch_host_func, "cuLaunchHostFunc");
+    get(launch_kernel, "cuLaunchKernel");
+    get(stream_begin_capture, "cuStreamBeginCapture_v2");
+    get(stream_end_capture, "cuStreamEndCapture");
+    get(graph_instantiate, "cuGraphInstantiateWithFlags");
+    get(graph_launch, "cuGraphLaunch");
+    get(graph_exec_destroy, "cuGraphExecDestroy");
+    get(graph_destroy, "cuGraphDestroy");
     return ok;
   }
 
@@ -291,7 +314,7 @@ struct Settings {
   uint64_t budget = 24 * GiB;  // the xlog budget in W1-W3 (never binding)
   uint64_t sim_capacity = 2 * GiB;
   int reap_every = 64;
-  std::vector<std::string> workloads{"W1", "W2", "W3", "W4", "W5", "W10"};
+  std::vector<std::string> workloads{"W1", "W2", "W3", "W4", "W5", "W9", "W10"};
   std::string plugin_dir;
   // Set the device's default memory pool (raw, cudaMallocAsync and xlog all
   // allocate from it) to keep freed memory across synchronisations, as
@@ -990,6 +1013,152 @@ double time_loop(int n, Body body, Sync sync) {
 }
 
 // ---------------------------------------------------------------------------
+// W9: one 8-block recorded launch of an empty kernel, on one xlog stream
+// (the default stack's runtime), µs per launch over w4_iterations launches
+// plus the final synchronize:
+//   raw  launch              cuLaunchKernel
+//   xlog launch              xlog_prepare_all + cuLaunchKernel + xlog_finish_all
+//   raw  graph               cuGraphLaunch of the launch captured with plain
+//                            cuStreamBeginCapture
+//   xlog graph               cuGraphLaunch of the recorded launch captured
+//                            with xlog_capture_begin/xlog_capture_end
+//   xlog graph+prepare_all   the same inside xlog_prepare_all/finish_all
+//                            (what the capture rules ask of a replay that
+//                            other xlog work must be ordered against)
+// The xlog rows' ratio is to the raw row of the same kind (launch, graph).
+// ---------------------------------------------------------------------------
+
+void workload_w9(Registry& reg) {
+  if (cfg.sim) return;  // kernels and graphs need a GPU
+  const int n = cfg.w4_iterations;
+  note("W9 recorded launch of an empty kernel, %d launches", n);
+  const std::vector<std::string> names{"raw:launch", "xlog:launch", "raw:graph", "xlog:graph",
+                                       "xlog:graph+prepare_all"};
+  std::map<std::string, Measured> m;
+  auto* xp = dynamic_cast<XlogPeer*>(reg.find("xlog"));
+  CUfunction fn = nullptr;
+  {
+    cudaFunction_t f = nullptr;
+    cudaError_t rc = cudaGetFuncBySymbol(&f, xlog_bench_w9_kernel());
+    if (rc != cudaSuccess || !xp) {
+      const std::string why = !xp ? std::string("no xlog peer")
+                                  : std::string("cudaGetFuncBySymbol(W9 kernel): ") + cudaGetErrorString(rc);
+      for (const auto& k : names) out.row("W9", k.substr(0, k.find(':')), k.substr(k.find(':') + 1), "ERROR", why, "");
+      return;
+    }
+    fn = reinterpret_cast<CUfunction>(f);
+  }
+  for (int r = 0; r < cfg.repeats; ++r) {
+    CUgraph raw_graph = nullptr, xlog_graph = nullptr;
+    CUgraphExec raw_exec = nullptr, xlog_exec = nullptr;
+    uint64_t capture = 0;
+    const char* stage = "raw:launch";
+    try {
+      Session session(*xp, 1);
+      xlog_runtime* rt = xp->runtime();
+      Lane& lane = session.lane(0);
+      const xlog_stream xs = lane.xs;
+      const CUstream s = xp->native(lane);
+      std::vector<xlog_use> uses(kLaunchBlocks);
+      void* ptrs[kLaunchBlocks];
+      void* params[kLaunchBlocks];
+      for (int i = 0; i < kLaunchBlocks; ++i) {
+        check_xlog(xlog_allocate(rt, 4096, xs, "w9", &uses[static_cast<size_t>(i)].block), "xlog_allocate");
+        uses[static_cast<size_t>(i)].access = XLOG_ACCESS_WRITE;
+        ptrs[i] = uses[static_cast<size_t>(i)].block.ptr;
+        params[i] = &ptrs[i];
+      }
+      auto sync = [&] { check_xlog(xlog_stream_synchronize(rt, xs), "xlog_stream_synchronize"); };
+      auto kernel = [&] { check_cu(drv.launch_kernel(fn, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr), "cuLaunchKernel"); };
+      auto recorded = [&](auto&& body) {
+        check_xlog(xlog_prepare_all(rt, xs, uses.data(), uses.size()), "xlog_prepare_all");
+        body();
+        check_xlog(xlog_finish_all(rt, xs, uses.data(), uses.size()), "xlog_finish_all");
+      };
+
+      m["raw:launch"].samples.push_back(time_loop(n, [&](int) { kernel(); }, sync));
+      stage = "xlog:launch";
+      m["xlog:launch"].samples.push_back(time_loop(n, [&](int) { recorded(kernel); }, sync));
+
+      stage = "raw:graph";
+      sync();
+      check_cu(drv.stream_begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+      kernel();
+      check_cu(drv.stream_end_capture(s, &raw_graph), "cuStreamEndCapture");
+      check_cu(drv.graph_instantiate(&raw_exec, raw_graph, 0), "cuGraphInstantiate");
+      m["raw:graph"].samples.push_back(time_loop(
+          n, [&](int) { check_cu(drv.graph_launch(raw_exec, s), "cuGraphLaunch"); }, sync));
+
+      stage = "xlog:graph";
+#if defined(XLOG_BENCH_HAVE_CAPTURE)
+      sync();
+      check_xlog(xlog_capture_begin(rt, xs, XLOG_CAPTURE_GLOBAL), "xlog_capture_begin");
+      recorded(kernel);
+      void* graph = nullptr;
+      check_xlog(xlog_capture_end(rt, xs, &graph, &capture), "xlog_capture_end");
+      xlog_graph = static_cast<CUgraph>(graph);
+      check_cu(drv.graph_instantiate(&xlog_exec, xlog_graph, 0), "cuGraphInstantiate");
+      auto replay = [&] { check_cu(drv.graph_launch(xlog_exec, s), "cuGraphLaunch"); };
+      m["xlog:graph"].samples.push_back(time_loop(n, [&](int) { replay(); }, sync));
+      stage = "xlog:graph+prepare_all";
+      m["xlog:graph+prepare_all"].samples.push_back(time_loop(n, [&](int) { recorded(replay); }, sync));
+#else
+      (void)capture;
+      throw BenchError("this xlog_bench was built against a header without xlog_capture_begin");
+#endif
+      sync();
+      for (auto& u : uses) check_xlog(xlog_deallocate(rt, u.block), "xlog_deallocate");
+      stage = "cleanup";
+      check_cu(drv.graph_exec_destroy(raw_exec), "cuGraphExecDestroy");
+      check_cu(drv.graph_destroy(raw_graph), "cuGraphDestroy");
+      raw_exec = nullptr;
+      raw_graph = nullptr;
+      if (xlog_exec) check_cu(drv.graph_exec_destroy(xlog_exec), "cuGraphExecDestroy");
+      if (xlog_graph) check_cu(drv.graph_destroy(xlog_graph), "cuGraphDestroy");
+      xlog_exec = nullptr;
+      xlog_graph = nullptr;
+#if defined(XLOG_BENCH_HAVE_CAPTURE)
+      if (capture) check_xlog(xlog_capture_release(rt, capture, nullptr), "xlog_capture_release");
+#endif
+      session.finish();
+    } catch (const std::exception& e) {
+      // The stage that failed and every later one of this repeat get the
+      // error (a stage that already has samples keeps them).
+      bool from_here = false;
+      for (const auto& k : names) {
+        from_here = from_here || k == stage;
+        if (from_here && m[k].error.empty()) m[k].error = e.what();
+      }
+      if (!from_here) note("W9 %s failed: %s", stage, e.what());
+      if (raw_exec) drv.graph_exec_destroy(raw_exec);
+      if (raw_graph) drv.graph_destroy(raw_graph);
+      if (xlog_exec) drv.graph_exec_destroy(xlog_exec);
+      if (xlog_graph) drv.graph_destroy(xlog_graph);
+    }
+  }
+  const std::map<std::string, std::string> baseline{{"raw:launch", ""},
+                                                    {"xlog:launch", "raw:launch"},
+                                                    {"raw:graph", ""},
+                                                    {"xlog:graph", "raw:graph"},
+                                                    {"xlog:graph+prepare_all", "raw:graph"}};
+  for (const auto& key : names) {
+    const Measured& x = m[key];
+    const std::string peer = key.substr(0, key.find(':'));
+    const std::string param = key.substr(key.find(':') + 1);
+    if (!x.error.empty()) {
+      out.row("W9", peer, param, "ERROR", x.error, "");
+      continue;
+    }
+    if (x.samples.empty()) continue;
+    double base = 0;
+    const std::string& bname = baseline.at(key);
+    if (!bname.empty() && m[bname].error.empty() && !m[bname].samples.empty()) base = median(m[bname].samples);
+    for (size_t i = 0; i < x.samples.size(); ++i) out.sample("W9", peer, param, "us_per_launch", static_cast<int>(i), x.samples[i]);
+    out.number("W9", peer, param, "us_per_launch", median(x.samples), base);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // W10: the framework hook path (what PyTorch's pluggable allocator calls)
 // against xlog_allocate/xlog_deallocate on the same runtime (the hook
 // runtime of device 0) and the same native stream, 1 MiB blocks. Runs last:
@@ -1446,6 +1615,7 @@ int main(int argc, char** argv) {
   if (wants("W3")) workload_w3(reg);
   if (wants("W4")) workload_w4(reg);
   if (wants("W5")) workload_w5(reg);
+  if (wants("W9")) workload_w9(reg);  // before W10: the hooks keep device 0's runtime open
   if (wants("W10")) workload_hooks();
 
   if (out.csv != stdout) std::fclose(out.csv);

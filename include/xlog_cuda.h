@@ -231,6 +231,12 @@ typedef struct xlog_use {
 } xlog_use;
 
 /*
+ How a capture begun with `xlog_capture_begin` restricts other threads'
+ CUDA calls (CUDA's `CUstreamCaptureMode`).
+ */
+typedef uint32_t xlog_capture_mode;
+
+/*
  One live block, as `xlog_live_blocks` reports it.
 
  Set `struct_size = sizeof(xlog_live_block)` in the first element of the
@@ -253,11 +259,13 @@ typedef struct xlog_live_block {
    */
   uint64_t device_bytes;
   /*
-   Allocation sequence number in this runtime (1 = its first).
+   Allocation number on the block's stream (1 = the first; streams of
+   one internal table shard share the count, as ids 32 apart do).
    */
   uint64_t sequence;
   /*
-   Allocations the runtime made after this one: its age in allocations.
+   Allocations made on that stream (and its shard) after this one: the
+   block's age in allocations.
    */
   uint64_t allocations_since;
   /*
@@ -337,6 +345,12 @@ typedef struct xlog_tag_stat {
 #define XLOG_ACCESS_WRITE 2
 
 #define XLOG_ACCESS_READ_WRITE 3
+
+#define XLOG_CAPTURE_GLOBAL 0
+
+#define XLOG_CAPTURE_THREAD_LOCAL 1
+
+#define XLOG_CAPTURE_RELAXED 2
 
 /*
  CUDA when a driver and device are present, else sim.
@@ -546,6 +560,38 @@ xlog_status xlog_finish_all(struct xlog_runtime *rt, xlog_stream stream, const s
 xlog_status xlog_enable_peer_access(struct xlog_runtime *rt_a, struct xlog_runtime *rt_b);
 
 /*
+ Begin capturing `stream` into a CUDA graph (`cuStreamBeginCapture` on its
+ native stream). Until `xlog_capture_end`, blocks allocated on streams of
+ the capture come from the capture's own memory (their addresses stay
+ valid for every replay), prepare/finish there become graph dependencies,
+ and no xlog call queues a free, seals a batch or queries an event on a
+ capturing stream: xlog never invalidates the capture. A dependency the
+ graph cannot express (work outside the capture still running, or work
+ of another capture) is refused with XLOG_ERR_STREAM_MISUSE naming the
+ capture, and nothing changes. See docs/design.md, "Stream capture".
+ */
+xlog_status xlog_capture_begin(struct xlog_runtime *rt, xlog_stream stream, xlog_capture_mode mode);
+
+/*
+ End the capture begun on `stream`. `graph_out` receives the captured
+ graph (`CUgraph` on CUDA: the caller instantiates, launches and destroys
+ it; an opaque token on sim), `capture_out` (may be NULL) the capture id
+ for `xlog_capture_release`. Order each launch of the graph with
+ `xlog_prepare_all` / `xlog_finish_all` on the launch stream.
+ */
+xlog_status xlog_capture_end(struct xlog_runtime *rt, xlog_stream stream, void **graph_out, uint64_t *capture_out);
+
+/*
+ After every graph made from capture `capture` has been destroyed: give
+ the capture's memory back to the driver (and the budget).
+ `released_bytes` (may be NULL) receives how much. Refused with
+ XLOG_ERR_STREAM_MISUSE, changing nothing, while the capture is still
+ capturing or blocks allocated in it are live. Close releases every
+ capture's memory.
+ */
+xlog_status xlog_capture_release(struct xlog_runtime *rt, uint64_t capture, uint64_t *released_bytes);
+
+/*
  Retire pending frees whose GPU work has completed. Never blocks.
  `reclaimed_bytes` (may be NULL) receives the bytes released.
  */
@@ -567,7 +613,8 @@ xlog_status xlog_trim(struct xlog_runtime *rt, uint64_t keep_bytes, uint64_t *re
 xlog_status xlog_drain(struct xlog_runtime *rt, uint64_t *reclaimed_bytes);
 
 /*
- The live blocks of `rt`, oldest first. `*count` receives how many are
+ The live blocks of `rt`, by generation (allocation order for the
+ blocks of one thread). `*count` receives how many are
  live; the first `min(*count, cap)` are written to `out`. Set
  `out[0].struct_size = sizeof(xlog_live_block)` first. `out == NULL` with
  `cap == 0` only counts. Other threads may allocate between a counting

@@ -50,6 +50,15 @@ The train scenario also writes a memory report of its log
                 xlog_cuda.call_site(), peaks hold after a free and restart at
                 reset_peak_memory_stats(), per-tag counters add up, and
                 memory_summary() names the tensor.
+  graphs        CUDA graphs under xlog_cuda.torch.enable(): torch.cuda.graph
+                capture and replay of a small model (warmed up on a side
+                stream first), and torch.compile(mode="reduce-overhead") of
+                a small function. Each either works (replays / compiled
+                calls give the eager outputs: checked) or PyTorch refuses:
+                then the exact exception is reported as info, not as a pass,
+                and what is checked is that the failure left xlog consistent
+                (the budget charges what the stats say xlog holds, later
+                allocations and kernels work).
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -80,11 +89,15 @@ TIMED_STEPS = 300
 WARMUP_STEPS = 30
 SCENARIO_TIMEOUT_S = 150
 NUMBA_BUDGET = 256 * MiB
-ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost", "record_stream", "inspect"]
+ORDER = ["train", "oom", "shared", "time_default", "time_xlog", "numba", "enable_cost", "record_stream", "inspect",
+         "graphs"]
 # What each scenario imports (the driver skips when one is missing).
 NEEDS = {"train": ["torch"], "oom": ["torch"], "shared": ["torch", "cupy"], "time_default": ["torch"],
          "time_xlog": ["torch"], "numba": ["numba.cuda", "numpy"], "enable_cost": ["torch"],
-         "record_stream": ["torch"], "inspect": ["torch"]}
+         "record_stream": ["torch"], "inspect": ["torch"], "graphs": ["torch"]}
+# Scenarios that need longer than SCENARIO_TIMEOUT_S (torch.compile's first
+# compile of a function takes tens of seconds).
+SCENARIO_TIMEOUTS = {"graphs": 420}
 ENABLE_TARGET_S = 0.5
 SKIP = 77
 
@@ -892,6 +905,177 @@ def scenario_inspect(r: Result, workdir: str) -> None:
     del small
 
 
+def _first_lines(e: BaseException, n: int = 3) -> str:
+    """The exception's type and the first `n` non-empty lines of its text."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__module__}.{type(e).__name__}: " + " | ".join(lines[:n])
+
+
+def _graphs_consistent(r: Result, torch, label: str) -> None:
+    """After a graph attempt: xlog's figures agree with each other and new
+    allocations and kernels still work."""
+    import xlog_cuda.interop as xi
+    import xlog_cuda.torch as xt
+
+    problems = []
+    try:
+        torch.cuda.synchronize()
+    except BaseException as e:  # noqa: BLE001 - reported
+        problems.append(f"torch.cuda.synchronize raised {_first_lines(e, 1)}")
+    try:
+        xi.drain(0)
+    except BaseException as e:  # noqa: BLE001 - reported
+        problems.append(f"xlog_cuda.interop.drain raised {_first_lines(e, 1)}")
+    st = xt.stats(0)
+    held = st.live_bytes + st.cached_bytes + st.pending_bytes
+    if st.outstanding_bytes < held:
+        problems.append(f"outstanding {st.outstanding_bytes} < live+cached+pending {held}")
+    if st.budget_limit and st.budget_limit - st.budget_remaining != st.outstanding_bytes:
+        problems.append(
+            f"the budget charges {st.budget_limit - st.budget_remaining} B but outstanding is {st.outstanding_bytes} B"
+        )
+    try:
+        n = 1 << 20
+        t = torch.full((n,), 3.0, device="cuda")
+        total = float((t * 2.0).sum().item())
+        if total != 6.0 * n:
+            problems.append(f"a new tensor's sum is {total}, expected {6.0 * n}")
+        del t
+        torch.cuda.synchronize()
+    except BaseException as e:  # noqa: BLE001 - reported
+        problems.append(f"a new allocation and kernel raised {_first_lines(e, 1)}")
+    r.check(
+        f"{label}: xlog is consistent afterwards and later allocations work",
+        not problems,
+        "; ".join(problems)
+        or f"outstanding {st.outstanding_bytes} B (live {st.live_bytes}, cached {st.cached_bytes}, pending "
+        f"{st.pending_bytes}), budget remaining {st.budget_remaining}; a new 4 MiB tensor computes right",
+    )
+
+
+def scenario_graphs(r: Result, workdir: str) -> None:
+    """torch.cuda.graph and torch.compile(mode="reduce-overhead") with xlog as
+    PyTorch's allocator: what works is checked, what PyTorch refuses is
+    reported with its exact text."""
+    import xlog_cuda.torch as xt
+
+    xt.enable(budget=2 * GiB, backend="cuda")
+    import torch
+
+    r.metrics["torch_version"] = torch.__version__
+    errors_path = os.path.join(workdir, "graphs-errors.txt")
+    errors = open(errors_path, "w")
+
+    def keep(what: str, e: BaseException) -> str:
+        errors.write(f"===== {what}\n{''.join(traceback.format_exception(type(e), e, e.__traceback__))}\n")
+        errors.flush()
+        return _first_lines(e)
+
+    # ---- 1. torch.cuda.graph: capture a small model's forward, replay it.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    ).cuda()
+    static_in = torch.randn(32, 64, device="cuda")
+    outcome: Dict[str, Any] = {}
+    with torch.no_grad():
+        # Warm up on a side stream, as PyTorch's CUDA graph docs ask.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        before = xt.stats(0)
+        graph = torch.cuda.CUDAGraph()
+        static_out = None
+        try:
+            with torch.cuda.graph(graph):
+                static_out = model(static_in)
+            outcome["capture"] = "ok"
+        except BaseException as e:  # noqa: BLE001 - what PyTorch does is the finding
+            outcome["capture"] = keep("torch.cuda.graph capture", e)
+        during = xt.stats(0)
+        outcome["allocations_during_capture"] = during.allocations - before.allocations
+        if static_out is not None:
+            worst, replays = 0.0, 20
+            try:
+                for i in range(replays):
+                    x = torch.randn(32, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(100 + i))
+                    static_in.copy_(x)
+                    graph.replay()
+                    want = model(x)
+                    torch.cuda.synchronize()
+                    worst = max(worst, float((static_out - want).abs().max().item()))
+                outcome["replay"] = f"{replays} replays, largest difference from eager {worst:.3g}"
+                r.check(
+                    "torch.cuda.graph: every replay gives the eager model's output",
+                    worst <= 1e-4,
+                    f"{replays} replays with new inputs copied into the static input; largest |graph - eager| "
+                    f"{worst:.3g}; {outcome['allocations_during_capture']} allocations went through xlog during the "
+                    "capture",
+                )
+            except BaseException as e:  # noqa: BLE001 - a capture that replays wrong or not at all is a failure
+                outcome["replay"] = keep("torch.cuda.graph replay", e)
+                r.check("torch.cuda.graph: the captured graph replays", False, outcome["replay"])
+        else:
+            r.info("torch.cuda.graph capture under xlog's pluggable allocator", outcome["capture"])
+        del graph, static_out
+    _graphs_consistent(r, torch, "torch.cuda.graph")
+    r.metrics["cuda_graph"] = outcome
+
+    # ---- 2. torch.compile(mode="reduce-overhead"): CUDA graph trees.
+    compiled: Dict[str, Any] = {}
+
+    def f(a, b):
+        return torch.nn.functional.gelu(a @ b) + 1.0
+
+    try:
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+    except Exception:  # noqa: BLE001 - the counters are only informational
+        counters = None
+    try:
+        cf = torch.compile(f, mode="reduce-overhead")
+        b = torch.randn(64, 64, device="cuda")
+        worst = 0.0
+        calls = 6  # cudagraph trees warm up, then record, then replay
+        for i in range(calls):
+            a = torch.randn(64, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(200 + i))
+            got = cf(a, b).clone()
+            want = f(a, b)
+            torch.cuda.synchronize()
+            worst = max(worst, float((got - want).abs().max().item()))
+        compiled["result"] = f"{calls} calls, largest difference from eager {worst:.3g}"
+        skips = dict(counters["inductor"]) if counters is not None else {}
+        compiled["inductor_counters"] = {k: v for k, v in skips.items() if "cudagraph" in k}
+        if counters is None:
+            graphed_text = "unknown (torch._dynamo.utils.counters is not importable)"
+        elif any(v for k, v in skips.items() if "cudagraph_skips" in k):
+            graphed_text = f"no: inductor skipped CUDA graphs ({compiled['inductor_counters']})"
+        else:
+            graphed_text = "yes (inductor counted no cudagraph skip)"
+        r.check(
+            'torch.compile(mode="reduce-overhead"): outputs match eager',
+            worst <= 1e-3,
+            f"{calls} calls; largest |compiled - eager| {worst:.3g}; inductor cudagraph counters "
+            f"{compiled['inductor_counters'] or 'none'}",
+        )
+        r.info(
+            'torch.compile(mode="reduce-overhead"): ran as CUDA graphs',
+            graphed_text,
+        )
+    except BaseException as e:  # noqa: BLE001 - what PyTorch does is the finding
+        compiled["result"] = keep('torch.compile(mode="reduce-overhead")', e)
+        r.info('torch.compile(mode="reduce-overhead") under xlog\'s pluggable allocator', compiled["result"])
+    _graphs_consistent(r, torch, 'torch.compile(mode="reduce-overhead")')
+    r.metrics["compile_reduce_overhead"] = compiled
+    errors.close()
+    r.metrics["errors_file"] = errors_path
+
+
 SCENARIOS = {
     "train": scenario_train,
     "oom": scenario_oom,
@@ -902,6 +1086,7 @@ SCENARIOS = {
     "enable_cost": scenario_enable_cost,
     "record_stream": scenario_record_stream,
     "inspect": scenario_inspect,
+    "graphs": scenario_graphs,
 }
 
 
@@ -986,7 +1171,8 @@ def drive(out_dir: str, only: List[str]) -> int:
         try:
             with open(log_path, "w") as log:
                 p = subprocess.run(
-                    cmd, env=scenario_env(name, out_dir), stdout=log, stderr=subprocess.STDOUT, timeout=SCENARIO_TIMEOUT_S
+                    cmd, env=scenario_env(name, out_dir), stdout=log, stderr=subprocess.STDOUT,
+                    timeout=SCENARIO_TIMEOUTS.get(name, SCENARIO_TIMEOUT_S),
                 )
             rc = p.returncode
         except subprocess.TimeoutExpired:

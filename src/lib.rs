@@ -16,6 +16,7 @@ pub mod resource;
 pub mod resources;
 pub mod runtime;
 pub mod stream_pool;
+pub mod tag_counters;
 pub mod telemetry;
 pub mod ffi;
 

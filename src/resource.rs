@@ -92,6 +92,11 @@ pub struct AllocTag(u32);
 /// [`OVERFLOW_TAG_NAME`] included.
 pub const MAX_TAGS: usize = 4096;
 
+// The per-tag counters (`tag_counters`) have one slot per tag index and
+// count an index past them in the overflow bucket.
+const _: () = assert!(MAX_TAGS == crate::tag_counters::TAG_SLOTS);
+const _: () = assert!(AllocTag::OVERFLOW.0 as usize == crate::tag_counters::OVERFLOW_SLOT);
+
 /// What a new tag name is recorded as once the table is full.
 pub const OVERFLOW_TAG_NAME: &str = "(other)";
 
@@ -329,10 +334,14 @@ pub struct LeakedBlock {
     pub tag_id: AllocTag,
     /// Device bytes (as `DeviceBlock::held`).
     pub held: u64,
-    /// Allocation sequence number: 1 for the resource's first allocation,
-    /// one more for each after it (zero-byte blocks included), so it orders
-    /// blocks by age.
+    /// Allocation number in the block table that holds the record (the
+    /// async pool has one table per group of streams, its shard; Direct
+    /// one): 1 for the table's first allocation, zero-byte blocks included.
+    /// Counted under the table's lock, so it costs no shared counter.
     pub sequence: u64,
+    /// Allocations the same table made after this one: the block's age in
+    /// allocations on its stream (and the streams sharing its shard).
+    pub allocations_since: u64,
 }
 
 fn no_tracking(what: &str) -> ResourceError {
@@ -401,15 +410,13 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// allocate meanwhile.
     fn live_blocks(&self) -> Vec<LeakedBlock>;
 
-    /// Allocation sequence numbers handed out so far (the highest
-    /// `LeakedBlock::sequence`), so a caller can tell a block's age in
-    /// allocations.
-    fn allocation_sequence(&self) -> u64 {
-        0
-    }
-
-    /// Restart `peak_outstanding_bytes` from the bytes held now.
+    /// Restart every peak (`peak_outstanding_bytes`, the counters of
+    /// `count_tags`) from its current value.
     fn reset_peak(&self) {}
+
+    /// Add the per-tag and total counts of this resource's blocks to `out`
+    /// (`telemetry::counters`); a resource that keeps none adds nothing.
+    fn count_tags(&self, _out: &mut crate::tag_counters::CountSummary) {}
 
     /// Retire pending frees whose GPU work has completed, without blocking.
     /// Returns the bytes retired, which is exactly how much
@@ -443,6 +450,20 @@ pub trait DeviceMemoryResource: Send + Sync {
             self.wait_pending()?;
         }
         self.reap_pending()
+    }
+
+    /// A capture begun through the runtime (`capture_begun`) or ended
+    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
+    /// without capture pools has nothing to do.
+    fn capture_begun(&self, _id: u64) {}
+    fn capture_ended(&self, _id: u64) {}
+
+    /// Give captures' private memory back to the driver: capture `id`'s
+    /// (refused while it captures or has live blocks), or with `None`
+    /// every capture's free memory (close). Returns the bytes given back,
+    /// exactly the drop of `bytes_outstanding`.
+    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
+        Ok(0)
     }
 
     /// `stream` is going away (an imported stream released): nothing may
@@ -573,11 +594,17 @@ macro_rules! forward_to_inner {
         fn live_blocks(&self) -> Vec<$crate::resource::LeakedBlock> {
             self.inner.live_blocks()
         }
-        fn allocation_sequence(&self) -> u64 {
-            self.inner.allocation_sequence()
-        }
         fn reset_peak(&self) {
             self.inner.reset_peak()
+        }
+        fn capture_begun(&self, id: u64) {
+            self.inner.capture_begun(id)
+        }
+        fn capture_ended(&self, id: u64) {
+            self.inner.capture_ended(id)
+        }
+        fn count_tags(&self, out: &mut $crate::tag_counters::CountSummary) {
+            self.inner.count_tags(out)
         }
         fn device_ordinal(&self) -> u32 {
             self.inner.device_ordinal()

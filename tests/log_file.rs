@@ -22,7 +22,7 @@ fn config(log: &Path, budget: u64, cache: bool, allocator: AllocatorKind) -> Con
         log_path: Some(log.to_path_buf()),
         cache,
         sim_capacity_bytes: 64 * MIB,
-        // One test shares a log between sim devices 0 and 1.
+        // The two-runtime test opens sim devices 0 and 1.
         sim_devices: 2,
         ..Config::default()
     }
@@ -143,11 +143,13 @@ fn two_runtimes_on_one_path_keep_both_their_rows() {
     let path = temp_path("shared", "csv");
     // Someone else's rows already there are kept too (and get no second header).
     std::fs::write(&path, format!("{HEADER}\n1,00:00:00.000001,allocate,0x10,512,1,earlier,5,1,\n")).unwrap();
-    let a = Runtime::open(0, &config(&path, 0, true, AllocatorKind::Async)).unwrap();
+    // Two sim devices, as two GPUs of one process would be.
+    let two_devices = Config { sim_devices: 2, ..config(&path, 0, true, AllocatorKind::Async) };
+    let a = Runtime::open(0, &two_devices).unwrap();
     let sa = a.acquire_stream().unwrap();
     let x = a.allocate(4096, sa, "dev0").unwrap();
     a.reap().unwrap(); // written before the second open
-    let b = Runtime::open(1, &config(&path, 0, true, AllocatorKind::Async)).unwrap();
+    let b = Runtime::open(1, &two_devices).unwrap();
     let sb = b.acquire_stream().unwrap();
     let mut mine = vec![];
     for i in 0..200u64 {

@@ -48,8 +48,13 @@ fn live_list_matches_the_allocations_across_streams_frees_and_the_cache() {
         }
         assert_eq!(list[0].id.alloc_stream, s1);
         assert_eq!(list[1].id.alloc_stream, s2);
-        assert!(list[0].sequence < list[1].sequence && list[1].sequence < list[2].sequence);
-        assert_eq!((list[0].allocations_since, list[1].allocations_since, list[2].allocations_since), (2, 1, 0));
+        // Ages count the allocations of the block's table: per stream in the
+        // async pool (a is the only one on s1, b came before c on s2), the
+        // whole runtime in Direct.
+        let direct = kind == AllocatorKind::Direct;
+        assert!(list[1].sequence < list[2].sequence);
+        let ages = (list[0].allocations_since, list[1].allocations_since, list[2].allocations_since);
+        assert_eq!(ages, if direct { (2, 1, 0) } else { (0, 1, 0) }, "[{kind:?}]");
 
         // A freed block leaves the list, whether it went to the cache or
         // to the driver; a block that reuses its memory joins as new.
@@ -68,7 +73,8 @@ fn live_list_matches_the_allocations_across_streams_frees_and_the_cache() {
         assert_eq!(list.len(), 3);
         assert_eq!(list[2].id, d.id);
         assert_ne!(list[2].id.generation, b.id.generation);
-        assert_eq!(list[0].allocations_since, 3, "a, b, c, d: three allocations after a");
+        assert_eq!(list[0].allocations_since, if direct { 3 } else { 0 }, "nothing else was allocated on s1");
+        assert_eq!(list[1].allocations_since, 1, "d came after c on s2");
         // The sum of the list is the runtime's live bytes.
         assert_eq!(list.iter().map(|e| e.device_bytes).sum::<u64>(), rt.stats().unwrap().live_bytes);
         for block in [a, c, d] {
@@ -339,7 +345,9 @@ fn blocks_leaked_at_close_are_counted_as_freed() {
 
 #[test]
 fn retries_after_relieving_pressure_are_counted() {
-    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, ..Config::default() };
+    // wait_on_pressure: the retry waits for the cache's free to complete
+    // (without it, whether the retry fits depends on how far the stream got).
+    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, wait_on_pressure: true, ..Config::default() };
     let rt = Runtime::open(0, &config).unwrap();
     let s = rt.acquire_stream().unwrap();
     let a = rt.allocate(600 << 10, s, "retry").unwrap();
@@ -349,7 +357,9 @@ fn retries_after_relieving_pressure_are_counted() {
     // the cache goes back to the driver, and the second try fits.
     let b = rt.allocate(900 << 10, s, "retry").unwrap();
     let stats = rt.stats().unwrap();
-    assert_eq!(stats.alloc_retries, 1, "{stats:?}");
+    // One retry after giving the cache back; a second after waiting for
+    // its free when the first came too early.
+    assert!((1..=2).contains(&stats.alloc_retries), "{stats:?}");
     assert_eq!(stats.failed_allocations, 0);
     rt.deallocate(&b.id).unwrap();
     rt.close().unwrap();

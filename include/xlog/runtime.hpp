@@ -421,7 +421,7 @@ class Runtime {
     return out;
   }
 
-  /// Every live block, oldest first (xlog_live_blocks).
+  /// Every live block, by generation: allocation order within a thread (xlog_live_blocks).
   std::vector<LiveBlock> live_blocks() const {
     xlog_runtime* rt = rt_;
     return detail::fill_array<LiveBlock>(

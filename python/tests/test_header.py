@@ -249,6 +249,7 @@ def test_struct_sizes_known_values_lp64():
     assert ctypes.sizeof(_library.XlogTagStat) == 56
     assert _library.XlogConfig.track_call_sites.offset == 64
     assert _library.XlogStats.peak_live_blocks.offset == 152
+    assert ctypes.sizeof(_library.XlogConfig) == 72
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32
     assert _library.XlogConfig.wait_on_pressure.offset == 48

@@ -182,6 +182,13 @@ PROTOTYPES = {
     "xlog_reap": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     "xlog_trim": (xlog_status, [xlog_runtime_p, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     "xlog_drain": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
+    # Stream capture (CUDA graphs).
+    "xlog_capture_begin": (xlog_status, [xlog_runtime_p, xlog_stream, ctypes.c_uint32]),
+    "xlog_capture_end": (
+        xlog_status,
+        [xlog_runtime_p, xlog_stream, _P(ctypes.c_void_p), _P(ctypes.c_uint64)],
+    ),
+    "xlog_capture_release": (xlog_status, [xlog_runtime_p, ctypes.c_uint64, _P(ctypes.c_uint64)]),
     # Inspection (src/ffi/inspect.rs).
     "xlog_live_blocks": (
         xlog_status,

@@ -79,9 +79,10 @@ class LiveBlock:
     """One live block (`xlog_live_block`).
 
     `size` is the requested size, `device_bytes` what the block takes on the
-    device. `sequence` numbers the runtime's allocations (1 = its first) and
-    `allocations_since` counts those made after this one: the block's age in
-    allocations. With call-site tracking (`Config(track_call_sites=True)` or
+    device. `sequence` numbers the allocations on the block's stream (1 = the
+    first; the streams of one internal table shard, ids 32 apart, share the
+    count) and `allocations_since` counts those made there after this one:
+    the block's age in allocations. With call-site tracking (`Config(track_call_sites=True)` or
     XLOG_TRACK_CALLSITES=1) `age_s` is the time since allocation and
     `call_site` where it happened (for Python callers a traceback summary,
     innermost frame first); otherwise both are None.
@@ -488,7 +489,8 @@ class Runtime:
         return Stats(**{field.name: getattr(raw, field.name) for field in dataclasses.fields(Stats)})
 
     def live_blocks(self) -> List[LiveBlock]:
-        """Every live block, oldest first (`xlog_live_blocks`)."""
+        """Every live block, by generation: allocation order for the blocks
+        of one thread (`xlog_live_blocks`)."""
         out = []
         for e in _fill_array(_lib().xlog_live_blocks, self._handle, _library.XlogLiveBlock):
             b = e.block

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::faults::{FaultKind, Faults};
-use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
+use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// Every driver entry point this file calls. They are looked up once,
@@ -491,6 +491,8 @@ impl Device for CudaDevice {
     }
 
     fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both are local out-parameters; our context is current.
@@ -499,6 +501,8 @@ impl Device for CudaDevice {
     }
 
     fn create_stream(&self) -> DeviceResult<RawStream> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if self.faults.hit(FaultKind::StreamCreate) {
             return Err(DeviceError::InjectedFault("cuda stream creation (cuStreamCreate)".into()));
         }
@@ -512,6 +516,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_stream(&self, stream: RawStream) -> DeviceResult<()> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if DEFAULT_STREAM_HANDLES.contains(&stream) {
             return Err(DeviceError::Invalid(format!(
                 "stream handle {stream:#x} is a default stream and cannot be destroyed"
@@ -594,6 +600,8 @@ impl Device for CudaDevice {
     }
 
     fn pool_reserved_bytes(&self) -> Option<u64> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         let pool = *self.pool.get()?;
         let mut value: u64 = 0;
         let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
@@ -606,6 +614,8 @@ impl Device for CudaDevice {
     }
 
     fn trim_pool(&self) {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         if let Some(&pool) = self.pool.get() {
             // SAFETY: `pool` is our live pool; trimming only unmaps memory
             // the pool holds unused. A failure leaves the memory mapped.
@@ -667,6 +677,8 @@ impl Device for CudaDevice {
             return Err(DeviceError::InjectedFault(format!("cuda allocation of {bytes} bytes (cuMemAlloc)")));
         }
         self.bind()?;
+        // Capture pools allocate with this while a capture is in progress.
+        let _relaxed = RelaxedCapture::enter();
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `dptr` is a local out-parameter; our context is current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut dptr, size) };
@@ -679,12 +691,15 @@ impl Device for CudaDevice {
             return Err(DeviceError::InjectedFault(format!("cuda free of {ptr:#x} (cuMemFree)")));
         }
         self.bind()?;
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: `ptr` is an address from `alloc_sync` not yet freed; the
         // driver validates it and touches no host memory.
         check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })
     }
 
     fn create_event(&self) -> DeviceResult<RawEvent> {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         let mut event: sys::CUevent = ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
@@ -694,6 +709,8 @@ impl Device for CudaDevice {
     }
 
     fn destroy_event(&self, event: RawEvent) {
+        // Not stream-ordered: never invalidate a capture (see RelaxedCapture).
+        let _relaxed = RelaxedCapture::enter();
         // SAFETY: the caller passes an event from `create_event` that it
         // does not use again (trait contract). The driver defers the real
         // release until outstanding work on the event is done. Errors are
@@ -739,6 +756,49 @@ impl Device for CudaDevice {
 
     fn faults(&self) -> Option<&Faults> {
         Some(&self.faults)
+    }
+
+    fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> DeviceResult<()> {
+        self.bind_for(stream)?;
+        let mode = match mode {
+            CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: `stream` is a live stream handle of our context.
+        check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(as_stream(stream), mode) })
+    }
+
+    fn end_capture(&self, stream: RawStream) -> DeviceResult<u64> {
+        self.bind_for(stream)?;
+        let mut graph: sys::CUgraph = ptr::null_mut();
+        // SAFETY: `stream` is a live stream handle; `graph` a local out-value.
+        check("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(as_stream(stream), &mut graph) })?;
+        Ok(graph as usize as u64)
+    }
+
+    fn capture_of(&self, stream: RawStream) -> DeviceResult<Option<u64>> {
+        self.bind_for(stream)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        // SAFETY: `stream` is a live stream handle (or a default-stream
+        // handle, resolved in our current context); `status` and `id` are
+        // local out-values.
+        let r = unsafe {
+            sys::cuStreamGetCaptureInfo_v2(
+                as_stream(stream),
+                &mut status,
+                &mut id,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        check("cuStreamGetCaptureInfo_v2", r)?;
+        Ok(match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
+            _ => Some(id),
+        })
     }
 
     fn as_cuda(&self) -> Option<&CudaDevice> {

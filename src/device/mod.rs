@@ -10,10 +10,20 @@ use crate::error::DeviceError;
 pub mod cuda;
 pub mod faults;
 pub mod sim;
+pub(crate) mod sim_capture;
 pub mod sim_platform;
 
 pub use crate::ids::{DevicePtr, RawEvent, RawStream};
 pub use faults::{FaultKind, Faults};
+
+/// How a capture restricts other threads' calls (CUDA's
+/// `CUstreamCaptureMode`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CaptureMode {
+    Global,
+    ThreadLocal,
+    Relaxed,
+}
 
 /// Host work queued in stream order.
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
@@ -154,6 +164,27 @@ pub trait Device: Send + Sync {
     /// write simulated device memory.
     fn as_sim(&self) -> Option<&sim::SimDevice> {
         None
+    }
+
+    /// Begin stream capture (a CUDA graph) on `stream` in `mode`
+    /// (`cuStreamBeginCapture_v2`). Backends without graphs refuse.
+    fn begin_capture(&self, stream: RawStream, mode: CaptureMode) -> DeviceResult<()> {
+        let _ = (stream, mode);
+        Err(DeviceError::Invalid(format!("the {} device does not support stream capture", self.backend().name())))
+    }
+
+    /// End the capture begun on `stream`: the captured graph's handle
+    /// (`CUgraph` on CUDA; an opaque token on sim).
+    fn end_capture(&self, stream: RawStream) -> DeviceResult<u64> {
+        let _ = stream;
+        Err(DeviceError::Invalid(format!("the {} device does not support stream capture", self.backend().name())))
+    }
+
+    /// The id of the capture `stream` takes part in (begun on it, or joined
+    /// through an event wait), `None` when it is not capturing.
+    fn capture_of(&self, stream: RawStream) -> DeviceResult<Option<u64>> {
+        let _ = stream;
+        Ok(None)
     }
 
     /// Whether work on this device can access `peer`'s memory

@@ -24,7 +24,8 @@ use std::thread::{self, JoinHandle, ThreadId};
 
 use super::faults::Faults;
 use super::sim_platform;
-use super::{Backend, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
+use super::sim_capture::{SimCaptures, WaitKind};
+use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// The fault kinds (kept at this path for existing users such as the C ABI's
@@ -268,6 +269,8 @@ pub struct SimDevice {
     /// Most foreign native streams `import_stream` adopts (see
     /// `set_foreign_stream_limit`).
     foreign_stream_limit: std::sync::atomic::AtomicU32,
+    /// Stream capture (`sim_capture.rs`).
+    captures: Mutex<SimCaptures>,
 }
 
 impl SimDevice {
@@ -306,6 +309,7 @@ impl SimDevice {
             next_worker: AtomicU64::new(0),
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
+            captures: Mutex::new(SimCaptures::default()),
         });
         sim_platform::register(&device);
         Ok(device)
@@ -581,6 +585,7 @@ impl Device for SimDevice {
 
     fn synchronize_stream(&self, raw: RawStream) -> DeviceResult<()> {
         let stream = self.stream(raw)?;
+        lock(&self.captures).refuse_if_capturing(raw, "synchronize")?;
         if *lock(&stream.worker_id) == Some(thread::current().id()) {
             return Err(DeviceError::Invalid(format!(
                 "synchronize of sim stream {raw} from its own host callback would deadlock"
@@ -594,17 +599,24 @@ impl Device for SimDevice {
     }
 
     fn enqueue_host(&self, raw: RawStream, f: HostFn) -> DeviceResult<()> {
-        self.stream(raw)?.push(Task::Host(f));
+        let stream = self.stream(raw)?;
+        if lock(&self.captures).capture_of(raw).is_some() {
+            // Part of the graph, which the sim does not launch.
+            return Ok(());
+        }
+        stream.push(Task::Host(f));
         Ok(())
     }
 
     fn alloc_async(&self, bytes: u64, raw: RawStream) -> DeviceResult<DevicePtr> {
         self.stream(raw)?;
+        lock(&self.captures).refuse_if_capturing(raw, "stream-ordered allocation")?;
         self.alloc_sync(bytes)
     }
 
     fn free_async(&self, ptr: DevicePtr, raw: RawStream) -> DeviceResult<()> {
         let stream = self.stream(raw)?;
+        lock(&self.captures).refuse_if_capturing(raw, "stream-ordered free")?;
         let offset = self.offset_of_allocation(ptr)?;
         if self.faults.hit(FaultKind::Free) {
             return Err(DeviceError::InjectedFault(format!("sim free of {ptr:#x}")));
@@ -668,6 +680,9 @@ impl Device for SimDevice {
         if self.faults.hit(FaultKind::EventRecord) {
             return Err(DeviceError::InjectedFault(format!("sim record of event {event}")));
         }
+        if lock(&self.captures).record(event, raw) {
+            return Ok(());
+        }
         let epoch = {
             let mut st = lock(&ev.state);
             st.recorded += 1;
@@ -680,6 +695,9 @@ impl Device for SimDevice {
     fn stream_wait_event(&self, raw: RawStream, event: RawEvent) -> DeviceResult<()> {
         let stream = self.stream(raw)?;
         let ev = self.event(event)?;
+        if let WaitKind::Captured = lock(&self.captures).wait(raw, event)? {
+            return Ok(());
+        }
         let epoch = lock(&ev.state).recorded;
         stream.push(Task::Wait(ev, epoch));
         Ok(())
@@ -687,15 +705,31 @@ impl Device for SimDevice {
 
     fn event_query(&self, event: RawEvent) -> DeviceResult<bool> {
         let ev = self.event(event)?;
+        lock(&self.captures).check_not_captured(event, "query")?;
         let st = lock(&ev.state);
         Ok(st.is_complete(st.recorded))
     }
 
     fn event_synchronize(&self, event: RawEvent) -> DeviceResult<()> {
         let ev = self.event(event)?;
+        lock(&self.captures).check_not_captured(event, "synchronize")?;
         let epoch = lock(&ev.state).recorded;
         ev.wait_for(epoch);
         Ok(())
+    }
+
+    fn begin_capture(&self, stream: RawStream, _mode: CaptureMode) -> DeviceResult<()> {
+        self.stream(stream)?;
+        lock(&self.captures).begin(stream)
+    }
+
+    fn end_capture(&self, stream: RawStream) -> DeviceResult<u64> {
+        self.stream(stream)?;
+        lock(&self.captures).end(stream)
+    }
+
+    fn capture_of(&self, stream: RawStream) -> DeviceResult<Option<u64>> {
+        Ok(lock(&self.captures).capture_of(stream))
     }
 
     fn as_sim(&self) -> Option<&SimDevice> {

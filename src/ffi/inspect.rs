@@ -89,7 +89,8 @@ fn tag_stat_of(t: &TagStats) -> xlog_tag_stat {
     }
 }
 
-/// The live blocks of `rt`, oldest first. `*count` receives how many are
+/// The live blocks of `rt`, by generation (allocation order for the
+/// blocks of one thread). `*count` receives how many are
 /// live; the first `min(*count, cap)` are written to `out`. Set
 /// `out[0].struct_size = sizeof(xlog_live_block)` first. `out == NULL` with
 /// `cap == 0` only counts. Other threads may allocate between a counting

@@ -30,6 +30,13 @@ pub const XLOG_ACCESS_READ: xlog_access = 1;
 pub const XLOG_ACCESS_WRITE: xlog_access = 2;
 pub const XLOG_ACCESS_READ_WRITE: xlog_access = 3;
 
+/// How a capture begun with `xlog_capture_begin` restricts other threads'
+/// CUDA calls (CUDA's `CUstreamCaptureMode`).
+pub type xlog_capture_mode = u32;
+pub const XLOG_CAPTURE_GLOBAL: xlog_capture_mode = 0;
+pub const XLOG_CAPTURE_THREAD_LOCAL: xlog_capture_mode = 1;
+pub const XLOG_CAPTURE_RELAXED: xlog_capture_mode = 2;
+
 /// Device backend.
 pub type xlog_backend = u32;
 /// CUDA when a driver and device are present, else sim.
@@ -190,9 +197,11 @@ pub struct xlog_live_block {
     pub block: xlog_block,
     /// Device bytes the block takes (its size class or granularity).
     pub device_bytes: u64,
-    /// Allocation sequence number in this runtime (1 = its first).
+    /// Allocation number on the block's stream (1 = the first; streams of
+    /// one internal table shard share the count, as ids 32 apart do).
     pub sequence: u64,
-    /// Allocations the runtime made after this one: its age in allocations.
+    /// Allocations made on that stream (and its shard) after this one: the
+    /// block's age in allocations.
     pub allocations_since: u64,
     /// Nanoseconds since the allocation when the runtime tracks call sites,
     /// else UINT64_MAX.

@@ -43,10 +43,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::logging::CsvLog;
+use super::capture_pool::CapturePools;
 use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::inline_list::InlineList;
+use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock,
     DeviceMemoryResource, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId,
@@ -124,10 +126,13 @@ struct Use {
     stream: RawStream,
     event: Ev,
     raw: RawEvent,
+    /// The capture the event was recorded in (0: none).
+    capture: u64,
 }
 
-/// Events one call waits for (a launch rarely needs more than a few).
-type WaitList = InlineList<RawEvent, 16>;
+/// Events one call waits for (a launch rarely needs more than a few), each
+/// with the capture it was recorded in (0: none).
+type WaitList = InlineList<(RawEvent, u64), 16>;
 
 /// Dependency state, allocated only for blocks that were ever used through
 /// prepare/finish, to keep untracked records small.
@@ -147,6 +152,8 @@ struct BlockRecord {
     /// Allocation sequence number (see `LeakedBlock::sequence`).
     sequence: u64,
     tracking: Option<Box<Tracking>>,
+    /// The capture whose private memory this block is (0: none).
+    capture: u64,
 }
 
 impl BlockRecord {
@@ -155,21 +162,21 @@ impl BlockRecord {
         let Some(t) = &self.tracking else { return };
         if let Some(w) = &t.last_write {
             if w.stream != stream {
-                out.push(w.raw);
+                out.push((w.raw, w.capture));
             }
         }
         if access.writes() {
             for r in t.readers.iter().filter(|r| r.stream != stream) {
-                out.push(r.raw);
+                out.push((r.raw, r.capture));
             }
         }
     }
 
     /// Record a use after `event`, which this block now holds too.
-    fn record_use(&mut self, events: &mut Events, stream: RawStream, access: Access, event: Ev) {
+    fn record_use(&mut self, events: &mut Events, stream: RawStream, access: Access, event: Ev, capture: u64) {
         events.hold(event);
         let t = self.tracking.get_or_insert_with(Default::default);
-        let new_use = Use { stream, event, raw: events.raw(event) };
+        let new_use = Use { stream, event, raw: events.raw(event), capture };
         if access.writes() {
             if let Some(old) = t.last_write.replace(new_use) {
                 events.release(old.event);
@@ -223,6 +230,8 @@ const TABLE_SHARDS: usize = 32;
 #[derive(Default)]
 struct TableShard {
     blocks: FastMap<Generation, BlockRecord>,
+    /// Per-tag and total counts of this shard's blocks (`telemetry`).
+    counters: TableCounters,
     cache: CacheShard,
     allocations: u64,
     deallocations: u64,
@@ -368,10 +377,11 @@ pub struct AsyncPool {
     /// The runtime's CSV log, if any: `reserve`, `release` (from the
     /// cache) and `retire` rows.
     log: Option<Arc<CsvLog>>,
-    /// Allocation sequence numbers issued (the live-block list's age).
-    sequence: AtomicU64,
     /// Driver refusals retried after giving the cache back.
     retries: AtomicU64,
+    /// Captures begun through the runtime and their private memory
+    /// (`capture_pool.rs`).
+    captures: CapturePools,
 }
 
 
@@ -396,8 +406,8 @@ impl AsyncPool {
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             log: None,
-            sequence: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            captures: CapturePools::default(),
         }
     }
 
@@ -470,8 +480,8 @@ impl AsyncPool {
 
     /// Queue on `stream` a wait for each event (already deduplicated). The
     /// caller holds the shard lock of the blocks that hold these events.
-    fn wait_all(&self, stream: RawStream, list: &[RawEvent]) -> ResourceResult<()> {
-        for &ev in list {
+    fn wait_all(&self, stream: RawStream, list: &[(RawEvent, u64)]) -> ResourceResult<()> {
+        for &(ev, _) in list {
             self.device.stream_wait_event(stream, ev)?;
             self.waits.fetch_add(1, Ordering::Relaxed);
         }
@@ -480,6 +490,11 @@ impl AsyncPool {
 
     /// Seal `p`'s unsealed frees (on `stream`) with one event.
     fn seal(&self, events: &mut Events, stream: RawStream, p: &mut StreamPending) -> ResourceResult<()> {
+        // Never on a capturing stream: the event would be part of the graph,
+        // and reap could not query it. Its frees wait for the capture's end.
+        if p.unsealed_blocks > 0 && self.capture_of(stream)? != 0 {
+            return Ok(());
+        }
         if p.unsealed_blocks > 0 {
             let event = events.record(&*self.device, stream)?;
             p.sealed.push_back(SealedBatch { event, bytes: p.unsealed_bytes, blocks: p.unsealed_blocks });
@@ -487,6 +502,100 @@ impl AsyncPool {
             p.unsealed_blocks = 0;
         }
         Ok(())
+    }
+
+    /// The capture `stream` takes part in (0: none). Asks the driver only
+    /// while a capture begun through the runtime is active.
+    #[inline]
+    fn capture_of(&self, stream: RawStream) -> ResourceResult<u64> {
+        if !self.captures.any_active() {
+            return Ok(0);
+        }
+        Ok(self.device.capture_of(stream)?.unwrap_or(0))
+    }
+
+    /// Apply the capture rules to the events a stream of capture `waiting`
+    /// (0: none) is about to wait for (DESIGN: "Stream capture"):
+    /// - outside work, for a capturing stream: dropped once complete (the
+    ///   graph's replays run later), refused while it runs (a capture cannot
+    ///   wait on work outside it);
+    /// - work of an active capture, for a non-capturing stream: kept, last
+    ///   (the stream joins that capture: CUDA's fork); for a stream of
+    ///   another capture: refused;
+    /// - work of an ended capture: dropped (a graph's replays are ordered
+    ///   by the stream that launches it).
+    fn admit_waits(&self, waiting: u64, waits: &mut WaitList) -> ResourceResult<()> {
+        if waiting == 0 && waits.as_slice().iter().all(|&(_, c)| c == 0) {
+            return Ok(());
+        }
+        let mut outside = WaitList::new();
+        let mut captured = WaitList::new();
+        for &(ev, c) in waits.as_slice() {
+            if c == waiting {
+                if c == 0 {
+                    outside.push((ev, c));
+                } else {
+                    captured.push((ev, c));
+                }
+            } else if c == 0 {
+                if !self.device.event_query(ev)? {
+                    return Err(ResourceError::StreamMisuse(format!(
+                        "a stream of capture {waiting} cannot wait on work queued outside the capture \
+                         that has not completed (a capture cannot depend on work outside it): \
+                         synchronize that work before beginning the capture"
+                    )));
+                }
+            } else if self.captures.is_active(c) {
+                if waiting != 0 {
+                    return Err(ResourceError::StreamMisuse(format!(
+                        "the block was last used inside capture {c}, still capturing; a stream of \
+                         capture {waiting} cannot wait on another capture's work"
+                    )));
+                }
+                captured.push((ev, c));
+            }
+        }
+        for &w in captured.as_slice() {
+            outside.push(w);
+        }
+        *waits = outside;
+        Ok(())
+    }
+
+    /// A block for `bytes` (`class` device bytes) on `stream`, which
+    /// takes part in capture `capture`: from that capture's private memory.
+    fn allocate_in_capture(
+        &self,
+        bytes: u64,
+        class: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+        capture: u64,
+    ) -> ResourceResult<DeviceBlock> {
+        let ptr = match self.captures.take(capture, stream.raw, class) {
+            Some(ptr) => ptr,
+            None => {
+                gate.try_charge(class)?;
+                let ptr = self.device.alloc_sync(class).map_err(|e| {
+                    gate.uncharge(class);
+                    match ResourceError::from(e) {
+                        ResourceError::OutOfMemory { detail, .. } => ResourceError::OutOfMemory { requested: bytes, detail },
+                        other => other,
+                    }
+                })?;
+                let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
+                self.peak_held.fetch_max(held, Ordering::Relaxed);
+                self.captures.add_live(capture);
+                ptr
+            }
+        };
+        let mut shard = self.shard(stream.id);
+        let block = self.register_in(&mut shard, ptr, bytes, class, stream, tag);
+        if let Some(rec) = shard.blocks.get_mut(&block.id.generation) {
+            rec.capture = capture;
+        }
+        Ok(block)
     }
 
     /// Enter a block just handed out (by a cache or the driver) in `shard`,
@@ -501,9 +610,10 @@ impl AsyncPool {
         tag: AllocTag,
     ) -> DeviceBlock {
         let generation = Generation::next();
-        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None });
+        let sequence = shard.allocations + 1;
+        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None, capture: 0 });
         self.shard_live[shard_index(stream.id)].add(held as i64);
+        shard.counters.allocated(tag.index(), held);
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
@@ -542,6 +652,11 @@ impl AsyncPool {
     /// Give cached blocks back, largest and coldest first, until `need`
     /// bytes went back or the cache is empty. Returns the bytes released.
     fn release_largest(&self, need: u64) -> ResourceResult<u64> {
+        // While a capture is active nothing cached goes back to the driver:
+        // a free queued on a capturing stream would become part of a graph.
+        if self.captures.any_active() {
+            return Ok(0);
+        }
         let mut released = 0;
         while released < need {
             let Some((stream, block, shard)) = self.take_largest() else { break };
@@ -608,6 +723,9 @@ impl AsyncPool {
     /// `stream`, give back cold cached blocks if held would pass the live
     /// peak plus slack.
     fn bound_hoard(&self, class: u64, stream: StreamRef) {
+        if self.captures.any_active() {
+            return; // see release_largest
+        }
         let home = shard_index(stream.id);
         // Blocks this stream has not reused for a while go back first, up
         // to the request's size: a steady loop reuses its whole cache every
@@ -725,30 +843,46 @@ impl AsyncPool {
 
     /// prepare's slow path: blocks used for the first time on a stream
     /// other than their allocation stream. One event is recorded on each of
-    /// those allocation streams (all of them before any block changes, so a
-    /// failed record leaves every block as it was); it counts as the
-    /// block's first write, and `stream` waits for it.
+    /// those allocation streams (all of them, and the capture rules applied
+    /// to them, before any block changes, so a failure leaves every block as
+    /// it was); it counts as the block's first write, and `stream` (of
+    /// capture `capture`, 0: none) waits for it.
     fn fence_first_uses(
         &self,
         shards: &mut LockedShards<'_>,
-        stream: StreamRef,
+        capture: u64,
         uses: &[BlockUse],
         first_use_streams: &mut InlineList<RawStream, 8>,
         waits: &mut WaitList,
     ) -> ResourceResult<()> {
         first_use_streams.sort_dedup();
+        let mut captures_of: InlineList<u64, 8> = InlineList::new();
+        for &s in first_use_streams.as_slice() {
+            captures_of.push(self.capture_of(s)?);
+        }
         let mut events = lock(&self.events);
         let mut fences: InlineList<(RawStream, Ev), 8> = InlineList::new();
-        for &s in first_use_streams.as_slice() {
+        let mut fence_waits = WaitList::new();
+        let release = |events: &mut Events, fences: &InlineList<(RawStream, Ev), 8>| {
+            for &(_, ev) in fences.as_slice() {
+                events.release(ev);
+            }
+        };
+        for (k, &s) in first_use_streams.as_slice().iter().enumerate() {
             match events.record(&*self.device, s) {
-                Ok(ev) => fences.push((s, ev)),
+                Ok(ev) => {
+                    fences.push((s, ev));
+                    fence_waits.push((events.raw(ev), captures_of.as_slice()[k]));
+                }
                 Err(e) => {
-                    for &(_, ev) in fences.as_slice() {
-                        events.release(ev);
-                    }
+                    release(&mut events, &fences);
                     return Err(e);
                 }
             }
+        }
+        if let Err(e) = self.admit_waits(capture, &mut fence_waits) {
+            release(&mut events, &fences);
+            return Err(e);
         }
         for u in uses {
             let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated by prepare");
@@ -756,14 +890,26 @@ impl AsyncPool {
                 continue;
             }
             let alloc_stream = rec.stream.raw;
-            if let Some(&(_, fence)) = fences.as_slice().iter().find(|(s, _)| *s == alloc_stream) {
-                rec.record_use(&mut events, alloc_stream, Access::Write, fence);
-                rec.waits_for(stream.raw, u.access, waits);
+            if let Some(k) = fences.as_slice().iter().position(|(s, _)| *s == alloc_stream) {
+                let fence = fences.as_slice()[k].1;
+                rec.record_use(&mut events, alloc_stream, Access::Write, fence, captures_of.as_slice()[k]);
             }
         }
-        for &(_, ev) in fences.as_slice() {
-            events.release(ev);
+        release(&mut events, &fences);
+        // Outside work first: a stream that waits on a capture's event joins
+        // that capture, and may then wait on nothing outside it.
+        let mut all = WaitList::new();
+        for &w in waits.as_slice().iter().chain(fence_waits.as_slice()) {
+            if w.1 == 0 {
+                all.push(w);
+            }
         }
+        for &w in waits.as_slice().iter().chain(fence_waits.as_slice()) {
+            if w.1 != 0 {
+                all.push(w);
+            }
+        }
+        *waits = all;
         Ok(())
     }
 
@@ -839,6 +985,10 @@ impl DeviceMemoryResource for AsyncPool {
             bytes.div_ceil(UNCACHED_GRANULARITY).checked_mul(UNCACHED_GRANULARITY)
         };
         let Some(class) = rounded else { return Err(too_big(bytes, gate)) };
+        let capture = self.capture_of(stream.raw)?;
+        if capture != 0 {
+            return self.allocate_in_capture(bytes, class, stream, tag, gate, capture);
+        }
         if self.options.cache {
             // The hot path: one lock for the cache and the block record.
             let mut shard = self.shard(stream.id);
@@ -901,7 +1051,7 @@ impl DeviceMemoryResource for AsyncPool {
         // would be seen twice: cached is capped by what held leaves.)
         let held = self.held.load(Ordering::Acquire);
         let pending = self.pending_bytes.load(Ordering::Acquire).min(held);
-        let cached = cache.bytes.min(held - pending);
+        let cached = (cache.bytes + self.captures.free_bytes()).min(held - pending);
         Usage {
             live_bytes: held - pending - cached,
             pending_bytes: pending,
@@ -941,17 +1091,23 @@ impl DeviceMemoryResource for AsyncPool {
                 tag_id: r.tag,
                 held: r.held,
                 sequence: r.sequence,
+                allocations_since: shard.allocations - r.sequence,
             }));
         }
         out
     }
 
-    fn allocation_sequence(&self) -> u64 {
-        self.sequence.load(Ordering::Relaxed)
+    fn reset_peak(&self) {
+        for shard in self.table.iter() {
+            lock(shard).counters.reset_peak();
+        }
+        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
-    fn reset_peak(&self) {
-        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
+    fn count_tags(&self, out: &mut CountSummary) {
+        for shard in self.table.iter() {
+            lock(shard).counters.add_to(out);
+        }
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
@@ -1043,6 +1199,38 @@ impl DeviceMemoryResource for AsyncPool {
         true
     }
 
+    fn capture_begun(&self, id: u64) {
+        self.captures.begun(id);
+    }
+
+    fn capture_ended(&self, id: u64) {
+        self.captures.ended(id);
+    }
+
+    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
+        let blocks = match id {
+            Some(id) => self.captures.take_for_release(id).map_err(ResourceError::StreamMisuse)?,
+            None => self.captures.take_all(),
+        };
+        // The graphs are gone (the caller's promise), and these are
+        // synchronous frees: the bytes leave `held` at once.
+        let mut released = 0;
+        let mut first_error = None;
+        for (ptr, bytes) in blocks {
+            match self.device.free_sync(ptr) {
+                Ok(()) => released += bytes,
+                Err(e) => {
+                    first_error.get_or_insert(ResourceError::from(e));
+                }
+            }
+        }
+        self.held.fetch_sub(released, Ordering::AcqRel);
+        match first_error {
+            Some(e) if released == 0 => Err(e),
+            _ => Ok(released),
+        }
+    }
+
     fn record_block_use(&self, block: &BlockId, use_stream: StreamRef) -> ResourceResult<()> {
         self.finish_block_use(block, use_stream, Access::Read)
     }
@@ -1056,6 +1244,7 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        let capture = self.capture_of(stream.raw)?;
         let mut shards = self.lock_shards(uses);
         // Blocks never used since allocation, now used on another stream:
         // the allocation is ordered on its own stream only (the memory may
@@ -1079,11 +1268,13 @@ impl DeviceMemoryResource for AsyncPool {
                 rec.waits_for(stream.raw, u.access, &mut waits);
             }
         }
-        if !first_use_streams.is_empty() {
-            self.fence_first_uses(&mut shards, stream, uses, &mut first_use_streams, &mut waits)?;
-        }
         // One wait per distinct event: blocks finished by one launch share it.
         waits.sort_dedup();
+        // The capture rules may refuse: before anything changes.
+        self.admit_waits(capture, &mut waits)?;
+        if !first_use_streams.is_empty() {
+            self.fence_first_uses(&mut shards, capture, uses, &mut first_use_streams, &mut waits)?;
+        }
         self.wait_all(stream.raw, waits.as_slice())
     }
 
@@ -1091,6 +1282,7 @@ impl DeviceMemoryResource for AsyncPool {
         if uses.is_empty() {
             return Ok(());
         }
+        let capture = self.capture_of(stream.raw)?;
         let mut shards = self.lock_shards(uses);
         if let [u] = uses {
             // One block: one lookup.
@@ -1104,7 +1296,7 @@ impl DeviceMemoryResource for AsyncPool {
             };
             let mut events = lock(&self.events);
             let event = events.record(&*self.device, stream.raw)?;
-            rec.record_use(&mut events, stream.raw, u.access, event);
+            rec.record_use(&mut events, stream.raw, u.access, event, capture);
             events.release(event);
             return Ok(());
         }
@@ -1123,7 +1315,7 @@ impl DeviceMemoryResource for AsyncPool {
         let event = events.record(&*self.device, stream.raw)?;
         for u in uses {
             let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated above");
-            rec.record_use(&mut events, stream.raw, u.access, event);
+            rec.record_use(&mut events, stream.raw, u.access, event, capture);
         }
         events.release(event);
         Ok(())
@@ -1144,15 +1336,20 @@ impl AsyncPool {
                 return Err(self.not_live(id));
             }
         };
-        let (stream, tag, held, ptr) = (rec.stream.raw, rec.tag, rec.held, rec.ptr);
+        let (stream, tag, held, ptr, own_capture) = (rec.stream.raw, rec.tag, rec.held, rec.ptr, rec.capture);
+        // Memory of a capture, or freed while its stream captures, goes to
+        // that capture's pool (`capture_pool.rs`): a replay may use it.
+        let capture = self.capture_of(stream)?;
+        let parked_in = if own_capture != 0 { own_capture } else { capture };
         if held > 0 {
             if rec.tracking.is_some() {
                 let mut waits = WaitList::new();
                 rec.waits_for(stream, Access::Write, &mut waits);
                 waits.sort_dedup();
+                self.admit_waits(capture, &mut waits)?;
                 self.wait_all(stream, waits.as_slice())?;
             }
-            if !self.options.cache {
+            if !self.options.cache && parked_in == 0 {
                 self.free_to_driver(stream, ptr, held)?;
             }
         }
@@ -1162,16 +1359,18 @@ impl AsyncPool {
             }
         }
         self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));
+        shard.counters.freed(tag.index(), held);
         shard.deallocations += 1;
         let state = if held == 0 {
             BlockState::Retired
+        } else if parked_in != 0 {
+            self.captures.put(parked_in, stream, ptr, held, own_capture != 0);
+            BlockState::Cached
+        } else if self.options.cache {
+            shard.cache.put(stream, ptr, held);
+            BlockState::Cached
         } else {
-            if self.options.cache {
-                shard.cache.put(stream, ptr, held);
-                BlockState::Cached
-            } else {
-                BlockState::Pending
-            }
+            BlockState::Pending
         };
         drop(guard);
         Ok(DeviceBlock { id: *id, tag, state, held })

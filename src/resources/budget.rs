@@ -165,6 +165,12 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
         Ok(retired)
     }
 
+    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
+        let released = self.inner.release_capture(id)?;
+        self.release(released);
+        Ok(released)
+    }
+
     forward_to_inner!();
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::async_pool::{check_matches, stale};
 use crate::device::Device;
+use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
     AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
@@ -35,6 +36,8 @@ struct DirectState {
     peak: u64,
     allocations: u64,
     deallocations: u64,
+    /// Per-tag and total counts (`telemetry`).
+    counters: TableCounters,
 }
 
 pub struct Direct {
@@ -104,6 +107,7 @@ impl DeviceMemoryResource for Direct {
         st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
+        st.counters.allocated(tag.index(), held);
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
@@ -118,6 +122,7 @@ impl DeviceMemoryResource for Direct {
         st.blocks.remove(&id.generation);
         st.live_bytes -= held;
         st.deallocations += 1;
+        st.counters.freed(tag.index(), held);
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
 
@@ -157,8 +162,8 @@ impl DeviceMemoryResource for Direct {
     }
 
     fn live_blocks(&self) -> Vec<LeakedBlock> {
-        self.lock()
-            .blocks
+        let st = self.lock();
+        st.blocks
             .iter()
             .map(|(g, r)| LeakedBlock {
                 id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
@@ -166,16 +171,18 @@ impl DeviceMemoryResource for Direct {
                 tag_id: r.tag,
                 held: r.held,
                 sequence: r.sequence,
+                allocations_since: st.allocations - r.sequence,
             })
             .collect()
-    }
-
-    fn allocation_sequence(&self) -> u64 {
-        self.lock().allocations
     }
 
     fn reset_peak(&self) {
         let mut st = self.lock();
         st.peak = st.live_bytes;
+        st.counters.reset_peak();
+    }
+
+    fn count_tags(&self, out: &mut CountSummary) {
+        self.lock().counters.add_to(out);
     }
 }

@@ -366,5 +366,9 @@ impl DeviceMemoryResource for LoggingResource {
         self.inner.retire_stream(stream)
     }
 
+    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
+        self.inner.release_capture(id)
+    }
+
     forward_to_inner!();
 }

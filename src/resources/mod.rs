@@ -2,6 +2,7 @@
 
 pub mod async_pool;
 pub mod budget;
+pub(crate) mod capture_pool;
 pub mod direct;
 pub mod logging;
 pub mod stream_cache;

@@ -290,7 +290,12 @@ impl Stack {
         assert_eq!(usage, before.usage, "[{n}] {what}: usage changed");
         assert_eq!(now.reserved, before.reserved, "[{n}] {what}: budget reservation changed");
         assert_eq!(now.sim_in_use, before.sim_in_use, "[{n}] {what}: device memory changed");
-        let expected = Stats { failed_allocations: before.stats.failed_allocations + failed, ..before.stats };
+        assert!(now.stats.alloc_retries >= before.stats.alloc_retries, "[{n}] {what}");
+        let expected = Stats {
+            failed_allocations: before.stats.failed_allocations + failed,
+            alloc_retries: now.stats.alloc_retries,
+            ..before.stats
+        };
         assert_eq!(now.stats, expected, "[{n}] {what}: stats changed");
         self.check_invariant(what);
     }

@@ -6,6 +6,9 @@
 //! backend every open makes an independent runtime, so tests run in
 //! parallel.
 
+
+pub mod multi_device;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +18,7 @@ use crate::call_gate::{CallGate, Pass};
 use crate::config::{AllocatorKind, Config};
 use crate::device::cuda::CudaDevice;
 use crate::device::sim::SimDevice;
-use crate::device::{Backend, Device, HostFn};
+use crate::device::{Backend, CaptureMode, Device, HostFn};
 use crate::error::DeviceError;
 use crate::resource::{
     Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
@@ -26,45 +29,9 @@ use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
+use crate::telemetry::{summary, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
 
-/// Several devices: peer access, a peer's streams on this runtime's blocks.
-pub mod multi_device;
-use crate::telemetry::{summary, CallSite, LiveBlock, TagStats, Telemetry};
-
-/// Counters and byte totals of a runtime (mirrors `xlog_stats`).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub live_bytes: u64,
-    pub pending_bytes: u64,
-    pub outstanding_bytes: u64,
-    pub peak_outstanding_bytes: u64,
-    /// 0 when the runtime has no budget layer.
-    pub budget_limit: u64,
-    /// `u64::MAX` when the runtime has no budget layer.
-    pub budget_remaining: u64,
-    pub live_blocks: u64,
-    pub pending_blocks: u64,
-    pub allocations: u64,
-    pub deallocations: u64,
-    pub failed_allocations: u64,
-    pub cached_bytes: u64,
-    pub cached_blocks: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// What the driver's pool holds for this runtime (CUDA:
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of xlog's own pool); on sim,
-    /// or without a pool, the bytes xlog holds (`outstanding_bytes`).
-    pub reserved_bytes: u64,
-    /// CSV log lines that could not be written (0 without a log).
-    pub log_lines_lost: u64,
-    /// Highest `live_bytes` and `live_blocks` since the runtime opened or
-    /// the last `reset_peak` (counted by `telemetry`).
-    pub peak_live_bytes: u64,
-    pub peak_live_blocks: u64,
-    /// Refused allocations tried again after relieving pressure (by the
-    /// pool after a driver refusal, by the budget after its own).
-    pub alloc_retries: u64,
-}
+pub use crate::telemetry::Stats;
 
 /// What `close` found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -333,6 +300,7 @@ impl Runtime {
     }
 
     /// `allocate` with the tag already interned.
+    #[inline]
     pub fn allocate_tagged(&self, bytes: u64, stream: StreamId, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         self.allocate_at(bytes, stream, tag, CallSite::NONE)
     }
@@ -340,15 +308,20 @@ impl Runtime {
     /// `allocate_tagged` recording `site` as the call site when the runtime
     /// tracks call sites (`Config::track_call_sites`; NONE: this thread's
     /// current site, see `CallSite::set_thread_current`).
+    #[inline]
     pub fn allocate_at(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
-        match self.stack.allocate(bytes, s, tag) {
+        let result = self.stack.allocate(bytes, s, tag);
+        match &result {
             Ok(b) => {
-                self.telemetry.allocated(&b, site);
-                Ok(b)
+                if self.telemetry.tracks_call_sites() {
+                    self.telemetry.allocated(b, site);
+                }
+                result
             }
-            Err(e) => {
+            Err(_) => {
+                let Err(e) = result else { unreachable!() };
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
                 if let Some(log) = &self.log {
                     log.refused(bytes, stream.0, tag, &e.to_string());
@@ -360,12 +333,16 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let freed = self
-            .stack
-            .deallocate(block)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))?;
-        self.telemetry.freed(&freed);
-        Ok(freed)
+        let result = self.stack.deallocate(block);
+        match &result {
+            Ok(freed) => {
+                if self.telemetry.tracks_call_sites() {
+                    self.telemetry.freed(freed);
+                }
+                result
+            }
+            Err(_) => result.map_err(|e| multi_device::explain_block_error(self, block, e)),
+        }
     }
 
     /// Check that `block` is live here.
@@ -476,6 +453,46 @@ impl Runtime {
             .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
 
+    // ----- stream capture (DESIGN: "Stream capture") -----
+
+    /// Begin capturing `stream` into a CUDA graph; returns the capture id.
+    /// While a capture begun here is active, the pool applies the capture
+    /// rules to every stream that takes part in one.
+    pub fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        self.device.begin_capture(s.raw, mode)?;
+        let id = self.device.capture_of(s.raw)?.ok_or_else(|| {
+            ResourceError::Internal(format!("stream {stream} began capturing but the driver reports no capture"))
+        })?;
+        self.stack.capture_begun(id);
+        Ok(id)
+    }
+
+    /// End the capture begun on `stream`: (the graph, the capture id).
+    pub fn end_capture(&self, stream: StreamId) -> ResourceResult<(u64, u64)> {
+        let _g = self.enter()?;
+        let s = self.streams.resolve(stream)?;
+        let id = self
+            .device
+            .capture_of(s.raw)?
+            .ok_or_else(|| ResourceError::StreamMisuse(format!("stream {stream} is not capturing")))?;
+        let graph = self.device.end_capture(s.raw);
+        // A capture the driver invalidated ends with the error; one ended on
+        // the wrong stream goes on.
+        if self.device.capture_of(s.raw)?.is_none() {
+            self.stack.capture_ended(id);
+        }
+        Ok((graph?, id))
+    }
+
+    /// Give capture `id`'s private memory back (after its graphs are
+    /// destroyed); refused while it captures or has live blocks.
+    pub fn release_capture(&self, id: u64) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        self.stack.release_capture(Some(id))
+    }
+
     /// Retire completed frees; never blocks. Returns the bytes released.
     pub fn reap(&self) -> ResourceResult<u64> {
         let _g = self.enter()?;
@@ -523,14 +540,19 @@ impl Runtime {
     }
 
     fn live_blocks_now(&self) -> Vec<LiveBlock> {
-        let sequence_now = self.stack.allocation_sequence();
-        self.telemetry.live_blocks(self.stack.live_blocks(), sequence_now)
+        self.telemetry.live_blocks(self.stack.live_blocks())
     }
 
     /// Counters per tag, largest live bytes first.
     pub fn tag_stats(&self) -> ResourceResult<Vec<TagStats>> {
         let _g = self.enter()?;
-        Ok(self.telemetry.tag_stats())
+        Ok(Telemetry::tag_stats(&self.counts()))
+    }
+
+    fn counts(&self) -> CountSummary {
+        let mut counts = CountSummary::default();
+        self.stack.count_tags(&mut counts);
+        counts
     }
 
     /// Restart every peak (`peak_outstanding_bytes`, the live peaks, the
@@ -538,7 +560,6 @@ impl Runtime {
     pub fn reset_peak(&self) -> ResourceResult<()> {
         let _g = self.enter()?;
         self.stack.reset_peak();
-        self.telemetry.reset_peak();
         Ok(())
     }
 
@@ -546,19 +567,40 @@ impl Runtime {
     /// blocks.
     pub fn memory_summary(&self, top_n: usize) -> ResourceResult<String> {
         let _g = self.enter()?;
-        let stats = self.stats_now();
-        let tags = self.telemetry.tag_stats();
+        let counts = self.counts();
+        let stats = self.stats_with(&counts);
+        let tags = Telemetry::tag_stats(&counts);
         let blocks = self.live_blocks_now();
         let backend = match self.backend() {
             Backend::Cuda => "cuda",
             Backend::Sim => "sim",
             Backend::Auto => "auto",
         };
+        let totals = summary::Totals {
+            live_bytes: stats.live_bytes,
+            live_blocks: stats.live_blocks,
+            cached_bytes: stats.cached_bytes,
+            cached_blocks: stats.cached_blocks,
+            pending_bytes: stats.pending_bytes,
+            pending_blocks: stats.pending_blocks,
+            outstanding_bytes: stats.outstanding_bytes,
+            peak_outstanding_bytes: stats.peak_outstanding_bytes,
+            reserved_bytes: stats.reserved_bytes,
+            budget_limit: stats.budget_limit,
+            budget_remaining: stats.budget_remaining,
+            allocations: stats.allocations,
+            deallocations: stats.deallocations,
+            failed_allocations: stats.failed_allocations,
+            cache_hits: stats.cache_hits,
+            cache_misses: stats.cache_misses,
+        };
+        let mut counts_totals = counts.totals;
+        counts_totals.peak_live_bytes = stats.peak_live_bytes;
         Ok(summary::format(&summary::SummaryInput {
             device: self.device.ordinal(),
             backend,
-            stats: &stats,
-            totals: self.telemetry.totals(),
+            stats: &totals,
+            totals: counts_totals,
             tags: &tags,
             blocks: &blocks,
             top_n,
@@ -566,8 +608,12 @@ impl Runtime {
     }
 
     fn stats_now(&self) -> Stats {
+        self.stats_with(&self.counts())
+    }
+
+    fn stats_with(&self, counts: &CountSummary) -> Stats {
         let u = self.stack.usage();
-        let totals = self.telemetry.totals();
+        let totals = counts.totals;
         let (limit, remaining) = match &self.budget {
             Some(b) => (b.limit(), b.remaining()),
             None => (0, u64::MAX),
@@ -590,7 +636,10 @@ impl Runtime {
             cache_misses: u.cache_misses,
             reserved_bytes: self.device.pool_reserved_bytes().unwrap_or_else(|| u.outstanding_bytes()),
             log_lines_lost: self.log.as_ref().map_or(0, |log| log.lines_lost()),
-            peak_live_bytes: totals.peak_live_bytes,
+            // The summed peak is an upper bound when several streams
+            // allocate (`telemetry::counters`); live bytes never exceed the
+            // held bytes, so their peak is capped by the held peak too.
+            peak_live_bytes: totals.peak_live_bytes.min(u.peak_outstanding_bytes.max(totals.live_bytes)),
             peak_live_blocks: totals.peak_live_blocks,
             alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }
@@ -661,8 +710,12 @@ impl Runtime {
                 }
             }
         }
-        // Everything cached goes back to the driver (trim waits for it).
+        // Everything cached goes back to the driver (trim waits for it),
+        // and the captures' private memory.
         if let Err(e) = self.stack.trim(0) {
+            first_error.get_or_insert(e);
+        }
+        if let Err(e) = self.stack.release_capture(None) {
             first_error.get_or_insert(e);
         }
         if let Err(e) = self.stack.wait_pending() {
