@@ -24,8 +24,16 @@
 // Every backend checks the cross-stream ordering: each stage also enqueues a
 // host callback that verifies the stages it depends on have already run.
 //
+// Two devices: `--peer-device N` runs the mix stage on a stream of device N
+// (its own runtime, paired with device 0's by enable_peer_access): the mix
+// kernel reads device 0's input and writes device 0's output block through
+// peer access, and device 0's runtime orders it like any other stage — the
+// recorded launches are the same calls with device N's stream. On sim the
+// demo then simulates N + 1 devices.
+//
 // Exit status: 0 RESULT OK, 1 RESULT MISMATCH, 2 an unexpected library
-// error, 77 XLOG_BACKEND=cuda asked for but no CUDA device (ctest: skipped).
+// error or a bad argument, 77 XLOG_BACKEND=cuda asked for but no CUDA device
+// (or no device N, or no peer access to it) (ctest: skipped).
 
 #include <xlog/runtime.hpp>
 
@@ -168,10 +176,12 @@ struct Report {
 
 // Runs the whole pipeline on `rt`; fills `report`. Throws xlog::Error on an
 // unexpected library failure.
-void run_pipeline(xlog::Runtime& rt, DataPath path, Ordering& ordering, Report& report) {
+// With `peer` (a runtime of another device, paired with `rt`), the mix stage
+// runs on a stream of that device; every block stays on `rt`'s device.
+void run_pipeline(xlog::Runtime& rt, xlog::Runtime* peer, DataPath path, Ordering& ordering, Report& report) {
   xlog::Stream producer = rt.acquire_stream();
   xlog::Stream scaler = rt.acquire_stream();
-  xlog::Stream mixer = rt.acquire_stream();
+  xlog::Stream mixer = peer != nullptr ? peer->acquire_stream() : rt.acquire_stream();
   xlog::Stream reducer = rt.acquire_stream();
 
   // The reducer's running checksum lives in a device block of its own.
@@ -226,7 +236,10 @@ void run_pipeline(xlog::Runtime& rt, DataPath path, Ordering& ordering, Report& 
       on.enqueue_host([&ordering, batch] { ordering.mark(batch, kScaled); });
     });
 
-    xlog::Block mixed = rt.allocate(kBlockBytes, mixer, "mixed");
+    // A block is allocated on a stream of its own device: with the mixer on
+    // the peer device, the producer's stream (its first use on the mixer
+    // then waits for the allocation, as any first use on another stream).
+    xlog::Block mixed = rt.allocate(kBlockBytes, peer != nullptr ? producer : mixer, "mixed");
     xlog::launch(rt, mixer, {xlog::read(input), xlog::write(mixed)}, [&](const xlog::Stream& on) {
       on.enqueue_host([&ordering, batch] { ordering.expect(batch, kProduced); });
       if (path == DataPath::host_callbacks) {
@@ -324,12 +337,16 @@ void run_pipeline(xlog::Runtime& rt, DataPath path, Ordering& ordering, Report& 
   report.final_stats = rt.stats();
 }
 
-void print_report(const xlog::Runtime& rt, DataPath path, const Report& r) {
+void print_report(const xlog::Runtime& rt, int peer_device, DataPath path, const Report& r) {
   const xlog::Stats& s = r.final_stats;
   const std::uint64_t reaped = r.reaped_by_reap + r.reaped_by_drain + r.released_by_trim;
   std::printf("xlog demo engine — libxlog_cuda %s\n", xlog::version());
   std::printf("  backend                  %s\n", xlog::backend_name(rt.backend()));
-  std::printf("  device                   0\n");
+  if (peer_device >= 0) {
+    std::printf("  device                   0 (the mix stage on a stream of device %d)\n", peer_device);
+  } else {
+    std::printf("  device                   0\n");
+  }
   std::printf("  stage work               %s\n", data_path_name(path));
   std::printf("  pipeline                 %zu batches x 3 blocks of %" PRIu64 " bytes on 4 streams\n", kBatches,
               kBlockBytes);
@@ -403,12 +420,28 @@ bool cuda_requested() {
 
 }  // namespace
 
-int main() {
-  Ordering ordering;  // outlives the runtime: see Ordering
+int main(int argc, char** argv) {
+  int peer_device = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--peer-device") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      const long value = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || value < 1 || value > 63) {
+        std::printf("error: --peer-device wants a device ordinal from 1 to 63, got %s\n", argv[i]);
+        return 2;
+      }
+      peer_device = static_cast<int>(value);
+    } else {
+      std::printf("usage: %s [--peer-device N]\n", argv[0]);
+      return 2;
+    }
+  }
+  Ordering ordering;  // outlives the runtimes: see Ordering
   Report report;
   try {
     xlog::Config config;  // XLOG_BACKEND etc. from the environment
     config.budget_bytes(kBudgetBytes).wait_on_pressure(true);
+    if (peer_device >= 0) config.sim_devices(static_cast<std::uint32_t>(peer_device) + 1);
 
     std::unique_ptr<xlog::Runtime> rt;
     try {
@@ -430,12 +463,39 @@ int main() {
 #endif
     }
 
+    // The second device's runtime, paired with the first.
+    std::unique_ptr<xlog::Runtime> peer;
+    if (peer_device >= 0) {
+      try {
+        peer = std::make_unique<xlog::Runtime>(config, peer_device);
+        rt->enable_peer_access(*peer);
+      } catch (const xlog::Error& e) {
+        const bool unavailable = e.status() == XLOG_ERR_NO_DEVICE || e.status() == XLOG_ERR_UNSATISFIABLE_DEPENDENCY;
+        if (unavailable && rt->backend() == XLOG_BACKEND_CUDA) {
+          std::printf("SKIP: --peer-device %d: %s\n", peer_device, e.message().c_str());
+          return 77;
+        }
+        throw;
+      }
+    }
+
     report.expected = expected_checksum();
-    run_pipeline(*rt, path, ordering, report);
-    print_report(*rt, path, report);
+    run_pipeline(*rt, peer.get(), path, ordering, report);
+    print_report(*rt, peer_device, path, report);
     report.close = rt->close();
 
-    const bool ok = verify(report, ordering);
+    bool ok = verify(report, ordering);
+    if (peer) {
+      const xlog::Stats peer_stats = peer->stats();
+      const xlog::CloseReport peer_close = peer->close();
+      std::printf("  device %d                 %" PRIu64 " allocations, closed with %" PRIu64 " leaked blocks\n",
+                  peer_device, peer_stats.allocations, peer_close.leaked_blocks);
+      if (peer_stats.allocations != 0 || peer_close.leaked_blocks != 0) {
+        std::printf("  MISMATCH: device %d's runtime allocated or leaked blocks (every block is device 0's)\n",
+                    peer_device);
+        ok = false;
+      }
+    }
     std::printf("RESULT %s\n", ok ? "OK" : "MISMATCH");
     return ok ? 0 : 1;
   } catch (const xlog::Error& e) {

@@ -119,24 +119,36 @@ unsigned blocks_for(std::size_t count) {
 
 // With lazy module loading (the CUDA 12.2+ default) the first launch of each
 // kernel loads it, which may wait for work already running on the device.
-// Load all four up front, once, before the pipeline's streams are busy.
-int load_kernels() {
-  static std::once_flag once;
-  static cudaError_t status = cudaSuccess;
-  std::call_once(once, [] {
-    cudaFuncAttributes attributes{};
-    const void* kernels[] = {
-        reinterpret_cast<const void*>(&produce_kernel),
-        reinterpret_cast<const void*>(&scale_kernel),
-        reinterpret_cast<const void*>(&mix_kernel),
-        reinterpret_cast<const void*>(&reduce_kernel),
-    };
-    for (const void* kernel : kernels) {
-      status = cudaFuncGetAttributes(&attributes, kernel);
-      if (status != cudaSuccess) return;
-    }
-  });
-  return static_cast<int>(status);
+// Load all four up front, once per device, before the pipeline's streams are
+// busy. Also makes the stream's device current: the engine may run a stage
+// on a stream of a second device (--peer-device), and xlog's own calls leave
+// whichever device's context they used current on this thread.
+int load_kernels(void* stream) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static bool loaded[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t status = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device);
+  if (status != cudaSuccess) return static_cast<int>(status);
+  int current = -1;
+  status = cudaGetDevice(&current);
+  if (status == cudaSuccess && current != device) status = cudaSetDevice(device);
+  if (status != cudaSuccess) return static_cast<int>(status);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < kMaxDevices && loaded[device]) return 0;
+  cudaFuncAttributes attributes{};
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&produce_kernel),
+      reinterpret_cast<const void*>(&scale_kernel),
+      reinterpret_cast<const void*>(&mix_kernel),
+      reinterpret_cast<const void*>(&reduce_kernel),
+  };
+  for (const void* kernel : kernels) {
+    status = cudaFuncGetAttributes(&attributes, kernel);
+    if (status != cudaSuccess) return static_cast<int>(status);
+  }
+  if (device < kMaxDevices) loaded[device] = true;
+  return 0;
 }
 
 // The launch's own error (bad configuration, no kernel image for this GPU).
@@ -145,27 +157,27 @@ int launched() { return static_cast<int>(cudaGetLastError()); }
 }  // namespace
 
 int fill_zero(void* stream, void* device_ptr, std::size_t bytes) {
-  if (const int status = load_kernels()) return status;
+  if (const int status = load_kernels(stream)) return status;
   if (bytes == 0) return 0;
   return static_cast<int>(cudaMemsetAsync(device_ptr, 0, bytes, as_stream(stream)));
 }
 
 int produce(void* stream, std::uint32_t* input, std::size_t count, std::uint32_t batch) {
-  if (const int status = load_kernels()) return status;
+  if (const int status = load_kernels(stream)) return status;
   if (count == 0) return 0;
   produce_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(input, count, batch);
   return launched();
 }
 
 int transform_scale(void* stream, const std::uint32_t* input, std::uint32_t* output, std::size_t count) {
-  if (const int status = load_kernels()) return status;
+  if (const int status = load_kernels(stream)) return status;
   if (count == 0) return 0;
   scale_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(input, output, count);
   return launched();
 }
 
 int transform_mix(void* stream, const std::uint32_t* input, std::uint32_t* output, std::size_t count) {
-  if (const int status = load_kernels()) return status;
+  if (const int status = load_kernels(stream)) return status;
   if (count == 0) return 0;
   mix_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(input, output, count);
   return launched();
@@ -174,7 +186,7 @@ int transform_mix(void* stream, const std::uint32_t* input, std::uint32_t* outpu
 int reduce(void* stream, const std::uint32_t* scaled, const std::uint32_t* mixed, std::size_t count,
            std::uint64_t* accumulator) {
   static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t), "atomicAdd needs a 64-bit unsigned long long");
-  if (const int status = load_kernels()) return status;
+  if (const int status = load_kernels(stream)) return status;
   if (count == 0) return 0;
   reduce_kernel<<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(
       scaled, mixed, count, reinterpret_cast<unsigned long long*>(accumulator));
@@ -182,6 +194,7 @@ int reduce(void* stream, const std::uint32_t* scaled, const std::uint32_t* mixed
 }
 
 int copy_to_host(void* stream, void* host_dst, const void* device_src, std::size_t bytes) {
+  if (const int status = load_kernels(stream)) return status;
   if (bytes == 0) return 0;
   return static_cast<int>(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)));
 }

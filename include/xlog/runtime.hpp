@@ -134,6 +134,8 @@ class Config {
   }
   Config& sim_capacity_bytes(std::uint64_t value) noexcept { config_.sim_capacity_bytes = value; return *this; }
   Config& wait_on_pressure(bool value) noexcept { config_.wait_on_pressure = value ? 1 : 0; return *this; }
+  /// Devices the sim backend simulates (default 1, env XLOG_SIM_DEVICES).
+  Config& sim_devices(std::uint32_t value) noexcept { config_.sim_devices = value; return *this; }
   /// Keep freed blocks in per-stream caches for reuse (the default); false
   /// frees every block to the driver.
   Config& cache(bool value) noexcept { config_.cache = value ? 1 : 0; return *this; }

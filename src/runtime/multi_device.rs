@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
 use crate::resource::{BlockId, BlockUse, ResourceError, ResourceResult, StreamId, StreamRef};
-use crate::runtime::Runtime;
+use super::Runtime;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -274,6 +274,8 @@ fn with_bridge(
 }
 
 /// `prepare_all` on `rt` (the blocks' runtime) with `stream` of a peer.
+#[cold]
+#[inline(never)]
 pub(crate) fn prepare_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], original: ResourceError) -> ResourceResult<()> {
     with_bridge(rt, stream, original, |peer, foreign, bridge| {
         let events = lock(&bridge.events);
@@ -286,6 +288,8 @@ pub(crate) fn prepare_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], ori
 }
 
 /// `finish_all` on `rt` (the blocks' runtime) with `stream` of a peer.
+#[cold]
+#[inline(never)]
 pub(crate) fn finish_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], original: ResourceError) -> ResourceResult<()> {
     with_bridge(rt, stream, original, |peer, foreign, bridge| {
         // A stale handle fails in the pool below; the record and the wait
@@ -301,6 +305,8 @@ pub(crate) fn finish_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], orig
 
 /// A block handle refused by `rt`'s table: when it names another device,
 /// say so (naming both) instead of the table's "not live here".
+#[cold]
+#[inline(never)]
 pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceError) -> ResourceError {
     let own = rt.device().ordinal();
     if block.device == own || !matches!(e, ResourceError::UseAfterFree { .. } | ResourceError::InvalidArgument(_)) {
@@ -316,6 +322,8 @@ pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceErro
 /// `explain_block_error` for a launch: the error is re-explained only when
 /// the use it is about (the one whose generation it names) is a block of
 /// another device; an error about a block of this device stays as it is.
+#[cold]
+#[inline(never)]
 pub(crate) fn explain_uses_error(rt: &Runtime, uses: &[BlockUse], e: ResourceError) -> ResourceError {
     let own = rt.device().ordinal();
     let names = |g: u64| match &e {
