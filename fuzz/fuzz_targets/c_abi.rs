@@ -35,6 +35,9 @@ use xlog_cuda::ffi::types::*;
 
 /// Most calls one input makes, and most streams it may start (each sim
 /// stream is a thread).
+/// Sim devices the harness asks for (`XLOG_SIM_DEVICES`): valid opens use
+/// ordinals 0..=3, wild ones also 3 and `i32::MAX`.
+const SIM_DEVICES: i32 = 4;
 const MAX_OPS: usize = 400;
 const MAX_NEW_STREAMS: u32 = 24;
 const MAX_OPEN_RUNTIMES: usize = 3;
@@ -247,11 +250,14 @@ struct Harness {
 
 /// Status of a block handle in runtime `rt` per the model: OK when it is a
 /// live block exactly, INVALID_ARGUMENT when its generation is live but a
-/// field differs, USE_AFTER_FREE when the generation is not live there.
-fn block_status(blocks: &[BlockRec], rt: usize, b: &xlog_block) -> xlog_status {
+/// field differs, USE_AFTER_FREE when the generation is not live there —
+/// or INVALID_ARGUMENT when the handle names another device than the
+/// runtime's (`rt_device`): the runtime says it is a foreign handle.
+fn block_status(blocks: &[BlockRec], rt: usize, rt_device: i32, b: &xlog_block) -> xlog_status {
     match blocks.iter().find(|r| r.live && r.rt == rt && r.block.generation == b.generation) {
         Some(r) if same_block(&r.block, b) => XLOG_OK,
         Some(_) => XLOG_ERR_INVALID_ARGUMENT,
+        None if b.device != rt_device => XLOG_ERR_INVALID_ARGUMENT,
         None => XLOG_ERR_USE_AFTER_FREE,
     }
 }
@@ -372,6 +378,22 @@ impl Harness {
         }
     }
 
+    /// What prepare/finish on runtime `rt` answer for a stream id that is
+    /// not one of its own: a live stream of an open runtime of another
+    /// device is a stream of a device without peer access (the harness
+    /// enables none): UNSATISFIABLE_DEPENDENCY; anything else INVALID_ARGUMENT.
+    fn not_my_stream(&self, rt: usize, id: xlog_stream) -> u32 {
+        let device = self.rts[rt].device;
+        let foreign = self.streams.iter().any(|s| {
+            s.live && s.id == id && s.rt != rt && self.rts[s.rt].open && self.rts[s.rt].device != device
+        });
+        if foreign {
+            bit(XLOG_ERR_UNSATISFIABLE_DEPENDENCY)
+        } else {
+            INVALID
+        }
+    }
+
     fn stream_live_in(&self, rt: usize, id: xlog_stream) -> Option<usize> {
         self.streams.iter().position(|s| s.rt == rt && s.live && s.id == id)
     }
@@ -472,6 +494,8 @@ impl Harness {
             wait_on_pressure: 0,
             cache: 0,
             pool_release_threshold: 0,
+            track_call_sites: 0,
+            sim_devices: 0,
         };
         // SAFETY: `cfg` is a valid, writable xlog_config.
         let st = unsafe { xlog_config_from_env(&mut cfg) };
@@ -573,6 +597,8 @@ impl Harness {
                 // XLOG_CACHE=0 (set once at start, see `run`).
                 cache: 0,
                 pool_release_threshold: u64::MAX,
+                track_call_sites: 0,
+                sim_devices: 1,
             }
         } else {
             cfg
@@ -592,6 +618,9 @@ impl Harness {
         {
             INVALID
         } else if e.backend == XLOG_BACKEND_CUDA {
+            bit(XLOG_ERR_NO_DEVICE)
+        } else if device >= SIM_DEVICES {
+            // The sim simulates XLOG_SIM_DEVICES devices (set in `run`).
             bit(XLOG_ERR_NO_DEVICE)
         } else if e.sim_capacity_bytes > u64::MAX - SIM_ALIGNMENT {
             INVALID
@@ -1020,7 +1049,7 @@ impl Harness {
         let b = self.pick_block(inp, target);
         let expected = match target {
             None => INVALID,
-            Some(i) => match block_status(&self.blocks, i, &b) {
+            Some(i) => match block_status(&self.blocks, i, self.rts[i].device, &b) {
                 XLOG_OK => OK | self.rts[i].driver_if(&[Fault::Free]),
                 s => bit(s),
             },
@@ -1042,7 +1071,7 @@ impl Harness {
         let b = self.pick_block(inp, target);
         let expected = match target {
             None => INVALID,
-            Some(i) => bit(block_status(&self.blocks, i, &b)),
+            Some(i) => bit(block_status(&self.blocks, i, self.rts[i].device, &b)),
         };
         self.trace(format!("xlog_block_validate({handle:#x}, {b:?}) target {target:?}"));
         let st = xlog_block_validate(handle as *mut xlog_runtime, b);
@@ -1061,9 +1090,9 @@ impl Harness {
         } else {
             match target {
                 None => INVALID,
-                Some(i) if self.stream_live_in(i, id).is_none() => INVALID,
+                Some(i) if self.stream_live_in(i, id).is_none() => self.not_my_stream(i, id),
                 Some(i) if self.rts[i].direct => bit(XLOG_ERR_STREAM_MISUSE),
-                Some(i) => match block_status(&self.blocks, i, &b) {
+                Some(i) => match block_status(&self.blocks, i, self.rts[i].device, &b) {
                     XLOG_OK => OK | self.rts[i].driver_if(&[Fault::EventRecord]),
                     s => bit(s),
                 },
@@ -1102,9 +1131,9 @@ impl Harness {
         } else {
             match target {
                 None => INVALID,
-                Some(i) if self.stream_live_in(i, id).is_none() => INVALID,
+                Some(i) if self.stream_live_in(i, id).is_none() => self.not_my_stream(i, id),
                 Some(i) if self.rts[i].direct => bit(XLOG_ERR_STREAM_MISUSE),
-                Some(i) => match used.iter().map(|u| block_status(&self.blocks, i, &u.block)).find(|s| *s != XLOG_OK) {
+                Some(i) => match used.iter().map(|u| block_status(&self.blocks, i, self.rts[i].device, &u.block)).find(|s| *s != XLOG_OK) {
                     Some(s) => bit(s),
                     None if used.is_empty() => OK,
                     None => OK | self.rts[i].driver_if(&[Fault::EventRecord]),
@@ -1508,6 +1537,9 @@ fuzz_target!(|data: &[u8]| {
     // pending): every runtime here runs with the cache off, the NULL-config
     // opens included. The cache has its own model (tests/common/model.rs).
     static CACHE_OFF: std::sync::Once = std::sync::Once::new();
-    CACHE_OFF.call_once(|| std::env::set_var("XLOG_CACHE", "0"));
+    CACHE_OFF.call_once(|| {
+        std::env::set_var("XLOG_CACHE", "0");
+        std::env::set_var("XLOG_SIM_DEVICES", SIM_DEVICES.to_string());
+    });
     run(data);
 });

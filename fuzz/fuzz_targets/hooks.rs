@@ -649,6 +649,10 @@ fuzz_target!(|data: &[u8]| {
     // As in c_abi: the model's frees go pending, so the hook runtimes
     // opened from the environment run with the cache off.
     static CACHE_OFF: std::sync::Once = std::sync::Once::new();
-    CACHE_OFF.call_once(|| std::env::set_var("XLOG_CACHE", "0"));
+    CACHE_OFF.call_once(|| {
+        std::env::set_var("XLOG_CACHE", "0");
+        // The four hook devices are sim devices 0..=3.
+        std::env::set_var("XLOG_SIM_DEVICES", DEVICES.len().to_string());
+    });
     run(data);
 });
