@@ -576,30 +576,12 @@ impl Runtime {
             Backend::Sim => "sim",
             Backend::Auto => "auto",
         };
-        let totals = summary::Totals {
-            live_bytes: stats.live_bytes,
-            live_blocks: stats.live_blocks,
-            cached_bytes: stats.cached_bytes,
-            cached_blocks: stats.cached_blocks,
-            pending_bytes: stats.pending_bytes,
-            pending_blocks: stats.pending_blocks,
-            outstanding_bytes: stats.outstanding_bytes,
-            peak_outstanding_bytes: stats.peak_outstanding_bytes,
-            reserved_bytes: stats.reserved_bytes,
-            budget_limit: stats.budget_limit,
-            budget_remaining: stats.budget_remaining,
-            allocations: stats.allocations,
-            deallocations: stats.deallocations,
-            failed_allocations: stats.failed_allocations,
-            cache_hits: stats.cache_hits,
-            cache_misses: stats.cache_misses,
-        };
         let mut counts_totals = counts.totals;
         counts_totals.peak_live_bytes = stats.peak_live_bytes;
         Ok(summary::format(&summary::SummaryInput {
             device: self.device.ordinal(),
             backend,
-            stats: &totals,
+            stats: &stats,
             totals: counts_totals,
             tags: &tags,
             blocks: &blocks,

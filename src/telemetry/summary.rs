@@ -5,36 +5,13 @@
 
 use std::fmt::Write;
 
-use super::{LiveBlock, TagStats, TotalCounts};
-
-/// The runtime's totals the summary prints (the runtime fills it from its
-/// `Stats`; this module sits below the runtime and does not name it).
-#[derive(Copy, Clone, Debug, Default)]
-pub struct Totals {
-    pub live_bytes: u64,
-    pub live_blocks: u64,
-    pub cached_bytes: u64,
-    pub cached_blocks: u64,
-    pub pending_bytes: u64,
-    pub pending_blocks: u64,
-    pub outstanding_bytes: u64,
-    pub peak_outstanding_bytes: u64,
-    pub reserved_bytes: u64,
-    /// 0 without a budget.
-    pub budget_limit: u64,
-    pub budget_remaining: u64,
-    pub allocations: u64,
-    pub deallocations: u64,
-    pub failed_allocations: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-}
+use super::{LiveBlock, Stats, TagStats, TotalCounts};
 
 /// What the summary is made from.
 pub struct SummaryInput<'a> {
     pub device: i32,
     pub backend: &'a str,
-    pub stats: &'a Totals,
+    pub stats: &'a Stats,
     pub totals: TotalCounts,
     pub tags: &'a [TagStats],
     pub blocks: &'a [LiveBlock],
