@@ -99,15 +99,24 @@ thread_local! {
     static LAST_HOOKS: std::cell::RefCell<Option<(i32, u64, Arc<Hooks>)>> = const { std::cell::RefCell::new(None) };
 }
 
+/// `f` applied to this thread's copy of the open hooks of `device`, if
+/// that copy is still current (borrowed: no reference count touched).
+fn with_cached_hooks<T>(device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
+    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
+    LAST_HOOKS.with(|c| match c.borrow().as_ref() {
+        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => Some(f(h)),
+        _ => None,
+    })
+}
+
 /// This thread's copy of the open hooks of `device`, if still current.
 fn cached_hooks(device: i32) -> Option<Arc<Hooks>> {
-    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
-    LAST_HOOKS.with(|c| {
-        c.borrow()
-            .as_ref()
-            .filter(|(d, e, h)| *d == device && *e == epoch && !h.runtime.is_closed())
-            .map(|(_, _, h)| h.clone())
-    })
+    with_cached_hooks(device, Arc::clone)
+}
+
+/// The table's open hooks of `device`, if any (none are opened here).
+fn table_hooks(device: i32) -> Option<Arc<Hooks>> {
+    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
 }
 
 fn remember_hooks(device: i32, epoch: u64, h: &Arc<Hooks>) {
@@ -136,22 +145,11 @@ fn with_hooks<T>(
     missing: impl FnOnce() -> ResourceError,
     f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
 ) -> Result<T, ResourceError> {
-    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
     let mut f = Some(f);
-    let hit = LAST_HOOKS.with(|c| match c.borrow().as_ref() {
-        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => {
-            Some((f.take().expect("called once"))(h))
-        }
-        _ => None,
-    });
-    if let Some(result) = hit {
+    if let Some(result) = with_cached_hooks(device, |h| (f.take().expect("called once"))(h)) {
         return result;
     }
-    let h = if open {
-        hooks_from_table(device)?
-    } else {
-        table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned().ok_or_else(missing)?
-    };
+    let h = if open { hooks_from_table(device)? } else { table_hooks(device).ok_or_else(missing)? };
     remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
     (f.take().expect("called once"))(&h)
 }
@@ -184,7 +182,7 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
 /// for the calls that only make sense after an allocation, so that a
 /// failing free or record_stream on a device never used opens nothing.
 fn opened_hooks(device: i32) -> Option<Arc<Hooks>> {
-    cached_hooks(device).or_else(|| table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned())
+    cached_hooks(device).or_else(|| table_hooks(device))
 }
 
 fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
