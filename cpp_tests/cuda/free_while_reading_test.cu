@@ -31,23 +31,8 @@ constexpr size_t kCount = 1u << 18;  // 256 Ki uint32 = 1 MiB
 constexpr uint64_t kBytes = kCount * sizeof(uint32_t);
 constexpr uint64_t kReaderDelay = 100 * kMs;
 
-__host__ __device__ inline uint32_t pattern(uint32_t seed, size_t i) {
-  return static_cast<uint32_t>(i) * 2654435761u ^ seed;
-}
 constexpr uint32_t kSeedX = 0x11111111u;
 constexpr uint32_t kSeedY = 0x7e7e7e7eu;
-
-__global__ void fill_kernel(uint32_t* data, size_t count, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    data[i] = pattern(seed, i);
-  }
-}
-
-__global__ void copy_kernel(const uint32_t* from, uint32_t* to, size_t count) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    to[i] = from[i];
-  }
-}
 
 struct Outcome {
   bool address_reused = false;
@@ -75,7 +60,7 @@ Outcome run_shape(xlog_runtime* rt, const Streams& st, Mode mode) {
   xlog_block x = allocate(rt, kBytes, a, tracked ? "x" : "x-control");
   xlog_block copy = allocate(rt, kBytes, b, tracked ? "reader-output" : "reader-output-control");
   launch(rt, a, {use(x, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedX);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedX);
   });
 
   // The reader. Tracked: B waits for X's fill on A, and the read is recorded.
@@ -83,7 +68,7 @@ Outcome run_shape(xlog_runtime* rt, const Streams& st, Mode mode) {
   // that only the free/reuse side is left unordered.
   auto read = [&](cudaStream_t s) {
     delay_kernel<<<1, 1, 0, s>>>(kReaderDelay);
-    copy_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(copy.ptr), kCount);
+    copy_words_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(copy.ptr), kCount);
     timestamp_kernel<<<1, 1, 0, s>>>(&stamps[0]);
   };
   if (tracked) {
@@ -120,7 +105,7 @@ Outcome run_shape(xlog_runtime* rt, const Streams& st, Mode mode) {
   out.address_reused = y.ptr == x.ptr;
   launch(rt, a, {use(y, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
     timestamp_kernel<<<1, 1, 0, s>>>(&stamps[1]);
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedY);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedY);
   });
 
   trace("Y filled; copying the reader's output back on B");

@@ -24,25 +24,10 @@ constexpr size_t kCount = 1u << 18;  // 256 Ki uint32 = 1 MiB
 constexpr uint64_t kBytes = kCount * sizeof(uint32_t);
 constexpr uint64_t kDelay = 100 * kMs;
 
-__host__ __device__ inline uint32_t pattern(uint32_t seed, size_t i) {
-  return static_cast<uint32_t>(i) * 2654435761u ^ seed;
-}
 constexpr uint32_t kSeedOld = 0x01010101u;
 constexpr uint32_t kSeedX = 0x11111111u;
 constexpr uint32_t kSeedY = 0x7e7e7e7eu;
 constexpr uint32_t kSeedFromDevice1 = 0x5a5a5a5au;
-
-__global__ void fill_kernel(uint32_t* data, size_t count, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    data[i] = pattern(seed, i);
-  }
-}
-
-__global__ void copy_kernel(const uint32_t* from, uint32_t* to, size_t count) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    to[i] = from[i];
-  }
-}
 
 void on_device(int device) { CUDA_OR_DIE(cudaSetDevice(device)); }
 
@@ -139,12 +124,12 @@ int main() {
   // ---- 1. written on device 0, read by device 1 (peer read) and device 0 ----
   xlog_block x = allocate(d0, kBytes, s0, "x");
   launch_on(d0, s0, 0, {use(x, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedOld);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedOld);
   });
   // The writer starts late: readers that do not wait for it see kSeedOld.
   launch_on(d0, s0, 0, {use(x, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
     delay_kernel<<<1, 1, 0, s>>>(kDelay);
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedX);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(x.ptr), kCount, kSeedX);
   });
   xlog_block out1 = allocate(d1, kBytes, s1, "out1");
   launch_on(d0, s1, 1, {use(x, XLOG_ACCESS_READ)}, [&](cudaStream_t s) {
@@ -152,12 +137,12 @@ int main() {
     // output block is ordered on its own runtime (same stream: no wait).
     XLOG_OR_DIE(xlog_prepare(d1, out1, s1.id, XLOG_ACCESS_WRITE));
     on_device(1);
-    copy_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out1.ptr), kCount);
+    copy_words_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out1.ptr), kCount);
   });
   XLOG_OR_DIE(xlog_finish(d1, out1, s1.id, XLOG_ACCESS_WRITE));
   xlog_block out0 = allocate(d0, kBytes, s0b, "out0");
   launch_on(d0, s0b, 0, {use(x, XLOG_ACCESS_READ), use(out0, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
-    copy_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out0.ptr), kCount);
+    copy_words_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out0.ptr), kCount);
   });
   const size_t bad1 = mismatches(read_back(d1, out1, s1, 1), kSeedX);
   const size_t bad0 = mismatches(read_back(d0, out0, s0b, 0), kSeedX);
@@ -169,7 +154,7 @@ int main() {
     XLOG_OR_DIE(xlog_prepare(d1, out1, s1.id, XLOG_ACCESS_WRITE));
     on_device(1);
     delay_kernel<<<1, 1, 0, s>>>(kDelay);
-    copy_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out1.ptr), kCount);
+    copy_words_kernel<<<grid, threads, 0, s>>>(static_cast<const uint32_t*>(x.ptr), static_cast<uint32_t*>(out1.ptr), kCount);
   });
   XLOG_OR_DIE(xlog_finish(d1, out1, s1.id, XLOG_ACCESS_WRITE));
   const xlog_block freed_x = x;
@@ -178,7 +163,7 @@ int main() {
   check(y.ptr == freed_x.ptr, "the cache hands x's memory to y on the allocation stream",
         "x at " + str(reinterpret_cast<uintptr_t>(freed_x.ptr)) + ", y at " + str(reinterpret_cast<uintptr_t>(y.ptr)));
   launch_on(d0, s0, 0, {use(y, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedY);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedY);
   });
   const size_t bad_after_free = mismatches(read_back(d1, out1, s1, 1), kSeedX);
   check(bad_after_free == 0, "the free on device 0 waited for device 1's reader",
@@ -192,7 +177,7 @@ int main() {
   // ---- 3. written by device 1 (peer write), read on device 0 ----
   launch_on(d0, s1, 1, {use(y, XLOG_ACCESS_WRITE)}, [&](cudaStream_t s) {
     delay_kernel<<<1, 1, 0, s>>>(kDelay);
-    fill_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedFromDevice1);
+    fill_pattern_kernel<<<grid, threads, 0, s>>>(static_cast<uint32_t*>(y.ptr), kCount, kSeedFromDevice1);
   });
   const size_t bad_peer_write = mismatches(read_back(d0, y, s0b, 0), kSeedFromDevice1);
   check(bad_peer_write == 0, "device 0 read what device 1 wrote into its block", str(bad_peer_write) + " elements differ");

@@ -343,4 +343,22 @@ inline unsigned grid_for(size_t count, unsigned block) {
   return static_cast<unsigned>(grid < 1024 ? (grid == 0 ? 1 : grid) : 1024);
 }
 
+// A word pattern that differs per seed and per index, so a reader can tell
+// whose data it sees; kernels that fill it and copy it word by word.
+__host__ __device__ inline uint32_t pattern(uint32_t seed, size_t i) {
+  return static_cast<uint32_t>(i) * 2654435761u ^ seed;
+}
+
+__global__ void fill_pattern_kernel(uint32_t* data, size_t count, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    data[i] = pattern(seed, i);
+  }
+}
+
+__global__ void copy_words_kernel(const uint32_t* from, uint32_t* to, size_t count) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    to[i] = from[i];
+  }
+}
+
 }  // namespace xlog_test
