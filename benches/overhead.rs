@@ -190,6 +190,18 @@ fn main() {
         return;
     }
     let rt = runtime();
+    if std::env::args().any(|a| a == "--w4-only") {
+        // For profilers: the same-stream launch loop alone, longer.
+        let a = rt.acquire_stream().unwrap();
+        let blk = rt.allocate(256, a, "w4").unwrap();
+        let t0 = Instant::now();
+        for _ in 0..10 * n {
+            rt.prepare(&blk.id, a, Access::Write).unwrap();
+            rt.finish(&blk.id, a, Access::Write).unwrap();
+        }
+        println!("same-stream prepare+finish:    {:7.1} ns", t0.elapsed().as_nanos() as f64 / (10 * n) as f64);
+        return;
+    }
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
     c_abi_pairs(n / 10);

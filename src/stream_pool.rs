@@ -195,8 +195,14 @@ impl StreamPool {
     /// Resolve a live id to the stream resources order work on.
     pub fn resolve(&self, id: StreamId) -> ResourceResult<StreamRef> {
         let releases = self.releases.load(Ordering::Acquire);
+        // Entry by entry: copying the whole array out of the cell would
+        // cost a memcpy per call.
         let hit = RESOLVED.with(|c| {
-            c.get().iter().flatten().find(|r| r.id == id && r.pool == self.unique && r.releases == releases).map(|r| r.raw)
+            c.as_array_of_cells()
+                .iter()
+                .filter_map(|e| e.get())
+                .find(|r| r.id == id && r.pool == self.unique && r.releases == releases)
+                .map(|r| r.raw)
         });
         if let Some(raw) = hit {
             return Ok(StreamRef { id, raw });

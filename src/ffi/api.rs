@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::types::*;
 use crate::resource::AllocTag;
-use super::{boundary, boundary_value, out_ptr, register_runtime, unregister_runtime, write_out};
+use super::{boundary, boundary_calls, boundary_value, out_ptr, register_runtime, unregister_runtime, write_out};
 use crate::config::{AllocatorKind, Config};
 use crate::device::{Backend, CaptureMode};
 use crate::error::ResourceError;
@@ -575,7 +575,7 @@ pub unsafe extern "C" fn xlog_allocate(
     tag: *const c_char,
     out: *mut xlog_block,
 ) -> xlog_status {
-    boundary("xlog_allocate", || {
+    boundary_calls("xlog_allocate", |calls| {
         out_ptr(out, "out")?;
         let tag = if tag.is_null() {
             AllocTag::UNTAGGED
@@ -583,7 +583,7 @@ pub unsafe extern "C" fn xlog_allocate(
             // SAFETY: non-NULL; the caller guarantees a NUL-terminated string.
             AllocTag::from_bytes(unsafe { CStr::from_ptr(tag) }.to_bytes())
         };
-        with_runtime(rt, |r| {
+        calls.with_runtime(rt, |r| {
             let block = r.allocate_tagged(bytes, stream_id(stream)?, tag)?;
             write_out(out, block_of(&block));
             Ok(())
@@ -599,16 +599,16 @@ pub unsafe extern "C" fn xlog_allocate(
 /// back to the driver and `xlog_reap` sees that complete.
 #[no_mangle]
 pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
-    boundary("xlog_deallocate", || {
-        with_runtime(rt, |r| r.deallocate(&block_id(&block)).map(|_| ()))
+    boundary_calls("xlog_deallocate", |calls| {
+        calls.with_runtime(rt, |r| r.deallocate(&block_id(&block)).map(|_| ()))
     })
 }
 
 /// XLOG_OK if `block` is live in this runtime, else the reason.
 #[no_mangle]
 pub extern "C" fn xlog_block_validate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
-    boundary("xlog_block_validate", || {
-        with_runtime(rt, |r| r.validate(&block_id(&block)).map(|_| ()))
+    boundary_calls("xlog_block_validate", |calls| {
+        calls.with_runtime(rt, |r| r.validate(&block_id(&block)).map(|_| ()))
     })
 }
 
@@ -621,9 +621,9 @@ pub extern "C" fn xlog_prepare(
     stream: xlog_stream,
     access: xlog_access,
 ) -> xlog_status {
-    boundary("xlog_prepare", || {
+    boundary_calls("xlog_prepare", |calls| {
         let access = access_of(access)?;
-        with_runtime(rt, |r| r.prepare(&block_id(&block), stream_id(stream)?, access))
+        calls.with_runtime(rt, |r| r.prepare(&block_id(&block), stream_id(stream)?, access))
     })
 }
 
@@ -635,9 +635,9 @@ pub extern "C" fn xlog_finish(
     stream: xlog_stream,
     access: xlog_access,
 ) -> xlog_status {
-    boundary("xlog_finish", || {
+    boundary_calls("xlog_finish", |calls| {
         let access = access_of(access)?;
-        with_runtime(rt, |r| r.finish(&block_id(&block), stream_id(stream)?, access))
+        calls.with_runtime(rt, |r| r.finish(&block_id(&block), stream_id(stream)?, access))
     })
 }
 
@@ -650,9 +650,9 @@ pub unsafe extern "C" fn xlog_prepare_all(
     uses: *const xlog_use,
     n: usize,
 ) -> xlog_status {
-    boundary("xlog_prepare_all", || {
+    boundary_calls("xlog_prepare_all", |calls| {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses.as_slice()))
+        calls.with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 
@@ -665,9 +665,9 @@ pub unsafe extern "C" fn xlog_finish_all(
     uses: *const xlog_use,
     n: usize,
 ) -> xlog_status {
-    boundary("xlog_finish_all", || {
+    boundary_calls("xlog_finish_all", |calls| {
         let uses = uses_of(uses, n)?;
-        with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses.as_slice()))
+        calls.with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses.as_slice()))
     })
 }
 

@@ -7,7 +7,7 @@ pub mod interop;
 pub mod testing;
 pub mod types;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use crate::fast_hash::FastMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,20 +19,36 @@ use types::*;
 
 pub(crate) type FfiResult = Result<(), ResourceError>;
 
+/// Everything the boundary keeps per thread, in one thread-local: in a
+/// shared library every thread-local access is a call into the dynamic
+/// loader, so a launch-path call reaches all of it with one.
+struct FfiThread {
+    /// The message of this thread's last failed call ("" after a success).
+    last_error: RefCell<String>,
+    /// The runtime this thread resolved last, so that a call on it needs
+    /// neither the handle table's lock nor a reference-count change.
+    last_runtime: RefCell<Option<ResolvedRuntime>>,
+    /// Calls of `with_runtime_ref` in progress on this thread: while one
+    /// is, `last_runtime` is not replaced (it backs the reference in use).
+    in_use: Cell<u32>,
+}
+
 thread_local! {
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    static FFI: FfiThread = const {
+        FfiThread { last_error: RefCell::new(String::new()), last_runtime: RefCell::new(None), in_use: Cell::new(0) }
+    };
 }
 
 pub(crate) fn set_last_error(message: String) {
-    LAST_ERROR.with(|e| *e.borrow_mut() = message);
+    FFI.with(|t| *t.last_error.borrow_mut() = message);
 }
 
 pub(crate) fn clear_last_error() {
-    LAST_ERROR.with(|e| e.borrow_mut().clear());
+    FFI.with(|t| t.last_error.borrow_mut().clear());
 }
 
 pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
-    LAST_ERROR.with(|e| f(&e.borrow()))
+    FFI.with(|t| f(&t.last_error.borrow()))
 }
 
 pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
@@ -85,18 +101,44 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// A call from inside a host callback is refused here, before `body` runs,
 /// so it changes nothing (see `refused_in_host_callback`).
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
-    clear_last_error();
+    FFI.with(|t| boundary_in(t, name, body))
+}
+
+/// The boundary's per-thread state, handed to a body run by
+/// `boundary_calls`: its runtime lookups need no thread-local access of
+/// their own (the launch and allocation paths make one per call in all).
+pub(crate) struct ThreadCalls<'a>(&'a FfiThread);
+
+impl ThreadCalls<'_> {
+    /// `with_runtime_ref` through this thread's state.
+    pub(crate) fn with_runtime<T>(
+        &self,
+        handle: *mut xlog_runtime,
+        f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
+    ) -> Result<T, ResourceError> {
+        with_runtime_in(self.0, handle, f)
+    }
+}
+
+/// `boundary` for a body that looks a runtime up (through the given
+/// `ThreadCalls`).
+pub(crate) fn boundary_calls(name: &'static str, body: impl FnOnce(ThreadCalls<'_>) -> FfiResult) -> xlog_status {
+    FFI.with(|t| boundary_in(t, name, || body(ThreadCalls(t))))
+}
+
+fn boundary_in(t: &FfiThread, name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
+    t.last_error.borrow_mut().clear();
     if let Some(status) = refused_in_host_callback(name) {
         return status;
     }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => XLOG_OK,
         Ok(Err(e)) => {
-            set_last_error(format!("{name}: {e}"));
+            *t.last_error.borrow_mut() = format!("{name}: {e}");
             status_of(&e)
         }
         Err(payload) => {
-            set_last_error(format!("{name}: internal error (panic): {}", panic_text(&*payload)));
+            *t.last_error.borrow_mut() = format!("{name}: internal error (panic): {}", panic_text(&*payload));
             XLOG_ERR_INTERNAL
         }
     }
@@ -172,47 +214,47 @@ struct ResolvedRuntime {
     runtime: Arc<Runtime>,
 }
 
-thread_local! {
-    /// The runtime this thread resolved last, so that a call on it needs
-    /// neither the handle table's lock nor a reference-count change.
-    static LAST_RUNTIME: std::cell::RefCell<Option<ResolvedRuntime>> = const { std::cell::RefCell::new(None) };
-    /// Calls of `with_runtime_ref` in progress on this thread: while one
-    /// is, `LAST_RUNTIME` is not replaced (it backs the reference in use).
-    static IN_USE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
 /// Run `f` on the runtime of `handle`, through this thread's last
 /// resolution when it is still valid.
 pub(crate) fn with_runtime_ref<T>(
     handle: *mut xlog_runtime,
     f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
 ) -> Result<T, ResourceError> {
+    FFI.with(|t| with_runtime_in(t, handle, f))
+}
+
+fn with_runtime_in<T>(
+    t: &FfiThread,
+    handle: *mut xlog_runtime,
+    f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
+) -> Result<T, ResourceError> {
     let epoch = HANDLE_EPOCH.load(Ordering::Acquire);
-    let cached = LAST_RUNTIME.with(|c| {
-        c.borrow()
-            .as_ref()
-            .filter(|r| r.handle == handle as usize && r.epoch == epoch)
-            .map(|r| Arc::as_ptr(&r.runtime))
-    });
+    let cached = t
+        .last_runtime
+        .borrow()
+        .as_ref()
+        .filter(|r| r.handle == handle as usize && r.epoch == epoch)
+        .map(|r| Arc::as_ptr(&r.runtime));
     if let Some(ptr) = cached {
-        IN_USE.with(|n| n.set(n.get() + 1));
-        struct Release;
-        impl Drop for Release {
+        t.in_use.set(t.in_use.get() + 1);
+        struct Release<'a>(&'a Cell<u32>);
+        impl Drop for Release<'_> {
             fn drop(&mut self) {
-                IN_USE.with(|n| n.set(n.get() - 1));
+                self.0.set(self.0.get() - 1);
             }
         }
-        let _release = Release;
+        let _release = Release(&t.in_use);
         // SAFETY: `ptr` comes from the Arc held in this thread's
-        // LAST_RUNTIME, which is not replaced or dropped while IN_USE is
-        // non-zero (see below), so the Runtime outlives this call.
+        // `last_runtime`, which is not replaced or dropped while `in_use`
+        // is non-zero (see below), so the Runtime outlives this call.
         return f(unsafe { &*ptr });
     }
     let runtime = runtime_of(handle)?;
-    if IN_USE.with(|n| n.get()) == 0 {
-        let old = LAST_RUNTIME.with(|c| {
-            c.borrow_mut().replace(ResolvedRuntime { handle: handle as usize, epoch, runtime: runtime.clone() })
-        });
+    if t.in_use.get() == 0 {
+        let old = t
+            .last_runtime
+            .borrow_mut()
+            .replace(ResolvedRuntime { handle: handle as usize, epoch, runtime: runtime.clone() });
         drop(old);
     }
     f(&runtime)
@@ -227,17 +269,18 @@ pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtim
     // and one made from now on cannot find the handle.
     HANDLE_EPOCH.fetch_add(1, Ordering::AcqRel);
     // This thread lets go of it now (other threads do at their next call).
-    if IN_USE.with(|n| n.get()) == 0 {
-        let mine = LAST_RUNTIME.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.as_ref().is_some_and(|r| r.handle == handle as usize) {
-                c.take()
-            } else {
-                None
-            }
-        });
-        drop(mine);
-    }
+    let mine = FFI.with(|t| {
+        if t.in_use.get() != 0 {
+            return None;
+        }
+        let mut c = t.last_runtime.borrow_mut();
+        if c.as_ref().is_some_and(|r| r.handle == handle as usize) {
+            c.take()
+        } else {
+            None
+        }
+    });
+    drop(mine);
     removed.ok_or_else(|| {
         ResourceError::InvalidArgument(format!(
             "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"

@@ -117,9 +117,38 @@ impl Events {
     }
 }
 
+/// The pool's shared event slab, locked only when a call needs it: a
+/// launch whose blocks span several shards, the slow paths (fences, sealed
+/// frees), and letting go of a use whose event came from it.
+struct SharedSlab<'a> {
+    mutex: &'a Mutex<Events>,
+    guard: Option<MutexGuard<'a, Events>>,
+}
+
+impl<'a> SharedSlab<'a> {
+    fn new(mutex: &'a Mutex<Events>) -> SharedSlab<'a> {
+        SharedSlab { mutex, guard: None }
+    }
+
+    fn get(&mut self) -> &mut Events {
+        let mutex = self.mutex;
+        self.guard.get_or_insert_with(|| lock(mutex))
+    }
+}
+
+/// The slab a use's event lives in: its block's shard (`local`) or the
+/// shared one.
+fn slab<'b>(local: &'b mut Events, shared: &'b mut SharedSlab<'_>, is_shared: bool) -> &'b mut Events {
+    if is_shared {
+        shared.get()
+    } else {
+        local
+    }
+}
+
 /// One recorded use: the stream it ran on and the event after it. The
 /// block holds a reference on the event, so while its shard is locked the
-/// event cannot be re-recorded and `raw` can be waited on without the
+/// event cannot be re-recorded and `raw` can be waited on without any
 /// events lock.
 #[derive(Copy, Clone)]
 struct Use {
@@ -128,6 +157,8 @@ struct Use {
     raw: RawEvent,
     /// The capture the event was recorded in (0: none).
     capture: u64,
+    /// The event is in the pool's shared slab, not in the block's shard.
+    shared: bool,
 }
 
 /// Events one call waits for (a launch rarely needs more than a few), each
@@ -172,33 +203,42 @@ impl BlockRecord {
         }
     }
 
-    /// Record a use after `event`, which this block now holds too.
-    fn record_use(&mut self, events: &mut Events, stream: RawStream, access: Access, event: Ev, capture: u64) {
-        events.hold(event);
+    /// Record `new_use` (its event held by the caller), which this block
+    /// now holds too. `local` is the slab of this block's shard.
+    fn record_use(&mut self, local: &mut Events, shared: &mut SharedSlab<'_>, access: Access, new_use: Use) {
+        slab(local, shared, new_use.shared).hold(new_use.event);
         let t = self.tracking.get_or_insert_with(Default::default);
-        let new_use = Use { stream, event, raw: events.raw(event), capture };
+        let stream = new_use.stream;
         if access.writes() {
             if let Some(old) = t.last_write.replace(new_use) {
-                events.release(old.event);
+                slab(local, shared, old.shared).release(old.event);
             }
             for r in t.readers.drain(..) {
-                events.release(r.event);
+                slab(local, shared, r.shared).release(r.event);
             }
         } else if let Some(r) = t.readers.iter_mut().find(|r| r.stream == stream) {
             let old = std::mem::replace(r, new_use);
-            events.release(old.event);
+            slab(local, shared, old.shared).release(old.event);
         } else {
             t.readers.push(new_use);
         }
     }
 
     /// Let go of every event the block holds (it is being freed).
-    fn release_tracking(&mut self, events: &mut Events) {
+    fn release_tracking(&mut self, local: &mut Events, shared: &mut SharedSlab<'_>) {
         if let Some(t) = self.tracking.take() {
             for u in t.last_write.iter().chain(t.readers.iter()) {
-                events.release(u.event);
+                slab(local, shared, u.shared).release(u.event);
             }
         }
+    }
+
+    /// Whether a use of kind `access` on `stream` has nothing to wait for
+    /// (the launch path's common case: no list to build).
+    fn nothing_to_wait(&self, stream: RawStream, access: Access) -> bool {
+        let Some(t) = &self.tracking else { return true };
+        t.last_write.as_ref().map_or(true, |w| w.stream == stream)
+            && (!access.writes() || t.readers.iter().all(|r| r.stream == stream))
     }
 }
 
@@ -230,6 +270,9 @@ const TABLE_SHARDS: usize = 32;
 #[derive(Default)]
 struct TableShard {
     blocks: FastMap<Generation, BlockRecord>,
+    /// Events of the uses recorded by launches whose blocks all live in
+    /// this shard: such a launch takes no lock but this shard's.
+    events: Events,
     /// Per-tag and total counts of this shard's blocks (`telemetry`).
     counters: TableCounters,
     cache: CacheShard,
@@ -267,12 +310,6 @@ impl TableShard {
     /// `AsyncPool::not_live`).
     fn record(&self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&BlockRecord>> {
         let rec = self.blocks.get(&id.generation)?;
-        Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
-    }
-
-    /// `record`, for changing it.
-    fn record_mut(&mut self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&mut BlockRecord>> {
-        let rec = self.blocks.get_mut(&id.generation)?;
         Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
     }
 }
@@ -365,6 +402,8 @@ pub struct AsyncPool {
     options: PoolOptions,
     table: Box<[Mutex<TableShard>]>,
     shard_live: Box<[ShardLive]>,
+    /// Events not tied to one shard: launches over several shards, fences,
+    /// sealed batches of pending frees.
     events: Mutex<Events>,
     pending: Mutex<PendingFrees>,
     /// live + cached + pending.
@@ -860,7 +899,8 @@ impl AsyncPool {
         for &s in first_use_streams.as_slice() {
             captures_of.push(self.capture_of(s)?);
         }
-        let mut events = lock(&self.events);
+        // Fences come from the shared slab: their blocks may span shards.
+        let mut shared = SharedSlab::new(&self.events);
         let mut fences: InlineList<(RawStream, Ev), 8> = InlineList::new();
         let mut fence_waits = WaitList::new();
         let release = |events: &mut Events, fences: &InlineList<(RawStream, Ev), 8>| {
@@ -869,33 +909,37 @@ impl AsyncPool {
             }
         };
         for (k, &s) in first_use_streams.as_slice().iter().enumerate() {
+            let events = shared.get();
             match events.record(&*self.device, s) {
                 Ok(ev) => {
                     fences.push((s, ev));
                     fence_waits.push((events.raw(ev), captures_of.as_slice()[k]));
                 }
                 Err(e) => {
-                    release(&mut events, &fences);
+                    release(events, &fences);
                     return Err(e);
                 }
             }
         }
         if let Err(e) = self.admit_waits(capture, &mut fence_waits) {
-            release(&mut events, &fences);
+            release(shared.get(), &fences);
             return Err(e);
         }
         for u in uses {
-            let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated by prepare");
+            let TableShard { blocks, events: local, .. } = shards.get(&u.block);
+            let rec = blocks.get_mut(&u.block.generation).expect("validated by prepare");
             if rec.tracking.is_some() {
                 continue;
             }
             let alloc_stream = rec.stream.raw;
             if let Some(k) = fences.as_slice().iter().position(|(s, _)| *s == alloc_stream) {
-                let fence = fences.as_slice()[k].1;
-                rec.record_use(&mut events, alloc_stream, Access::Write, fence, captures_of.as_slice()[k]);
+                let event = fences.as_slice()[k].1;
+                let raw = shared.get().raw(event);
+                let fence = Use { stream: alloc_stream, event, raw, capture: captures_of.as_slice()[k], shared: true };
+                rec.record_use(local, &mut shared, Access::Write, fence);
             }
         }
-        release(&mut events, &fences);
+        release(shared.get(), &fences);
         // Outside work first: a stream that waits on a capture's event joins
         // that capture, and may then wait on nothing outside it.
         let mut all = WaitList::new();
@@ -959,9 +1003,15 @@ pub(crate) fn too_big(bytes: u64, gate: &dyn ChargeGate) -> ResourceError {
 
 impl Drop for AsyncPool {
     fn drop(&mut self) {
-        let events = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
-        for slot in &events.slots {
+        let shared = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slot in &shared.slots {
             self.device.destroy_event(slot.raw);
+        }
+        for shard in self.table.iter_mut() {
+            let shard = shard.get_mut().unwrap_or_else(|p| p.into_inner());
+            for slot in &shard.events.slots {
+                self.device.destroy_event(slot.raw);
+            }
         }
     }
 }
@@ -1033,17 +1083,18 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn usage(&self) -> Usage {
-        let (mut live_blocks, mut allocations, mut deallocations) = (0, 0, 0);
+        let (mut live_blocks, mut allocations, mut deallocations, mut recorded) = (0, 0, 0, 0);
         let mut cache = CacheTotals::default();
         for shard in self.table.iter() {
             let shard = lock(shard);
             live_blocks += shard.blocks.len() as u64;
             allocations += shard.allocations;
             deallocations += shard.deallocations;
+            recorded += shard.events.recorded;
             cache.add(&shard.cache.totals());
         }
         let pending_blocks = lock(&self.pending).blocks;
-        let recorded = lock(&self.events).recorded;
+        recorded += lock(&self.events).recorded;
         // One consistent sum: while other threads move blocks between live
         // and cached, live is what the held total leaves (so live + cached +
         // pending is always exactly the held bytes the budget charges).
@@ -1236,11 +1287,47 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        // The launch path's common case, one lock and no list: a block whose
+        // recorded uses are all on this stream needs no wait.
+        {
+            let shard = self.shard(block.alloc_stream);
+            match shard.record(block, self.ordinal) {
+                Some(Ok(rec)) => {
+                    let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
+                    if !first_foreign_use && rec.nothing_to_wait(use_stream.raw, access) {
+                        return Ok(());
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    drop(shard);
+                    return Err(self.not_live(block));
+                }
+            }
+        }
         self.prepare_block_uses(use_stream, &[BlockUse { block: *block, access }])
     }
 
     fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        self.finish_block_uses(use_stream, &[BlockUse { block: *block, access }])
+        let capture = self.capture_of(use_stream.raw)?;
+        let mut guard = self.shard(block.alloc_stream);
+        let TableShard { blocks, events, .. } = &mut *guard;
+        let rec = match blocks.get_mut(&block.generation) {
+            Some(rec) => {
+                check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
+                rec
+            }
+            None => {
+                drop(guard);
+                return Err(self.not_live(block));
+            }
+        };
+        // The event comes from this shard's slab: no second lock.
+        let event = events.record(&*self.device, use_stream.raw)?;
+        let new_use = Use { stream: use_stream.raw, event, raw: events.raw(event), capture, shared: false };
+        rec.record_use(events, &mut SharedSlab::new(&self.events), access, new_use);
+        events.release(event);
+        Ok(())
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
@@ -1279,27 +1366,13 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        if uses.is_empty() {
-            return Ok(());
+        match uses {
+            [] => return Ok(()),
+            [u] => return self.finish_block_use(&u.block, stream, u.access),
+            _ => {}
         }
         let capture = self.capture_of(stream.raw)?;
         let mut shards = self.lock_shards(uses);
-        if let [u] = uses {
-            // One block: one lookup.
-            let shard = shards.get(&u.block);
-            let rec = match shard.record_mut(&u.block, self.ordinal) {
-                Some(rec) => rec?,
-                None => {
-                    drop(shards);
-                    return Err(self.not_live(&u.block));
-                }
-            };
-            let mut events = lock(&self.events);
-            let event = events.record(&*self.device, stream.raw)?;
-            rec.record_use(&mut events, stream.raw, u.access, event, capture);
-            events.release(event);
-            return Ok(());
-        }
         for u in uses {
             match shards.get(&u.block).record(&u.block, self.ordinal) {
                 Some(rec) => {
@@ -1311,13 +1384,32 @@ impl DeviceMemoryResource for AsyncPool {
                 }
             }
         }
-        let mut events = lock(&self.events);
-        let event = events.record(&*self.device, stream.raw)?;
-        for u in uses {
-            let rec = shards.get(&u.block).blocks.get_mut(&u.block.generation).expect("validated above");
-            rec.record_use(&mut events, stream.raw, u.access, event, capture);
+        // One event for the whole launch: from the shard's slab when every
+        // block lives in one shard, else from the shared one.
+        let mut shared = SharedSlab::new(&self.events);
+        match &mut shards {
+            LockedShards::One(_, guard) => {
+                let TableShard { blocks, events, .. } = &mut **guard;
+                let event = events.record(&*self.device, stream.raw)?;
+                let new_use = Use { stream: stream.raw, event, raw: events.raw(event), capture, shared: false };
+                for u in uses {
+                    let rec = blocks.get_mut(&u.block.generation).expect("validated above");
+                    rec.record_use(events, &mut shared, u.access, new_use);
+                }
+                events.release(event);
+            }
+            LockedShards::Many(_) => {
+                let events = shared.get();
+                let event = events.record(&*self.device, stream.raw)?;
+                let new_use = Use { stream: stream.raw, event, raw: events.raw(event), capture, shared: true };
+                for u in uses {
+                    let TableShard { blocks, events: local, .. } = shards.get(&u.block);
+                    let rec = blocks.get_mut(&u.block.generation).expect("validated above");
+                    rec.record_use(local, &mut shared, u.access, new_use);
+                }
+                shared.get().release(event);
+            }
         }
-        events.release(event);
         Ok(())
     }
 }
@@ -1355,7 +1447,7 @@ impl AsyncPool {
         }
         if let Some(mut rec) = shard.blocks.remove(&id.generation) {
             if rec.tracking.is_some() {
-                rec.release_tracking(&mut lock(&self.events));
+                rec.release_tracking(&mut shard.events, &mut SharedSlab::new(&self.events));
             }
         }
         self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));

@@ -54,6 +54,10 @@ pub struct Runtime {
     device: Arc<dyn Device>,
     config: Config,
     stack: Arc<dyn DeviceMemoryResource>,
+    /// The stack's base, which tracks block uses: prepare/finish go to it
+    /// directly (the decorators above it only forward them), one call
+    /// instead of one per layer on the launch path.
+    tracker: Arc<dyn DeviceMemoryResource>,
     budget: Option<Arc<GlobalDeviceBudget>>,
     log: Option<Arc<CsvLog>>,
     streams: StreamPool,
@@ -179,6 +183,7 @@ impl Runtime {
             }
             AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),
         };
+        let tracker = stack.clone();
         if let Some(log) = &log {
             stack = Arc::new(LoggingResource::new(stack, log.clone()));
         }
@@ -193,6 +198,7 @@ impl Runtime {
             device,
             config: config.clone(),
             stack,
+            tracker,
             budget,
             log,
             counters: Counters::default(),
@@ -402,7 +408,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
-        self.stack
+        self.tracker
             .prepare_block_use(block, s, access)
             .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
@@ -417,7 +423,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
-        self.stack
+        self.tracker
             .finish_block_use(block, s, access)
             .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
@@ -433,7 +439,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
-        self.stack
+        self.tracker
             .prepare_block_uses(s, uses)
             .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
@@ -448,7 +454,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
-        self.stack
+        self.tracker
             .finish_block_uses(s, uses)
             .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
