@@ -57,6 +57,11 @@ pub enum ResourceError {
 }
 
 impl ResourceError {
+    /// Every call on a runtime after its close began.
+    pub fn runtime_closed() -> Self {
+        ResourceError::InvalidArgument("the runtime has been closed".into())
+    }
+
     /// The refusal of every call made from inside a host callback (see
     /// [`crate::device::in_host_callback`]); the call changes nothing.
     pub fn in_host_callback() -> Self {

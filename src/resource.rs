@@ -452,6 +452,15 @@ pub trait DeviceMemoryResource: Send + Sync {
         self.reap_pending()
     }
 
+    /// The runtime is closing: every later prepare/finish must fail with
+    /// `ResourceError::runtime_closed`, and when this returns no such call
+    /// may still be running. Launch calls take no call-gate pass (two
+    /// atomic read-modify-writes per call saved): a resource that tracks
+    /// uses checks a flag under the lock its launch calls hold, sets it
+    /// here, then takes and drops each such lock once. A resource without
+    /// tracking refuses launch calls anyway and has nothing to do.
+    fn close_launches(&self) {}
+
     /// A capture begun through the runtime (`capture_begun`) or ended
     /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
     /// without capture pools has nothing to do.
@@ -596,6 +605,9 @@ macro_rules! forward_to_inner {
         }
         fn reset_peak(&self) {
             self.inner.reset_peak()
+        }
+        fn close_launches(&self) {
+            self.inner.close_launches()
         }
         fn capture_begun(&self, id: u64) {
             self.inner.capture_begun(id)

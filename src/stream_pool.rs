@@ -198,11 +198,14 @@ impl StreamPool {
         // Entry by entry: copying the whole array out of the cell would
         // cost a memcpy per call.
         let hit = RESOLVED.with(|c| {
-            c.as_array_of_cells()
-                .iter()
-                .filter_map(|e| e.get())
-                .find(|r| r.id == id && r.pool == self.unique && r.releases == releases)
-                .map(|r| r.raw)
+            for e in c.as_array_of_cells() {
+                if let Some(r) = e.get() {
+                    if r.id == id && r.pool == self.unique && r.releases == releases {
+                        return Some(r.raw);
+                    }
+                }
+            }
+            None
         });
         if let Some(raw) = hit {
             return Ok(StreamRef { id, raw });

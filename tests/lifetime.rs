@@ -339,6 +339,106 @@ fn close_while_threads_call_in_fails_their_calls_cleanly() {
     assert!(calls > after && after > 0, "calls {calls}, after close {after}");
 }
 
+/// Launch calls (prepare/finish, one block and whole launches) take no
+/// call-gate pass: the tracker refuses them under its shard locks once close
+/// began, and close takes each of those locks once before tearing anything
+/// down. Here threads do nothing but launch calls over each other's blocks
+/// (cross-stream waits and event records on every stream) while the main
+/// thread closes: each call either succeeds or fails naming the closed
+/// runtime, never with a driver error (a stream or event used after close
+/// destroyed it), and every call after the close returned fails.
+#[test]
+fn launch_calls_racing_close_fail_cleanly() {
+    for trial in 0..24u64 {
+        let threads = 3usize;
+        let h = open(&sim_config(XLOG_ALLOCATOR_ASYNC, 0, threads as u32 + 1));
+        let streams: Vec<xlog_stream> = (0..threads).map(|_| acquire(h)).collect();
+        let blocks: Vec<xlog_block> = streams
+            .iter()
+            .map(|&s| {
+                let (st, b) = allocate(h, 4096, s, "launch");
+                assert_eq!(st, XLOG_OK, "{}", last_error());
+                b
+            })
+            .collect();
+        let close_done = Arc::new(AtomicBool::new(false));
+        let succeeded = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::new();
+        for w in 0..threads {
+            // Blocks travel as plain numbers (a block's pointer is not Send).
+            let plain: Vec<(usize, u64, u64, xlog_stream, i32)> =
+                blocks.iter().map(|b| (b.ptr as usize, b.size, b.generation, b.stream, b.device)).collect();
+            let (close_done, succeeded, own) = (close_done.clone(), succeeded.clone(), streams[w]);
+            workers.push(thread::spawn(move || {
+                let rt = h.rt();
+                let blocks: Vec<xlog_block> = plain
+                    .iter()
+                    .map(|&(ptr, size, generation, stream, device)| xlog_block {
+                        ptr: ptr as *mut c_void,
+                        size,
+                        generation,
+                        stream,
+                        device,
+                    })
+                    .collect();
+                let (mut ok, mut after) = (0u64, 0u64);
+                for i in 0..u64::MAX {
+                    let done = close_done.load(Ordering::SeqCst);
+                    let b = blocks[(w + i as usize) % blocks.len()];
+                    let access = if i % 3 == 0 { XLOG_ACCESS_WRITE } else { XLOG_ACCESS_READ };
+                    let uses: Vec<xlog_use> = blocks.iter().map(|&block| xlog_use { block, access }).collect();
+                    // Each call's message is read right after it.
+                    let calls: [(&str, &dyn Fn() -> xlog_status); 4] = [
+                        ("prepare", &|| xlog_prepare(rt, b, own, access)),
+                        ("finish", &|| xlog_finish(rt, b, own, access)),
+                        // SAFETY: `uses` holds uses.len() initialised entries.
+                        ("prepare_all", &|| unsafe { xlog_prepare_all(rt, own, uses.as_ptr(), uses.len()) }),
+                        // SAFETY: as above.
+                        ("finish_all", &|| unsafe { xlog_finish_all(rt, own, uses.as_ptr(), uses.len()) }),
+                    ];
+                    for (what, call) in calls {
+                        let st = call();
+                        if st == XLOG_OK {
+                            assert!(!done, "{what} succeeded after the close returned");
+                            ok += 1;
+                            succeeded.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        let msg = last_error();
+                        assert_eq!(st, XLOG_ERR_INVALID_ARGUMENT, "{what}: {} {msg}", status_name(st));
+                        assert!(
+                            msg.contains("has been closed") || msg.contains("is not open"),
+                            "{what} failed without naming the closed runtime: {msg}"
+                        );
+                    }
+                    if done {
+                        after += 1;
+                        if after > 2 {
+                            break;
+                        }
+                    }
+                }
+                ok
+            }));
+        }
+        // Close at once, or once launch calls are running (then a little
+        // later each trial).
+        if trial % 6 != 0 {
+            while succeeded.load(Ordering::Relaxed) == 0 {
+                thread::yield_now();
+            }
+        }
+        thread::sleep(Duration::from_micros(100 * (trial % 6)));
+        let (mut leaked_blocks, mut leaked_bytes) = (0, 0);
+        let st = xlog_runtime_close_report(h.rt(), &mut leaked_blocks, &mut leaked_bytes);
+        assert_eq!(st, XLOG_OK, "close: {}", last_error());
+        close_done.store(true, Ordering::SeqCst);
+        let ok: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(leaked_blocks, threads as u64, "trial {trial}: the launch blocks were still live at the close");
+        assert_eq!(ok, succeeded.load(Ordering::Relaxed));
+    }
+}
+
 /// The same race through the Rust API, which can see the sim device: after
 /// the close every byte of device memory is back.
 #[test]

@@ -39,7 +39,7 @@
 //! taken alone. No lock is held across a blocking wait.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::logging::CsvLog;
@@ -421,6 +421,9 @@ pub struct AsyncPool {
     /// Captures begun through the runtime and their private memory
     /// (`capture_pool.rs`).
     captures: CapturePools,
+    /// Set by `close_launches`; read by launch calls under their shard
+    /// locks (their close protocol, see `DeviceMemoryResource::close_launches`).
+    launches_closed: AtomicBool,
 }
 
 
@@ -447,6 +450,7 @@ impl AsyncPool {
             log: None,
             retries: AtomicU64::new(0),
             captures: CapturePools::default(),
+            launches_closed: AtomicBool::new(false),
         }
     }
 
@@ -462,6 +466,23 @@ impl AsyncPool {
 
     fn shard(&self, stream: StreamId) -> MutexGuard<'_, TableShard> {
         lock(&self.table[shard_index(stream)])
+    }
+
+    /// A launch call's shard: refused once `close_launches` ran. Everything
+    /// a launch call does with a stream or an event happens while it holds
+    /// this lock, so close, which takes every shard lock once after setting
+    /// the flag, never tears down what a launch call still uses.
+    fn launch_shard(&self, stream: StreamId) -> ResourceResult<MutexGuard<'_, TableShard>> {
+        let guard = self.shard(stream);
+        self.launch_open()?;
+        Ok(guard)
+    }
+
+    fn launch_open(&self) -> ResourceResult<()> {
+        if self.launches_closed.load(Ordering::Acquire) {
+            return Err(ResourceError::runtime_closed());
+        }
+        Ok(())
     }
 
     /// Why a handle was not found in its shard: a live generation under
@@ -969,23 +990,27 @@ impl AsyncPool {
         Ok(())
     }
 
-    /// Lock the table shards that `uses` touch, in ascending order.
-    fn lock_shards(&self, uses: &[BlockUse]) -> LockedShards<'_> {
+    /// Lock the table shards that `uses` touch, in ascending order; refused
+    /// once `close_launches` ran (see `launch_shard`).
+    fn lock_shards(&self, uses: &[BlockUse]) -> ResourceResult<LockedShards<'_>> {
         let mut mask = 0u64;
         for u in uses {
             mask |= 1 << shard_index(u.block.alloc_stream);
         }
-        if mask.count_ones() <= 1 {
+        let locked = if mask.count_ones() <= 1 {
             let i = mask.trailing_zeros() as usize % TABLE_SHARDS;
-            return LockedShards::One(i, lock(&self.table[i]));
-        }
-        let mut list = Vec::with_capacity(mask.count_ones() as usize);
-        while mask != 0 {
-            let i = mask.trailing_zeros() as usize;
-            list.push((i, lock(&self.table[i])));
-            mask &= mask - 1;
-        }
-        LockedShards::Many(list)
+            LockedShards::One(i, lock(&self.table[i]))
+        } else {
+            let mut list = Vec::with_capacity(mask.count_ones() as usize);
+            while mask != 0 {
+                let i = mask.trailing_zeros() as usize;
+                list.push((i, lock(&self.table[i])));
+                mask &= mask - 1;
+            }
+            LockedShards::Many(list)
+        };
+        self.launch_open()?;
+        Ok(locked)
     }
 }
 
@@ -1250,6 +1275,13 @@ impl DeviceMemoryResource for AsyncPool {
         true
     }
 
+    fn close_launches(&self) {
+        self.launches_closed.store(true, Ordering::SeqCst);
+        for shard in self.table.iter() {
+            drop(lock(shard));
+        }
+    }
+
     fn capture_begun(&self, id: u64) {
         self.captures.begun(id);
     }
@@ -1290,7 +1322,7 @@ impl DeviceMemoryResource for AsyncPool {
         // The launch path's common case, one lock and no list: a block whose
         // recorded uses are all on this stream needs no wait.
         {
-            let shard = self.shard(block.alloc_stream);
+            let shard = self.launch_shard(block.alloc_stream)?;
             match shard.record(block, self.ordinal) {
                 Some(Ok(rec)) => {
                     let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
@@ -1309,8 +1341,8 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        let mut guard = self.launch_shard(block.alloc_stream)?;
         let capture = self.capture_of(use_stream.raw)?;
-        let mut guard = self.shard(block.alloc_stream);
         let TableShard { blocks, events, .. } = &mut *guard;
         let rec = match blocks.get_mut(&block.generation) {
             Some(rec) => {
@@ -1331,8 +1363,8 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        let mut shards = self.lock_shards(uses)?;
         let capture = self.capture_of(stream.raw)?;
-        let mut shards = self.lock_shards(uses);
         // Blocks never used since allocation, now used on another stream:
         // the allocation is ordered on its own stream only (the memory may
         // come from a cache or pool whose previous owner's work is still
@@ -1371,8 +1403,8 @@ impl DeviceMemoryResource for AsyncPool {
             [u] => return self.finish_block_use(&u.block, stream, u.access),
             _ => {}
         }
+        let mut shards = self.lock_shards(uses)?;
         let capture = self.capture_of(stream.raw)?;
-        let mut shards = self.lock_shards(uses);
         for u in uses {
             match shards.get(&u.block).record(&u.block, self.ordinal) {
                 Some(rec) => {

@@ -397,12 +397,26 @@ impl Runtime {
         f(self.streams.resolve(id)?)
     }
 
+    /// The entry of a launch call (prepare/finish): no call-gate pass, whose
+    /// two atomic read-modify-writes would be a good part of the call. The
+    /// tracker refuses launch calls once close has begun and close waits
+    /// for those in flight (`DeviceMemoryResource::close_launches`); this
+    /// check only makes a call after close fail early. A stream this
+    /// runtime does not know goes the multi-device way, with a pass.
+    fn launch_stream(&self, stream: StreamId) -> ResourceResult<Result<StreamRef, ResourceError>> {
+        refuse_in_host_callback()?;
+        if self.gate.is_closed() {
+            return Err(closed_error());
+        }
+        Ok(self.streams.resolve(stream))
+    }
+
     pub fn prepare(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let _g = self.enter()?;
-        let s = match self.streams.resolve(stream) {
+        let s = match self.launch_stream(stream)? {
             Ok(s) => s,
             // Not a stream of this runtime: maybe one of a peer device.
             Err(e) => {
+                let _g = self.enter()?;
                 let uses = [BlockUse { block: *block, access }];
                 return multi_device::prepare_all(self, stream, &uses, e)
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
@@ -414,10 +428,10 @@ impl Runtime {
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let _g = self.enter()?;
-        let s = match self.streams.resolve(stream) {
+        let s = match self.launch_stream(stream)? {
             Ok(s) => s,
             Err(e) => {
+                let _g = self.enter()?;
                 let uses = [BlockUse { block: *block, access }];
                 return multi_device::finish_all(self, stream, &uses, e)
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
@@ -431,10 +445,10 @@ impl Runtime {
     /// Prepare every block of a launch; all handles are checked first and on
     /// any error nothing is queued.
     pub fn prepare_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let _g = self.enter()?;
-        let s = match self.streams.resolve(stream) {
+        let s = match self.launch_stream(stream)? {
             Ok(s) => s,
             Err(e) => {
+                let _g = self.enter()?;
                 return multi_device::prepare_all(self, stream, uses, e)
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
@@ -446,10 +460,10 @@ impl Runtime {
 
     /// Record a launch's uses with one event; all handles are checked first.
     pub fn finish_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let _g = self.enter()?;
-        let s = match self.streams.resolve(stream) {
+        let s = match self.launch_stream(stream)? {
             Ok(s) => s,
             Err(e) => {
+                let _g = self.enter()?;
                 return multi_device::finish_all(self, stream, uses, e)
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
@@ -660,10 +674,12 @@ impl Runtime {
                 registry.remove(&ordinal);
             }
         }
-        // Later calls fail; the calls in flight are waited for.
+        // Later calls fail; the calls in flight are waited for (launch
+        // calls, which take no pass, through the tracker's own protocol).
         if !self.gate.close() {
             return Err(closed_error());
         }
+        self.tracker.close_launches();
         // First let every host callback already queued or running finish:
         // a callback may still touch any block (a sim callback writes block
         // memory through its pointer), so nothing is freed before they are
@@ -739,5 +755,5 @@ fn refuse_in_host_callback() -> ResourceResult<()> {
 }
 
 fn closed_error() -> ResourceError {
-    ResourceError::InvalidArgument("the runtime has been closed".into())
+    ResourceError::runtime_closed()
 }
