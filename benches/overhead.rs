@@ -191,15 +191,17 @@ fn main() {
     }
     let rt = runtime();
     if std::env::args().any(|a| a == "--w4-only") {
-        // For profilers: the same-stream launch loop alone, longer.
+        // For profilers: the same-stream launch loop alone (XLOG_W4_ITERS
+        // iterations, default 20 million).
+        let iters: u64 = std::env::var("XLOG_W4_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(10 * n);
         let a = rt.acquire_stream().unwrap();
         let blk = rt.allocate(256, a, "w4").unwrap();
         let t0 = Instant::now();
-        for _ in 0..10 * n {
+        for _ in 0..iters {
             rt.prepare(&blk.id, a, Access::Write).unwrap();
             rt.finish(&blk.id, a, Access::Write).unwrap();
         }
-        println!("same-stream prepare+finish:    {:7.1} ns", t0.elapsed().as_nanos() as f64 / (10 * n) as f64);
+        println!("same-stream prepare+finish:    {:7.1} ns", t0.elapsed().as_nanos() as f64 / iters as f64);
         return;
     }
     pairs(&rt, n / 10);

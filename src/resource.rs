@@ -30,6 +30,12 @@ pub struct BlockId {
     pub device: i32,
 }
 
+impl BlockId {
+    /// No block (generation 0 is never issued): a placeholder.
+    pub(crate) const NONE: BlockId =
+        BlockId { ptr: 0, size: 0, generation: Generation(0), alloc_stream: StreamId(0), device: 0 };
+}
+
 /// How a launch touches a block.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Access {

@@ -198,7 +198,8 @@ impl StreamPool {
         // Entry by entry: copying the whole array out of the cell would
         // cost a memcpy per call.
         let hit = RESOLVED.with(|c| {
-            for e in c.as_array_of_cells() {
+            let cells: &std::cell::Cell<[Option<Resolved>]> = c;
+            for e in cells.as_slice_of_cells() {
                 if let Some(r) = e.get() {
                     if r.id == id && r.pool == self.unique && r.releases == releases {
                         return Some(r.raw);

@@ -42,6 +42,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::launch_cache::{self, Remembered};
 use super::logging::CsvLog;
 use super::capture_pool::CapturePools;
 use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
@@ -98,6 +99,14 @@ impl Events {
         self.slots[ev as usize].refs = 1;
         self.recorded += 1;
         Ok(ev)
+    }
+
+    /// Record `ev` again on `stream` (the launch cache: its holders' uses
+    /// move to this point of the same stream).
+    fn rerecord(&mut self, device: &dyn Device, ev: Ev, stream: RawStream) -> ResourceResult<()> {
+        device.record_event(self.slots[ev as usize].raw, stream)?;
+        self.recorded += 1;
+        Ok(())
     }
 
     fn raw(&self, ev: Ev) -> RawEvent {
@@ -280,20 +289,40 @@ struct TableShard {
     deallocations: u64,
 }
 
-/// Live device bytes of one shard, on a cache line of its own. Written only
-/// while holding that shard's lock (a plain store: no read-modify-write on
-/// the hot path), read without it by the hoarding bound.
+/// Live device bytes of one shard and its version, on a cache line of
+/// their own. Written only while holding that shard's lock (plain stores:
+/// no read-modify-write on the hot path), read without it: live by the
+/// hoarding bound, the version by the launch cache (`launch_cache.rs`).
 #[repr(align(64))]
 #[derive(Default)]
-struct ShardLive(AtomicU64);
+struct ShardLive {
+    live: AtomicU64,
+    /// Moves with every change of a block's liveness or recorded uses.
+    version: AtomicU64,
+}
 
 impl ShardLive {
     /// Only under the lock of the shard this counts.
     fn add(&self, delta: i64) {
-        let now = self.0.load(Ordering::Relaxed);
-        self.0.store(now.wrapping_add_signed(delta), Ordering::Relaxed);
+        let now = self.live.load(Ordering::Relaxed);
+        self.live.store(now.wrapping_add_signed(delta), Ordering::Relaxed);
+    }
+
+    /// Only under the lock of this shard: a block's liveness or uses
+    /// changed. Returns the new version.
+    fn touched(&self) -> u64 {
+        let v = self.version.load(Ordering::Relaxed) + 1;
+        self.version.store(v, Ordering::Release);
+        v
+    }
+
+    fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 }
+
+/// Pool identities for the launch cache (never reused, unlike addresses).
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 fn shard_index(stream: StreamId) -> usize {
     stream.0 as usize % TABLE_SHARDS
@@ -323,6 +352,16 @@ enum LockedShards<'a> {
 }
 
 impl LockedShards<'_> {
+    /// The indices of the locked shards.
+    fn indices(&self) -> InlineList<usize, 8> {
+        let mut out = InlineList::new();
+        match self {
+            LockedShards::One(i, _) => out.push(*i),
+            LockedShards::Many(list) => list.iter().for_each(|(i, _)| out.push(*i)),
+        }
+        out
+    }
+
     fn get(&mut self, id: &BlockId) -> &mut TableShard {
         let want = shard_index(id.alloc_stream);
         match self {
@@ -397,6 +436,8 @@ const STALE_FREES: u64 = 4096;
 const STALE_RELEASES_PER_MISS: usize = 8;
 
 pub struct AsyncPool {
+    /// This pool's identity in the threads' launch caches.
+    id: u64,
     device: Arc<dyn Device>,
     ordinal: u32,
     options: PoolOptions,
@@ -435,6 +476,7 @@ impl AsyncPool {
     pub fn with_options(device: Arc<dyn Device>, options: PoolOptions) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
         AsyncPool {
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             device,
             ordinal,
             options,
@@ -478,6 +520,43 @@ impl AsyncPool {
         Ok(guard)
     }
 
+    /// The launch cache's prepare (`launch_cache.rs`): whether `uses` on
+    /// `stream` is this thread's last launch, nothing changed since.
+    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> bool {
+        match launch_cache::lookup(self.id, stream, uses) {
+            Some(r) => self.shard_live[r.shard].version() == r.version,
+            None => false,
+        }
+    }
+
+    /// The launch cache's finish, holding the lock of shard `shard` (whose
+    /// slab `events` is): the remembered event recorded again, when `uses`
+    /// on `stream` is this thread's last launch, nothing changed since and
+    /// no capture is active. `None`: take the full path.
+    fn cached_finish(
+        &self,
+        shard: usize,
+        events: &mut Events,
+        stream: RawStream,
+        uses: &[BlockUse],
+    ) -> Option<ResourceResult<()>> {
+        let r = launch_cache::lookup(self.id, stream, uses)?;
+        if r.shard != shard || self.shard_live[shard].version() != r.version || self.captures.any_active() {
+            return None;
+        }
+        Some(events.rerecord(&*self.device, r.event, stream))
+    }
+
+    /// After a full finish of `uses` on `stream` in shard `shard` with
+    /// `event` (held by these blocks only), which moved the shard to
+    /// `version`: remember it when the launch cache may (every use a
+    /// write, outside any capture).
+    fn remember_launch(&self, shard: usize, stream: RawStream, uses: &[BlockUse], event: Ev, capture: u64, version: u64) {
+        if capture == 0 && uses.iter().all(|u| u.access.writes()) {
+            launch_cache::remember(self.id, stream, uses, Remembered { shard, version, event });
+        }
+    }
+
     fn launch_open(&self) -> ResourceResult<()> {
         if self.launches_closed.load(Ordering::Acquire) {
             return Err(ResourceError::runtime_closed());
@@ -501,7 +580,7 @@ impl AsyncPool {
     fn live_now(&self) -> u64 {
         // A sum taken while blocks move is approximate, which is all the
         // hoarding bound needs.
-        self.shard_live.iter().map(|l| l.0.load(Ordering::Relaxed)).sum()
+        self.shard_live.iter().map(|l| l.live.load(Ordering::Relaxed)).sum()
     }
 
     /// Totals of every shard's cache.
@@ -1319,6 +1398,9 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        if self.cached_prepare(use_stream.raw, &[BlockUse { block: *block, access }]) {
+            return self.launch_open();
+        }
         // The launch path's common case, one lock and no list: a block whose
         // recorded uses are all on this stream needs no wait.
         {
@@ -1341,9 +1423,14 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        let uses = [BlockUse { block: *block, access }];
+        let home = shard_index(block.alloc_stream);
         let mut guard = self.launch_shard(block.alloc_stream)?;
-        let capture = self.capture_of(use_stream.raw)?;
         let TableShard { blocks, events, .. } = &mut *guard;
+        if let Some(done) = self.cached_finish(home, events, use_stream.raw, &uses) {
+            return done;
+        }
+        let capture = self.capture_of(use_stream.raw)?;
         let rec = match blocks.get_mut(&block.generation) {
             Some(rec) => {
                 check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
@@ -1356,13 +1443,19 @@ impl DeviceMemoryResource for AsyncPool {
         };
         // The event comes from this shard's slab: no second lock.
         let event = events.record(&*self.device, use_stream.raw)?;
-        let new_use = Use { stream: use_stream.raw, event, raw: events.raw(event), capture, shared: false };
+        let raw = events.raw(event);
+        let new_use = Use { stream: use_stream.raw, event, raw, capture, shared: false };
         rec.record_use(events, &mut SharedSlab::new(&self.events), access, new_use);
         events.release(event);
+        let version = self.shard_live[home].touched();
+        self.remember_launch(home, use_stream.raw, &uses, event, capture, version);
         Ok(())
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        if self.cached_prepare(stream.raw, uses) {
+            return self.launch_open();
+        }
         let mut shards = self.lock_shards(uses)?;
         let capture = self.capture_of(stream.raw)?;
         // Blocks never used since allocation, now used on another stream:
@@ -1393,6 +1486,9 @@ impl DeviceMemoryResource for AsyncPool {
         self.admit_waits(capture, &mut waits)?;
         if !first_use_streams.is_empty() {
             self.fence_first_uses(&mut shards, capture, uses, &mut first_use_streams, &mut waits)?;
+            for &i in shards.indices().as_slice() {
+                self.shard_live[i].touched();
+            }
         }
         self.wait_all(stream.raw, waits.as_slice())
     }
@@ -1404,6 +1500,11 @@ impl DeviceMemoryResource for AsyncPool {
             _ => {}
         }
         let mut shards = self.lock_shards(uses)?;
+        if let LockedShards::One(home, guard) = &mut shards {
+            if let Some(done) = self.cached_finish(*home, &mut guard.events, stream.raw, uses) {
+                return done;
+            }
+        }
         let capture = self.capture_of(stream.raw)?;
         for u in uses {
             match shards.get(&u.block).record(&u.block, self.ordinal) {
@@ -1420,15 +1521,19 @@ impl DeviceMemoryResource for AsyncPool {
         // block lives in one shard, else from the shared one.
         let mut shared = SharedSlab::new(&self.events);
         match &mut shards {
-            LockedShards::One(_, guard) => {
+            LockedShards::One(home, guard) => {
+                let home = *home;
                 let TableShard { blocks, events, .. } = &mut **guard;
                 let event = events.record(&*self.device, stream.raw)?;
-                let new_use = Use { stream: stream.raw, event, raw: events.raw(event), capture, shared: false };
+                let raw = events.raw(event);
+                let new_use = Use { stream: stream.raw, event, raw, capture, shared: false };
                 for u in uses {
                     let rec = blocks.get_mut(&u.block.generation).expect("validated above");
                     rec.record_use(events, &mut shared, u.access, new_use);
                 }
                 events.release(event);
+                let version = self.shard_live[home].touched();
+                self.remember_launch(home, stream.raw, uses, event, capture, version);
             }
             LockedShards::Many(_) => {
                 let events = shared.get();
@@ -1440,6 +1545,9 @@ impl DeviceMemoryResource for AsyncPool {
                     rec.record_use(local, &mut shared, u.access, new_use);
                 }
                 shared.get().release(event);
+                for &i in shards.indices().as_slice() {
+                    self.shard_live[i].touched();
+                }
             }
         }
         Ok(())
@@ -1482,7 +1590,9 @@ impl AsyncPool {
                 rec.release_tracking(&mut shard.events, &mut SharedSlab::new(&self.events));
             }
         }
-        self.shard_live[shard_index(id.alloc_stream)].add(-(held as i64));
+        let meta = &self.shard_live[shard_index(id.alloc_stream)];
+        meta.add(-(held as i64));
+        meta.touched();
         shard.counters.freed(tag.index(), held);
         shard.deallocations += 1;
         let state = if held == 0 {

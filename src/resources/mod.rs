@@ -4,6 +4,7 @@ pub mod async_pool;
 pub mod budget;
 pub(crate) mod capture_pool;
 pub mod direct;
+mod launch_cache;
 pub mod logging;
 pub mod stream_cache;
 

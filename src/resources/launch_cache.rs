@@ -1,0 +1,92 @@
+//! `launch_cache`: the last launch each thread finished, so that the same
+//! launch on the same stream again (the steady state of an engine's loop)
+//! skips the block table.
+//!
+//! Contract:
+//! - A thread remembers (`remember`) a launch it has just finished through
+//!   the locked path when, after it, every block of the launch has that
+//!   launch as its last write and no reader: the launch wrote each block,
+//!   on one stream, outside any capture, and the blocks all live in one
+//!   table shard. It remembers the pool, the stream, the handles in order,
+//!   the shard, the shard's version after the finish, and the launch's
+//!   event (held by those blocks only).
+//! - A shard's version moves with every change of a block's liveness or
+//!   recorded uses in it (free, every recorded use), under the shard lock
+//!   (`AsyncPool::touched`). So while it has not moved, each block of the
+//!   remembered launch is still live, its handle still matches, and its
+//!   only recorded use is that launch on that stream.
+//! - `prepare` of the same launch (same pool, stream, handles in order,
+//!   every access a write) on that stream then has nothing to wait for:
+//!   `hit` says so from one atomic load, without a lock or a lookup. It
+//!   touches no stream or event, so it is safe without the close protocol's
+//!   lock (the pool still refuses it once launches are closed).
+//! - `finish` of the same launch, under the shard lock and with the
+//!   version unchanged, records the remembered event again on the stream
+//!   instead of taking a new one: the blocks' state (last write = that
+//!   event on that stream, no readers) is what a full finish would leave,
+//!   and no other holder of the event exists to see it move. Reads are not
+//!   cached: recording a read into the write's event would make later
+//!   readers on other streams wait for this read.
+//! - Anything else (another launch, a read, a capture active anywhere, a
+//!   moved version) takes the locked path, which decides as before.
+
+use std::cell::RefCell;
+
+use crate::device::RawStream;
+use crate::resource::{BlockId, BlockUse};
+
+/// Launches of more blocks than this are not remembered.
+pub(super) const MAX_BLOCKS: usize = 8;
+
+/// What a hit hands back: the shard, the version seen, and the event.
+#[derive(Copy, Clone)]
+pub(super) struct Remembered {
+    pub shard: usize,
+    pub version: u64,
+    pub event: u32,
+}
+
+struct Stash {
+    pool: u64,
+    stream: RawStream,
+    len: usize,
+    blocks: [BlockId; MAX_BLOCKS],
+    at: Remembered,
+}
+
+thread_local! {
+    static LAST: RefCell<Option<Stash>> = const { RefCell::new(None) };
+}
+
+/// The remembered launch, if `uses` on `stream` of pool `pool` is that
+/// launch again (all writes, same handles in the same order). The caller
+/// compares `version` with its shard's version.
+pub(super) fn lookup(pool: u64, stream: RawStream, uses: &[BlockUse]) -> Option<Remembered> {
+    if uses.is_empty() || uses.len() > MAX_BLOCKS {
+        return None;
+    }
+    LAST.with(|last| {
+        let last = last.borrow();
+        let s = last.as_ref()?;
+        let same = s.pool == pool
+            && s.stream == stream
+            && s.len == uses.len()
+            && uses.iter().zip(&s.blocks[..s.len]).all(|(u, b)| u.access.writes() && u.block == *b);
+        same.then_some(s.at)
+    })
+}
+
+/// Remember the launch `uses` just finished on `stream` (see the contract
+/// for when a caller may). A launch of more than `MAX_BLOCKS` blocks is
+/// not remembered; whatever was stays (its shard's version says whether it
+/// is still good).
+pub(super) fn remember(pool: u64, stream: RawStream, uses: &[BlockUse], at: Remembered) {
+    if uses.is_empty() || uses.len() > MAX_BLOCKS {
+        return;
+    }
+    let mut blocks = [BlockId::NONE; MAX_BLOCKS];
+    for (slot, u) in blocks.iter_mut().zip(uses) {
+        *slot = u.block;
+    }
+    LAST.with(|last| *last.borrow_mut() = Some(Stash { pool, stream, len: uses.len(), blocks, at }));
+}
