@@ -204,6 +204,22 @@ fn main() {
         println!("same-stream prepare+finish:    {:7.1} ns", t0.elapsed().as_nanos() as f64 / iters as f64);
         return;
     }
+    if std::env::args().any(|a| a == "--w4-all-only") {
+        // For profilers: prepare_all+finish_all of 8 blocks, streams in turn.
+        let iters: u64 = std::env::var("XLOG_W4_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(n);
+        let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+        let uses: Vec<xlog_cuda::BlockUse> = (0..8)
+            .map(|_| xlog_cuda::BlockUse { block: rt.allocate(4096, a, "w4").unwrap().id, access: Access::Write })
+            .collect();
+        let t0 = Instant::now();
+        for i in 0..iters {
+            let s = if i % 2 == 0 { a } else { b };
+            rt.prepare_all(s, &uses).unwrap();
+            rt.finish_all(s, &uses).unwrap();
+        }
+        println!("prepare_all+finish_all(8):     {:7.1} ns", t0.elapsed().as_nanos() as f64 / iters as f64);
+        return;
+    }
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
     c_abi_pairs(n / 10);

@@ -47,6 +47,7 @@ pub(super) struct Remembered {
 }
 
 struct Stash {
+    /// 0: nothing remembered (pool ids start at 1).
     pool: u64,
     stream: RawStream,
     len: usize,
@@ -55,19 +56,23 @@ struct Stash {
 }
 
 thread_local! {
-    static LAST: RefCell<Option<Stash>> = const { RefCell::new(None) };
+    static LAST: RefCell<Stash> = const {
+        RefCell::new(Stash {
+            pool: 0,
+            stream: 0,
+            len: 0,
+            blocks: [BlockId::NONE; MAX_BLOCKS],
+            at: Remembered { shard: 0, version: 0, event: 0 },
+        })
+    };
 }
 
 /// The remembered launch, if `uses` on `stream` of pool `pool` is that
 /// launch again (all writes, same handles in the same order). The caller
 /// compares `version` with its shard's version.
 pub(super) fn lookup(pool: u64, stream: RawStream, uses: &[BlockUse]) -> Option<Remembered> {
-    if uses.is_empty() || uses.len() > MAX_BLOCKS {
-        return None;
-    }
     LAST.with(|last| {
-        let last = last.borrow();
-        let s = last.as_ref()?;
+        let s = last.borrow();
         let same = s.pool == pool
             && s.stream == stream
             && s.len == uses.len()
@@ -79,14 +84,19 @@ pub(super) fn lookup(pool: u64, stream: RawStream, uses: &[BlockUse]) -> Option<
 /// Remember the launch `uses` just finished on `stream` (see the contract
 /// for when a caller may). A launch of more than `MAX_BLOCKS` blocks is
 /// not remembered; whatever was stays (its shard's version says whether it
-/// is still good).
+/// is still good). Written in place: only the launch's own handles move.
 pub(super) fn remember(pool: u64, stream: RawStream, uses: &[BlockUse], at: Remembered) {
     if uses.is_empty() || uses.len() > MAX_BLOCKS {
         return;
     }
-    let mut blocks = [BlockId::NONE; MAX_BLOCKS];
-    for (slot, u) in blocks.iter_mut().zip(uses) {
-        *slot = u.block;
-    }
-    LAST.with(|last| *last.borrow_mut() = Some(Stash { pool, stream, len: uses.len(), blocks, at }));
+    LAST.with(|last| {
+        let mut s = last.borrow_mut();
+        for (slot, u) in s.blocks.iter_mut().zip(uses) {
+            *slot = u.block;
+        }
+        s.pool = pool;
+        s.stream = stream;
+        s.len = uses.len();
+        s.at = at;
+    });
 }
