@@ -44,7 +44,15 @@ struct HookBlock {
 /// The pointer → block map of the hooks, sharded by address so threads
 /// that allocate on different blocks rarely meet on one lock.
 struct HookBlocks {
-    shards: Box<[Mutex<FastMap<u64, HookBlock>>]>,
+    shards: Box<[Mutex<HookShard>]>,
+}
+
+#[derive(Default)]
+struct HookShard {
+    map: FastMap<u64, HookBlock>,
+    /// Frees through this shard, counted under its lock (the reap cadence:
+    /// no shared counter on the free path).
+    frees: u64,
 }
 
 const HOOK_SHARDS: usize = 16;
@@ -57,19 +65,27 @@ impl Default for HookBlocks {
 
 impl HookBlocks {
     /// The shard that holds `ptr` (blocks are at least 256-byte aligned).
-    fn lock(&self, ptr: u64) -> MutexGuard<'_, FastMap<u64, HookBlock>> {
+    fn lock(&self, ptr: u64) -> MutexGuard<'_, HookShard> {
         lock(&self.shards[((ptr >> 8) ^ (ptr >> 20)) as usize % HOOK_SHARDS])
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Take the block at `ptr` out for its free; with whether this free is
+    /// one after which to reap (every `REAP_EVERY` frees of a shard).
+    fn take(&self, ptr: u64) -> Option<(HookBlock, bool)> {
+        let mut shard = self.lock(ptr);
+        let entry = shard.map.remove(&ptr)?;
+        shard.frees += 1;
+        Some((entry, shard.frees % REAP_EVERY == 0))
     }
 }
 
 struct Hooks {
     runtime: Arc<Runtime>,
     blocks: HookBlocks,
-    frees: AtomicU64,
 }
 
 #[derive(Default)]
@@ -172,7 +188,7 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
         }
     };
     let runtime = Runtime::open(device, &config)?;
-    let h = Arc::new(Hooks { runtime, blocks: HookBlocks::default(), frees: AtomicU64::new(0) });
+    let h = Arc::new(Hooks { runtime, blocks: HookBlocks::default() });
     t.hooks.insert(device, h.clone());
     HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
     Ok(h)
@@ -193,10 +209,9 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
 
 fn hook_allocate(size: usize, device: i32, stream: u64, tag: AllocTag) -> Result<*mut c_void, ResourceError> {
     with_hooks(device, true, || unreachable!("opened on first use"), |h| {
-        let sid = h.runtime.import_stream(stream)?;
         // Frameworks expect a usable, distinct pointer even for 0 bytes.
-        let block = h.runtime.allocate_tagged((size as u64).max(1), sid, tag)?;
-        h.blocks.lock(block.id.ptr).insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
+        let (_, block) = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
+        h.blocks.lock(block.id.ptr).map.insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
         Ok(block.id.ptr as usize as *mut c_void)
     })
 }
@@ -207,20 +222,20 @@ fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     }
     with_hooks(device, false, || not_a_hook_block(ptr, device), |h| {
         let key = ptr as u64;
-        let entry = h.blocks.lock(key).remove(&key).ok_or_else(|| not_a_hook_block(ptr, device))?;
+        let (entry, reap_now) = h.blocks.take(key).ok_or_else(|| not_a_hook_block(ptr, device))?;
         // Fence every stream that used the block: the free then waits for
         // the work queued on them so far (the contract of record_stream).
         for &stream in &entry.used_on {
             if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-                h.blocks.lock(key).insert(key, entry);
+                h.blocks.lock(key).map.insert(key, entry);
                 return Err(e);
             }
         }
         if let Err(e) = h.runtime.deallocate(&entry.id) {
-            h.blocks.lock(key).insert(key, entry);
+            h.blocks.lock(key).map.insert(key, entry);
             return Err(e);
         }
-        if h.frees.fetch_add(1, Ordering::Relaxed) % REAP_EVERY == REAP_EVERY - 1 {
+        if reap_now {
             let _ = h.runtime.reap();
         }
         Ok(())
@@ -415,7 +430,7 @@ pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c
 /// `Err(())` when `h` does not hold `ptr` (nothing changed, no stream
 /// imported), else the import's result.
 fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Result<(), ResourceError>, ()> {
-    if !h.blocks.lock(ptr as u64).contains_key(&(ptr as u64)) {
+    if !h.blocks.lock(ptr as u64).map.contains_key(&(ptr as u64)) {
         return Err(());
     }
     let sid = match h.runtime.import_stream(stream as u64) {
@@ -424,7 +439,7 @@ fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Res
     };
     let mut blocks = h.blocks.lock(ptr as u64);
     // Freed by another thread between the two lookups.
-    let entry = blocks.get_mut(&(ptr as u64)).ok_or(())?;
+    let entry = blocks.map.get_mut(&(ptr as u64)).ok_or(())?;
     if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
         entry.used_on.push(sid);
     }

@@ -317,6 +317,21 @@ impl Runtime {
     #[inline]
     pub fn allocate_at(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
+        self.allocate_entered(bytes, stream, tag, site)
+    }
+
+    /// The framework hooks' allocation: adopt the foreign stream `native`
+    /// and allocate on it with one pass of the call gate (two calls'
+    /// worth of entering otherwise). Returns the stream's id too.
+    pub fn allocate_on_native(&self, bytes: u64, native: u64, tag: AllocTag) -> ResourceResult<(StreamId, DeviceBlock)> {
+        let _g = self.enter()?;
+        let stream = self.streams.import(native)?;
+        Ok((stream, self.allocate_entered(bytes, stream, tag, CallSite::NONE)?))
+    }
+
+    /// `allocate_at` for a caller holding a pass.
+    #[inline]
+    fn allocate_entered(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let s = self.streams.resolve(stream)?;
         let result = self.stack.allocate(bytes, s, tag);
         match &result {
