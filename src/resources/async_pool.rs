@@ -242,6 +242,30 @@ impl BlockRecord {
         }
     }
 
+    /// Whether every recorded use of the block was outside any capture.
+    fn outside_captures(&self) -> bool {
+        let Some(t) = &self.tracking else { return true };
+        t.last_write.iter().chain(t.readers.iter()).all(|u| u.capture == 0)
+    }
+
+    /// Queue on `stream` the waits a use of kind `access` needs (no capture
+    /// active, no use recorded in one): (how many were queued, the first
+    /// error). Waits queued
+    /// before a failing one are harmless (they only delay the stream).
+    fn queue_waits(&self, device: &dyn Device, stream: RawStream, access: Access) -> (u64, ResourceResult<()>) {
+        let Some(t) = &self.tracking else { return (0, Ok(())) };
+        let mut queued = 0;
+        let foreign_write = t.last_write.iter().filter(|w| w.stream != stream);
+        let foreign_reads = t.readers.iter().filter(|r| access.writes() && r.stream != stream);
+        for u in foreign_write.chain(foreign_reads) {
+            if let Err(e) = device.stream_wait_event(stream, u.raw) {
+                return (queued, Err(e.into()));
+            }
+            queued += 1;
+        }
+        (queued, Ok(()))
+    }
+
     /// Whether a use of kind `access` on `stream` has nothing to wait for
     /// (the launch path's common case: no list to build).
     fn nothing_to_wait(&self, stream: RawStream, access: Access) -> bool {
@@ -1408,8 +1432,20 @@ impl DeviceMemoryResource for AsyncPool {
             match shard.record(block, self.ordinal) {
                 Some(Ok(rec)) => {
                     let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
-                    if !first_foreign_use && rec.nothing_to_wait(use_stream.raw, access) {
-                        return Ok(());
+                    if !first_foreign_use {
+                        if rec.nothing_to_wait(use_stream.raw, access) {
+                            return Ok(());
+                        }
+                        // Uses recorded outside any capture, none active:
+                        // the waits are queued here, under this one lock,
+                        // without a list (one block's uses never share an
+                        // event). Anything about captures takes the full
+                        // path, which applies their rules.
+                        if !self.captures.any_active() && rec.outside_captures() {
+                            let waited = rec.queue_waits(&*self.device, use_stream.raw, access);
+                            self.waits.fetch_add(waited.0, Ordering::Relaxed);
+                            return waited.1;
+                        }
                     }
                 }
                 Some(Err(e)) => return Err(e),
