@@ -431,6 +431,104 @@ fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Res
     Ok(Ok(()))
 }
 
+// ----- CUDA graphs: captures PyTorch begins itself, announced -----
+//
+// PyTorch's `CUDAGraph::capture_begin` calls the allocator's
+// `beginAllocateToPool(device, pool, filter)` just before it begins
+// capturing, `capture_end` calls `endAllocateToPool(device, pool)` just
+// after, and destroying the graph calls `releasePool(device, pool)`. The OOM
+// shim of `xlog_cuda.torch` sets the pluggable allocator's three hooks to
+// the entry points below (docs/frameworks.md, "CUDA graphs"), so the hook
+// runtime adopts the capture as if it had begun it through
+// `xlog_capture_begin` (`resources/announced_pools.rs`).
+
+fn pool_key(pool_id_0: u64, pool_id_1: u64) -> (u64, u64) {
+    (pool_id_0, pool_id_1)
+}
+
+fn no_hooks_for_pool(device: i32, pool: (u64, u64)) -> ResourceError {
+    ResourceError::InvalidArgument(format!(
+        "pool ({}, {}) was never announced on device {device}: its framework hooks are not open",
+        pool.0, pool.1
+    ))
+}
+
+/// PyTorch's `beginAllocateToPool`: a capture into the graph pool
+/// (`pool_id_0`, `pool_id_1`) (PyTorch's `MempoolId_t`) is about to begin on
+/// `capture_stream` (NULL: not known; captures never run on the legacy
+/// default stream). Until `xlog_torch_end_allocate_to_pool` of that pool,
+/// the hook runtime of `device` asks the driver which capture each stream
+/// it serves takes part in, and adopts the capture begun on
+/// `capture_stream`: allocations in it come from the capture's private
+/// memory, frees inside it stay there, and nothing in it waits on work
+/// outside it (the rules of `xlog_capture_begin`, docs/design.md "Stream
+/// capture"). A pool may be announced again by further captures (a pool
+/// shared by several graphs); each announcement is one user of the pool.
+/// Opens the hook runtime of `device` if needed. Pool (0, 0) is
+/// XLOG_ERR_INVALID_ARGUMENT.
+#[no_mangle]
+pub extern "C" fn xlog_torch_begin_allocate_to_pool(
+    device: i32,
+    pool_id_0: u64,
+    pool_id_1: u64,
+    capture_stream: *mut c_void,
+) -> xlog_status {
+    boundary("xlog_torch_begin_allocate_to_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        // Before anything opens or imports.
+        crate::runtime::check_pool(pool)?;
+        with_hooks(device, true, || unreachable!("opened on first use"), |h| {
+            let origin = match capture_stream as u64 {
+                0 => None,
+                native => Some(h.runtime.import_stream(native)?),
+            };
+            h.runtime.announce_capture_pool(pool, origin)
+        })
+    })
+}
+
+/// PyTorch's `endAllocateToPool`, after the capture into the pool ended:
+/// one announcement of the pool stops, and its capture ends for the hook
+/// runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
+/// pool never announced on `device`, changing nothing.
+#[no_mangle]
+pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, pool_id_1: u64) -> xlog_status {
+    boundary("xlog_torch_end_allocate_to_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
+            h.runtime.end_capture_pool(pool).map(|_| ())
+        })
+    })
+}
+
+/// PyTorch's `releasePool`: a graph that used the pool is being destroyed.
+/// When the last user of the pool is gone, the memory of its captures goes
+/// back to the driver (and the budget): at once for what is free, and for
+/// blocks still live (a graph's output tensors) when the last of them is
+/// freed. `released_bytes` (may be NULL) receives the bytes given back by
+/// this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
+/// `device` (or released by its last user already),
+/// XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
+/// (not ended); both change nothing.
+#[no_mangle]
+pub extern "C" fn xlog_torch_release_pool(
+    device: i32,
+    pool_id_0: u64,
+    pool_id_1: u64,
+    released_bytes: *mut u64,
+) -> xlog_status {
+    boundary("xlog_torch_release_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        let released = with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
+            h.runtime.release_capture_pool(pool)
+        })?;
+        if !released_bytes.is_null() {
+            write_out(released_bytes, released);
+        }
+        Ok(())
+    })
+}
+
 /// CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
 /// CuPy does not pass a stream: blocks are ordered on the legacy default
 /// stream, which CuPy's (blocking) streams synchronise with.
