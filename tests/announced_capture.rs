@@ -178,7 +178,7 @@ fn refusals_name_the_pool_and_change_nothing() {
     let st = Stack::open_default(StackKind::BudgetAsync);
     let (rt, s) = (&st.rt, st.stream());
     expect_invalid(rt.announce_capture_pool((0, 0), Some(s)), &["pool (0, 0)"], "pool (0, 0)");
-    expect_invalid(rt.end_capture_pool((3, 4)), &["pool (3, 4)", "never announced"], "end of an unknown pool");
+    expect_invalid(rt.end_capture_pool((3, 4)), &["pool (3, 4)", "never announced on device 0"], "end of an unknown pool");
     expect_invalid(rt.release_capture_pool((3, 4)), &["pool (3, 4)", "never announced"], "release of an unknown pool");
     expect_invalid(rt.announce_capture_pool(POOL, Some(StreamId(999_999))), &["999999"], "unknown origin stream");
 
@@ -188,7 +188,7 @@ fn refusals_name_the_pool_and_change_nothing() {
     rt.deallocate(&b.id).unwrap();
     let before = st.snapshot();
     match rt.release_capture_pool(POOL) {
-        Err(ResourceError::StreamMisuse(m)) => assert!(m.contains("pool (1, 0)") && m.contains("under way"), "{m}"),
+        Err(ResourceError::StreamMisuse(m)) => assert!(m.contains("pool (1, 0) on device 0") && m.contains("under way"), "{m}"),
         other => panic!("release while capturing: {other:?}"),
     }
     st.assert_unchanged(&before, 0, "a refused release");

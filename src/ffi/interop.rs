@@ -783,6 +783,77 @@ mod tests {
     }
 
     #[test]
+    fn announced_torch_capture_is_adopted_and_its_pool_released_through_the_c_abi() {
+        use crate::ffi::testing::{xlog_sim_stream_begin_capture, xlog_sim_stream_end_capture};
+        let device = 7009;
+        let cfg = sim_config(1 << 24);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let (side, capture_stream) = (0x7a00 as *mut c_void, 0x7b00 as *mut c_void);
+        // A block cached on another stream: the capture's miss must not take it.
+        let warm = xlog_torch_malloc(64 << 10, device, side);
+        assert!(!warm.is_null(), "{}", last_error());
+        xlog_torch_free(warm, 64 << 10, device, side);
+        let mut rt = std::ptr::null_mut();
+        assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+        let held = || {
+            let mut stats = xlog_stats { struct_size: std::mem::size_of::<xlog_stats>() as u32, ..Default::default() };
+            assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+            stats.outstanding_bytes
+        };
+        let before = held();
+
+        // What CUDAGraph::capture_begin / capture_end / reset do, in order.
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 3, 0, capture_stream), XLOG_OK, "{}", last_error());
+        let mut capture = 0;
+        assert_eq!(xlog_sim_stream_begin_capture(rt, capture_stream, &mut capture), XLOG_OK, "{}", last_error());
+        assert_ne!(capture, 0);
+        let scratch = xlog_torch_malloc(64 << 10, device, capture_stream);
+        assert!(!scratch.is_null(), "{}", last_error());
+        assert_ne!(scratch, warm, "not the other stream's cached block");
+        xlog_torch_free(scratch, 64 << 10, device, capture_stream);
+        let output = xlog_torch_malloc(4096, device, capture_stream);
+        assert!(!output.is_null(), "{}", last_error());
+        let mut graph = 0;
+        assert_eq!(xlog_sim_stream_end_capture(rt, capture_stream, &mut graph), XLOG_OK, "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 3, 0), XLOG_OK, "{}", last_error());
+        let class = |b| crate::resources::stream_cache::size_class(b).unwrap();
+        assert_eq!(held(), before + class(64 << 10) + class(4096), "the capture's memory is charged");
+
+        // The graph goes before its output tensor: nothing back yet, all of it at the free.
+        let mut released = u64::MAX;
+        assert_eq!(xlog_torch_release_pool(device, 3, 0, &mut released), XLOG_OK, "{}", last_error());
+        assert_eq!(released, 0);
+        xlog_torch_free(output, 4096, device, capture_stream);
+        assert_eq!(held(), before, "the last free gave the pool back");
+
+        // Refusals name the pool and the device; nothing changes.
+        assert_eq!(xlog_torch_release_pool(device, 3, 0, &mut released), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("xlog_torch_release_pool: invalid argument: pool (3, 0) was never announced on device 7009"), "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 8, 8), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("pool (8, 8)"), "{}", last_error());
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 0, 0, capture_stream), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("pool (0, 0)"), "{}", last_error());
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 4, 0, capture_stream), XLOG_OK);
+        assert_eq!(xlog_torch_release_pool(device, 4, 0, std::ptr::null_mut()), XLOG_ERR_STREAM_MISUSE);
+        assert!(last_error().contains("pool (4, 0) on device 7009 still has 1 capture(s) under way"), "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 4, 0), XLOG_OK);
+        assert_eq!(xlog_torch_release_pool(device, 4, 0, std::ptr::null_mut()), XLOG_OK);
+        assert_eq!(held(), before);
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+    }
+
+    #[test]
+    fn pool_calls_on_a_device_never_used_open_nothing() {
+        let device = 7010;
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 1, 0), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("device 7010"), "{}", last_error());
+        assert_eq!(xlog_torch_release_pool(device, 1, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 0, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(!table().hooks.contains_key(&device), "a refused pool call opened the hooks of device {device}");
+    }
+
+    #[test]
     fn configure_null_waits_on_pressure_like_the_unconfigured_hooks() {
         let device = 7003;
         // SAFETY: NULL is allowed and means "from the environment".

@@ -184,10 +184,11 @@ impl AnnouncedPools {
     /// watching (one whose capture is over, if the driver tells), and its
     /// capture ends.
     pub fn end(&self, pool: PoolKey, device: &dyn Device, captures: &CapturePools) -> ResourceResult<()> {
+        let ordinal = device.ordinal();
         let mut pools = lock(&self.pools);
         let Some(announced) = pools.get_mut(&pool) else {
             return Err(ResourceError::InvalidArgument(format!(
-                "{} was never announced on this device (an end of allocation to a pool without its begin), or it was released already",
+                "{} was never announced on device {ordinal} (an end of allocation to a pool without its begin), or it was released already",
                 name(pool)
             )));
         };
@@ -212,11 +213,11 @@ impl AnnouncedPools {
     }
 
     /// One user of `pool` lets go of it (contract).
-    pub fn release(&self, pool: PoolKey) -> ResourceResult<PoolRelease> {
+    pub fn release(&self, pool: PoolKey, ordinal: i32) -> ResourceResult<PoolRelease> {
         let mut pools = lock(&self.pools);
         let Some(announced) = pools.get_mut(&pool) else {
             return Err(ResourceError::InvalidArgument(format!(
-                "{} was never announced on this device, or its last user released it already",
+                "{} was never announced on device {ordinal}, or its last user released it already",
                 name(pool)
             )));
         };
@@ -226,7 +227,7 @@ impl AnnouncedPools {
         }
         if !announced.watching.is_empty() {
             return Err(ResourceError::StreamMisuse(format!(
-                "{} still has {} capture(s) under way: end the allocation to it (endAllocateToPool) before releasing it",
+                "{} on device {ordinal} still has {} capture(s) under way: end the allocation to it (endAllocateToPool) before releasing it",
                 name(pool),
                 announced.watching.len()
             )));

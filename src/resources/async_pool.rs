@@ -1252,7 +1252,7 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
-        if let PoolRelease::Last(captures) = self.announced.release(pool)? {
+        if let PoolRelease::Last(captures) = self.announced.release(pool, self.ordinal as i32)? {
             for capture in captures {
                 self.captures.orphan(capture);
             }
