@@ -275,3 +275,27 @@ fn without_a_known_origin_the_only_announcement_adopts_the_capture() {
     rt.end_capture_pool(POOL).unwrap();
     assert_eq!(rt.release_capture_pool(POOL).unwrap(), size_class(LEN).unwrap());
 }
+
+#[test]
+fn another_stream_never_takes_a_block_cached_on_the_capturing_stream() {
+    // Its fence would be recorded inside the capture, and the other stream
+    // would join the capture (on CUDA the end then fails: unjoined work).
+    let st = Stack::open_default(StackKind::BudgetAsync);
+    let (rt, s, t) = (&st.rt, st.stream(), st.stream());
+    let cached = rt.allocate(LEN, s, "cached on the capture stream").unwrap();
+    rt.deallocate(&cached.id).unwrap();
+    rt.announce_capture_pool(POOL, Some(s)).unwrap();
+    begin_outside(rt, s);
+    let inside = rt.allocate(2 * LEN, s, "adopts the capture").unwrap();
+    let on_t = rt.allocate(LEN, t, "elsewhere, meanwhile").unwrap();
+    assert_ne!(on_t.id.ptr, cached.id.ptr, "not the capturing stream's cached block");
+    let d = rt.device();
+    let raw_t = d.import_stream(rt.native_stream(t).unwrap()).unwrap();
+    assert_eq!(d.capture_of(raw_t).unwrap(), None, "t did not join the capture");
+    rt.deallocate(&inside.id).unwrap();
+    end_outside(rt, s).unwrap();
+    rt.end_capture_pool(POOL).unwrap();
+    rt.release_capture_pool(POOL).unwrap();
+    rt.deallocate(&on_t.id).unwrap();
+    st.check_invariant("end");
+}

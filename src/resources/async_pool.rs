@@ -863,6 +863,12 @@ impl AsyncPool {
             if owner == stream.raw {
                 return Ok(Some(block));
             }
+            // The fence would be recorded inside a capture and make this
+            // stream join it (a fork never joined back): not from there.
+            if self.captures.any_active() && self.capture_of(owner)? != 0 {
+                lock(&self.table[i]).cache.put_back(owner, block);
+                continue;
+            }
             return match self.fence_after(owner, stream.raw) {
                 Ok(()) => Ok(Some(block)),
                 Err(e) => {
