@@ -103,6 +103,11 @@ def enable(
     refused. `trim()` gives cached memory back (the role of
     `torch.cuda.empty_cache()`).
 
+    With the OOM shim built against PyTorch's CUDA headers, Tensor.record_stream
+    and torch.cuda.graph captures reach xlog (enable_info() says whether
+    they do, and why not); torch.compile(mode="reduce-overhead") does not
+    work with a pluggable allocator (docs/frameworks.md, "CUDA graphs").
+
     Must run before PyTorch initialises CUDA in this process (PyTorch cannot
     swap allocators afterwards): RuntimeError otherwise, and nothing is
     changed. Calling it again is harmless; a second call may set up another
