@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use crate::error::{ResourceError, ResourceResult};
 pub use crate::ids::{Generation, StreamId};
-use crate::ids::RawStream;
-use crate::resources::announced_pools::PoolKey;
+use crate::ids::{PoolKey, RawStream};
 
 /// A stream as resources see it: the public id plus the backend handle the
 /// runtime resolved it to. Resources order work on `raw`; two ids can share
@@ -626,7 +625,7 @@ macro_rules! forward_to_inner {
         }
         fn pool_announced(
             &self,
-            pool: $crate::resources::announced_pools::PoolKey,
+            pool: $crate::ids::PoolKey,
             origin: Option<$crate::device::RawStream>,
         ) {
             self.inner.pool_announced(pool, origin)

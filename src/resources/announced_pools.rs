@@ -50,8 +50,7 @@ use crate::error::ResourceError;
 use crate::fast_hash::FastMap;
 use crate::resource::ResourceResult;
 
-/// A framework's name for a graph's memory: PyTorch's `MempoolId_t`.
-pub type PoolKey = (u64, u64);
+pub use crate::ids::PoolKey;
 
 /// One `begin` not yet ended.
 struct Begin {
