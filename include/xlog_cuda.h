@@ -732,6 +732,44 @@ xlog_status xlog_torch_record_stream(void *ptr, int32_t device, void *stream);
 xlog_status xlog_torch_record_stream_hook(void *ptr, void *stream);
 
 /*
+ PyTorch's `beginAllocateToPool`: a capture into the graph pool
+ (`pool_id_0`, `pool_id_1`) (PyTorch's `MempoolId_t`) is about to begin on
+ `capture_stream` (NULL: not known; captures never run on the legacy
+ default stream). Until `xlog_torch_end_allocate_to_pool` of that pool,
+ the hook runtime of `device` asks the driver which capture each stream
+ it serves takes part in, and adopts the capture begun on
+ `capture_stream`: allocations in it come from the capture's private
+ memory, frees inside it stay there, and nothing in it waits on work
+ outside it (the rules of `xlog_capture_begin`, docs/design.md "Stream
+ capture"). A pool may be announced again by further captures (a pool
+ shared by several graphs); each announcement is one user of the pool.
+ Opens the hook runtime of `device` if needed. Pool (0, 0) is
+ XLOG_ERR_INVALID_ARGUMENT.
+ */
+xlog_status xlog_torch_begin_allocate_to_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1, void *capture_stream);
+
+/*
+ PyTorch's `endAllocateToPool`, after the capture into the pool ended:
+ one announcement of the pool stops, and its capture ends for the hook
+ runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
+ pool never announced on `device`, changing nothing.
+ */
+xlog_status xlog_torch_end_allocate_to_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1);
+
+/*
+ PyTorch's `releasePool`: a graph that used the pool is being destroyed.
+ When the last user of the pool is gone, the memory of its captures goes
+ back to the driver (and the budget): at once for what is free, and for
+ blocks still live (a graph's output tensors) when the last of them is
+ freed. `released_bytes` (may be NULL) receives the bytes given back by
+ this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
+ `device` (or released by its last user already),
+ XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
+ (not ended); both change nothing.
+ */
+xlog_status xlog_torch_release_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1, uint64_t *released_bytes);
+
+/*
  CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
  CuPy does not pass a stream: blocks are ordered on the legacy default
  stream, which CuPy's (blocking) streams synchronise with.

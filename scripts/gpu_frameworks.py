@@ -50,15 +50,18 @@ The train scenario also writes a memory report of its log
                 xlog_cuda.call_site(), peaks hold after a free and restart at
                 reset_peak_memory_stats(), per-tag counters add up, and
                 memory_summary() names the tensor.
-  graphs        CUDA graphs under xlog_cuda.torch.enable(): torch.cuda.graph
-                capture and replay of a small model (warmed up on a side
-                stream first), and torch.compile(mode="reduce-overhead") of
-                a small function. Each either works (replays / compiled
-                calls give the eager outputs: checked) or PyTorch refuses:
-                then the exact exception is reported as info, not as a pass,
-                and what is checked is that the failure left xlog consistent
-                (the budget charges what the stats say xlog holds, later
-                allocations and kernels work).
+  graphs        CUDA graphs under xlog_cuda.torch.enable(). torch.cuda.graph
+                (must work): enable() set the graph-pool hooks; forward +
+                backward of a small MLP captures (warmed up on the capture
+                stream first); the capture's memory is held and charged; 120
+                replays with new data copied into the static inputs give
+                eager's loss and gradients each time; deleting the graph and
+                its outputs gives the memory back; xlog is consistent and
+                later allocations work. torch.compile(mode="reduce-overhead")
+                of a small function: outputs checked where it runs; where
+                PyTorch refuses, its exact exception as info (not a failure)
+                and a check that xlog stayed consistent. Stats of each phase
+                are printed; tracebacks go to graphs-errors.txt.
 
 Usage: gpu_frameworks.py [--out DIR] [--only NAME[,NAME...]]
        gpu_frameworks.py --scenario NAME --result FILE --workdir DIR
@@ -971,57 +974,137 @@ def scenario_graphs(r: Result, workdir: str) -> None:
         errors.flush()
         return _first_lines(e)
 
-    # ---- 1. torch.cuda.graph: capture a small model's forward, replay it.
+    # ---- 1. torch.cuda.graph: capture a small MLP's forward and backward,
+    # replay it with new inputs, compare with eager every time, then delete
+    # the graph and see its memory come back.
+    info = xt.enable_info()
+    r.check(
+        "enable() set PyTorch's graph-pool hooks (torch.cuda.graph reaches xlog)",
+        bool(info.get("graph_pools_hook")),
+        f"graph_pools_hook={info.get('graph_pools_hook')} problem={info.get('graph_pools_problem')!r} "
+        f"shim={info.get('shim')} shim_problem={info.get('shim_problem')!r}",
+    )
+    outcome: Dict[str, Any] = {}
+    phases: Dict[str, Dict[str, int]] = {}
+
+    def phase(name: str) -> Dict[str, int]:
+        torch.cuda.synchronize()
+        st = stats_dict(xt.stats(0))
+        phases[name] = st
+        print(f"[graphs] stats {name}: " + json.dumps(st), flush=True)
+        return st
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
     ).cuda()
-    static_in = torch.randn(32, 64, device="cuda")
-    outcome: Dict[str, Any] = {}
-    with torch.no_grad():
-        # Warm up on a side stream, as PyTorch's CUDA graph docs ask.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(static_in)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        before = xt.stats(0)
-        graph = torch.cuda.CUDAGraph()
-        static_out = None
+    params = list(model.parameters())
+    static_x = torch.randn(32, 64, device="cuda")
+    static_y = torch.randn(32, 10, device="cuda")
+
+    def step(x, y):
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def eager(x, y):
+        loss = step(x, y)
+        grads = torch.autograd.grad(loss, params)
+        return loss.detach(), grads
+
+    capture_stream = torch.cuda.Stream()
+    # Warm up on the capture stream (cuBLAS makes its workspace for a
+    # stream on first use: before the capture, not inside it) and on the
+    # default stream (the eager comparisons).
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture_stream):
+        for _ in range(3):
+            step(static_x, static_y).backward()
+    torch.cuda.current_stream().wait_stream(capture_stream)
+    for _ in range(2):
+        eager(static_x, static_y)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    xt.trim(0)
+    base = phase("before the capture (trimmed)")
+    graph = torch.cuda.CUDAGraph()
+    static_loss = None
+    try:
+        with torch.cuda.graph(graph, stream=capture_stream):
+            static_loss = step(static_x, static_y)
+            static_loss.backward()
+        outcome["capture"] = "ok"
+    except BaseException as e:  # noqa: BLE001 - reported with everything known
+        outcome["capture"] = keep("torch.cuda.graph capture", e)
+    captured = phase("after the capture")
+    outcome["allocations_during_capture"] = captured["allocations"] - base["allocations"]
+    charged = captured["outstanding_bytes"] - base["outstanding_bytes"]
+    r.check(
+        "torch.cuda.graph: forward + backward of an MLP captures under enable()",
+        static_loss is not None,
+        f"{outcome['capture']}; {outcome['allocations_during_capture']} allocations went through xlog during "
+        f"the capture; graph_pools_problem={info.get('graph_pools_problem')!r}; full traceback in {errors_path}",
+    )
+    budget_charged = captured["budget_limit"] - captured["budget_remaining"]
+    r.check(
+        "torch.cuda.graph: the capture's memory is held and charged to the budget",
+        static_loss is not None and charged > 0 and budget_charged == captured["outstanding_bytes"],
+        f"outstanding {base['outstanding_bytes']} -> {captured['outstanding_bytes']} B (+{charged}); live "
+        f"{captured['live_bytes']}, cached {captured['cached_bytes']}; budget charges {budget_charged} B",
+    )
+    replays = 120
+    def replay_and_compare() -> "tuple[int, float, str]":
+        """Refill the static inputs, replay, compare loss and gradients with
+        eager each time; (replays done, worst relative difference, error)."""
+        worst, done = 0.0, 0
+        grads = [p.grad for p in params]
         try:
-            with torch.cuda.graph(graph):
-                static_out = model(static_in)
-            outcome["capture"] = "ok"
-        except BaseException as e:  # noqa: BLE001 - what PyTorch does is the finding
-            outcome["capture"] = keep("torch.cuda.graph capture", e)
-        during = xt.stats(0)
-        outcome["allocations_during_capture"] = during.allocations - before.allocations
-        if static_out is not None:
-            worst, replays = 0.0, 20
-            try:
-                for i in range(replays):
-                    x = torch.randn(32, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(100 + i))
-                    static_in.copy_(x)
-                    graph.replay()
-                    want = model(x)
-                    torch.cuda.synchronize()
-                    worst = max(worst, float((static_out - want).abs().max().item()))
-                outcome["replay"] = f"{replays} replays, largest difference from eager {worst:.3g}"
-                r.check(
-                    "torch.cuda.graph: every replay gives the eager model's output",
-                    worst <= 1e-4,
-                    f"{replays} replays with new inputs copied into the static input; largest |graph - eager| "
-                    f"{worst:.3g}; {outcome['allocations_during_capture']} allocations went through xlog during the "
-                    "capture",
-                )
-            except BaseException as e:  # noqa: BLE001 - a capture that replays wrong or not at all is a failure
-                outcome["replay"] = keep("torch.cuda.graph replay", e)
-                r.check("torch.cuda.graph: the captured graph replays", False, outcome["replay"])
-        else:
-            r.info("torch.cuda.graph capture under xlog's pluggable allocator", outcome["capture"])
-        del graph, static_out
+            for i in range(replays):
+                gen = torch.Generator(device="cuda").manual_seed(1000 + i)
+                x = torch.randn(32, 64, device="cuda", generator=gen)
+                y = torch.randn(32, 10, device="cuda", generator=gen)
+                static_x.copy_(x)
+                static_y.copy_(y)
+                graph.replay()
+                want_loss, want_grads = eager(x, y)
+                torch.cuda.synchronize()
+                diffs = [float((static_loss - want_loss).abs().item())]
+                for g, w in zip(grads, want_grads):
+                    diffs.append(float((g - w).abs().max().item()) / (1.0 + float(w.abs().max().item())))
+                worst = max(worst, max(diffs))
+                done += 1
+        except BaseException as e:  # noqa: BLE001 - reported
+            return done, worst, keep("torch.cuda.graph replay", e)
+        return done, worst, ""
+
+    if static_loss is not None:
+        done, worst, error = replay_and_compare()
+        outcome["replay"] = f"{done} replays, largest relative difference from eager {worst:.3g}" + (
+            f"; then {error}" if error else ""
+        )
+        r.check(
+            f"torch.cuda.graph: {replays} replays with new inputs give eager's loss and gradients every time",
+            done == replays and worst <= 1e-4,
+            f"{outcome['replay']} (loss and every parameter's gradient compared each replay)",
+        )
+    phase("after the replays")
+    # The graph goes first (PyTorch's releasePool) while its outputs (the
+    # loss, the gradients) are alive; their frees then give the rest back.
+    del graph
+    gc.collect()
+    released_graph = phase("graph deleted, outputs alive")
+    static_loss = None
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    freed = phase("outputs freed")
+    xt.trim(0)
+    after = phase("after trim")
+    r.check(
+        "torch.cuda.graph: deleting the graph and its outputs gives the capture's memory back",
+        after["outstanding_bytes"] <= base["outstanding_bytes"] and after["live_bytes"] <= base["live_bytes"],
+        f"outstanding: before capture {base['outstanding_bytes']}, captured {captured['outstanding_bytes']}, graph "
+        f"deleted {released_graph['outstanding_bytes']}, outputs freed {freed['outstanding_bytes']}, after trim "
+        f"{after['outstanding_bytes']} B; live {base['live_bytes']} -> {after['live_bytes']} B",
+    )
+    r.metrics["cuda_graph_phases"] = phases
     _graphs_consistent(r, torch, "torch.cuda.graph")
     r.metrics["cuda_graph"] = outcome
 

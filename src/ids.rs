@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Backend stream handle (a `CUstream` value, or a sim stream index).
 pub type RawStream = u64;
+/// A framework's name for a graph's memory pool (PyTorch's `MempoolId_t`,
+/// a pair of integers); see `resources/announced_pools.rs`.
+pub type PoolKey = (u64, u64);
 /// Backend event handle (a `CUevent` value, or a sim event index).
 pub type RawEvent = u64;
 /// Device address (host address of the arena on the sim backend).

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use crate::error::{ResourceError, ResourceResult};
 pub use crate::ids::{Generation, StreamId};
-use crate::ids::RawStream;
+use crate::ids::{PoolKey, RawStream};
 
 /// A stream as resources see it: the public id plus the backend handle the
 /// runtime resolved it to. Resources order work on `raw`; two ids can share
@@ -473,6 +473,26 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn capture_begun(&self, _id: u64) {}
     fn capture_ended(&self, _id: u64) {}
 
+    /// Captures a framework begins itself and announces
+    /// (`resources/announced_pools.rs`): one into `pool` is about to begin
+    /// on `origin` (None: not known). A resource without capture pools has
+    /// nothing to do.
+    fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
+
+    /// The framework ended a capture into `pool`. Returns the bytes given
+    /// back meanwhile (memory of released pools that became free), exactly
+    /// the drop of `bytes_outstanding`.
+    fn pool_ended(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// One user of `pool` released it; once the last has, its captures'
+    /// memory goes back as soon as none of their blocks is live. Returns
+    /// the bytes given back now, exactly the drop of `bytes_outstanding`.
+    fn release_pool(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
     /// Give captures' private memory back to the driver: capture `id`'s
     /// (refused while it captures or has live blocks), or with `None`
     /// every capture's free memory (close). Returns the bytes given back,
@@ -620,6 +640,13 @@ macro_rules! forward_to_inner {
         }
         fn capture_ended(&self, id: u64) {
             self.inner.capture_ended(id)
+        }
+        fn pool_announced(
+            &self,
+            pool: $crate::ids::PoolKey,
+            origin: Option<$crate::device::RawStream>,
+        ) {
+            self.inner.pool_announced(pool, origin)
         }
         fn count_tags(&self, out: &mut $crate::tag_counters::CountSummary) {
             self.inner.count_tags(out)

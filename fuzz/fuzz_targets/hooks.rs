@@ -1,6 +1,8 @@
 //! Fuzz target for the framework hooks (`src/ffi/interop.rs`): PyTorch's
 //! `xlog_torch_malloc` / `xlog_torch_free` / `xlog_torch_record_stream`,
-//! CuPy's `xlog_cupy_malloc` / `xlog_cupy_free`, and the interop table
+//! the graph-pool hooks (`xlog_torch_begin_allocate_to_pool`,
+//! `_end_allocate_to_pool`, `_release_pool`, without captures: their
+//! bookkeeping, refusals and sweeps), CuPy's `xlog_cupy_malloc` / `xlog_cupy_free`, and the interop table
 //! (`xlog_interop_configure`, `xlog_interop_runtime`,
 //! `xlog_interop_live_blocks`), on four sim devices.
 //!
@@ -112,6 +114,9 @@ struct Dev {
     failed: u64,
     /// A fault armed since the open (it may fire at any later call).
     faults_armed: bool,
+    /// Announced graph pools: pool -> (users, origin streams of the begins
+    /// still watching, in order). Dropped with the runtime.
+    pools: BTreeMap<(u64, u64), (u32, Vec<u64>)>,
 }
 
 impl Dev {
@@ -128,6 +133,7 @@ impl Dev {
             deallocations: 0,
             failed: 0,
             faults_armed: false,
+            pools: BTreeMap::new(),
         }
     }
 
@@ -137,7 +143,14 @@ impl Dev {
             self.setup = self.next;
             self.ever_rounded = 0;
             self.natives.clear();
+            self.pools.clear();
         }
+    }
+
+    /// An announcement watches: nothing cached goes back to the driver
+    /// meanwhile, so pressure relief cannot be counted on.
+    fn watching(&self) -> bool {
+        self.pools.values().any(|(_, w)| !w.is_empty())
     }
 
     fn live_bytes(&self) -> u64 {
@@ -347,6 +360,7 @@ impl Harness {
             };
         let must_succeed = !must_refuse
             && !dev.faults_armed
+            && !dev.watching()
             && budget_fits
             && dev.ever_rounded.saturating_add(rounded(bytes)) <= s.capacity;
         if p == 0 {
@@ -549,6 +563,102 @@ impl Harness {
         self.check_stats(d);
     }
 
+    /// PyTorch's graph-pool hooks, without captures (`announced_pools.rs`):
+    /// begin (one more user, watching; a begin sweeps the earlier watching
+    /// begins of its own stream, which never met a capture), end (the
+    /// oldest watching begin stops), release (one user less; the last
+    /// release of a pool still watching is refused).
+    fn op_pool(&mut self, inp: &mut Input) {
+        let d = self.pick_dev(inp);
+        let ordinal = self.devs[d].ordinal;
+        let pool = [(0, 0), (1, 0), (2, 0), (0, 3)][inp.below(4)];
+        let native = NATIVES[inp.below(NATIVES.len())];
+        match inp.below(3) {
+            0 => {
+                self.trace(format!("xlog_torch_begin_allocate_to_pool({ordinal}, {pool:?}, stream {native:#x})"));
+                let st = xlog_torch_begin_allocate_to_pool(ordinal, pool.0, pool.1, native as *mut c_void);
+                if pool == (0, 0) {
+                    if st != XLOG_ERR_INVALID_ARGUMENT {
+                        self.fail(format!("begin of pool (0, 0) gave {}", status_text(st)));
+                    }
+                    self.expect_message("xlog_torch_begin_allocate_to_pool");
+                    return;
+                }
+                self.devs[d].open();
+                let dev = &self.devs[d];
+                let import_refused =
+                    native != 0 && !dev.natives.contains(&native) && dev.natives.len() >= dev.setup.pool as usize;
+                if import_refused {
+                    if st == XLOG_OK {
+                        self.fail(format!("begin imported stream {native:#x} past the pool size"));
+                    }
+                    self.expect_message("xlog_torch_begin_allocate_to_pool");
+                    return;
+                }
+                if st != XLOG_OK {
+                    self.fail(format!("begin of {pool:?}: {}", last_error()));
+                }
+                let dev = &mut self.devs[d];
+                if native != 0 {
+                    dev.natives.insert(native);
+                    for (_, watching) in dev.pools.values_mut() {
+                        watching.retain(|&o| o != native);
+                    }
+                }
+                let entry = dev.pools.entry(pool).or_insert((0, Vec::new()));
+                entry.0 += 1;
+                entry.1.push(native);
+            }
+            1 => {
+                self.trace(format!("xlog_torch_end_allocate_to_pool({ordinal}, {pool:?})"));
+                let st = xlog_torch_end_allocate_to_pool(ordinal, pool.0, pool.1);
+                let dev = &mut self.devs[d];
+                let known = dev.opened && pool != (0, 0) && dev.pools.contains_key(&pool);
+                if !known {
+                    if st != XLOG_ERR_INVALID_ARGUMENT {
+                        self.fail(format!("end of unannounced {pool:?} gave {}", status_text(st)));
+                    }
+                    self.expect_message("xlog_torch_end_allocate_to_pool");
+                    return;
+                }
+                if st != XLOG_OK {
+                    self.fail(format!("end of {pool:?}: {}", last_error()));
+                }
+                let watching = &mut dev.pools.get_mut(&pool).expect("known").1;
+                if !watching.is_empty() {
+                    watching.remove(0);
+                }
+            }
+            _ => {
+                self.trace(format!("xlog_torch_release_pool({ordinal}, {pool:?})"));
+                let mut released = u64::MAX;
+                let st = xlog_torch_release_pool(ordinal, pool.0, pool.1, &mut released);
+                let dev = &mut self.devs[d];
+                let entry = if dev.opened && pool != (0, 0) { dev.pools.get(&pool).cloned() } else { None };
+                let expected = match &entry {
+                    None => XLOG_ERR_INVALID_ARGUMENT,
+                    Some((1, watching)) if !watching.is_empty() => XLOG_ERR_STREAM_MISUSE,
+                    Some(_) => XLOG_OK,
+                };
+                if st != expected {
+                    self.fail(format!("release of {pool:?} gave {}, expected {}: {}", status_text(st), status_text(expected), last_error()));
+                }
+                if st != XLOG_OK {
+                    self.expect_message("xlog_torch_release_pool");
+                    return;
+                }
+                if released != 0 {
+                    self.fail(format!("release of {pool:?} without captures gave back {released} bytes"));
+                }
+                let (users, _) = dev.pools.get_mut(&pool).expect("known");
+                *users -= 1;
+                if *users == 0 {
+                    dev.pools.remove(&pool);
+                }
+            }
+        }
+    }
+
     fn op_live_blocks(&mut self, inp: &mut Input) {
         let d = self.pick_dev(inp);
         let n = xlog_interop_live_blocks(self.devs[d].ordinal);
@@ -630,7 +740,7 @@ fn run(data: &[u8]) {
     let mut ops = 0;
     while !inp.exhausted() && ops < MAX_OPS {
         ops += 1;
-        match inp.byte() % 16 {
+        match inp.byte() % 17 {
             0 | 1 => h.op_configure(&mut inp),
             2..=4 => h.op_malloc(&mut inp, false),
             5 => h.op_malloc(&mut inp, true),
@@ -639,6 +749,7 @@ fn run(data: &[u8]) {
             10 | 11 => h.op_record_stream(&mut inp),
             12 => h.op_runtime(&mut inp),
             13 | 14 => h.op_handle(&mut inp),
+            15 => h.op_pool(&mut inp),
             _ => h.op_live_blocks(&mut inp),
         }
     }

@@ -64,6 +64,23 @@ xlog_status xlog_testing_interop_reset(int32_t device, uint64_t *leaked_blocks);
  */
 xlog_status xlog_sim_deny_peer_access(xlog_runtime *rt_a, xlog_runtime *rt_b);
 
+/*
+ Sim backend only: begin a stream capture on `stream` (a native stream
+ handle, imported like the framework hooks import theirs) directly on the
+ device, as a framework that calls `cudaStreamBeginCapture` itself does:
+ the runtime is not told (unlike `xlog_capture_begin`). `capture_out`
+ (may be NULL) receives the capture's id.
+ */
+xlog_status xlog_sim_stream_begin_capture(xlog_runtime *rt, void *stream, uint64_t *capture_out);
+
+/*
+ Sim backend only: end the capture begun on `stream` directly on the
+ device (`xlog_sim_stream_begin_capture`), as `cudaStreamEndCapture`
+ does: fails (XLOG_ERR_DRIVER) when the capture was invalidated.
+ `graph_out` (may be NULL) receives the graph token.
+ */
+xlog_status xlog_sim_stream_end_capture(xlog_runtime *rt, void *stream, uint64_t *graph_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -37,6 +37,13 @@ SHIM_C = r"""
 typedef void *(*malloc_fn)(size_t, int, void *);
 typedef void (*free_fn)(void *, size_t, int, void *);
 typedef int (*record_fn)(void *, void *);
+typedef int (*pool_begin_fn)(int, unsigned long long, unsigned long long, void *);
+typedef int (*pool_end_fn)(int, unsigned long long, unsigned long long);
+typedef int (*pool_release_fn)(int, unsigned long long, unsigned long long, unsigned long long *);
+static pool_begin_fn g_pool_begin;
+static pool_end_fn g_pool_end;
+static pool_release_fn g_pool_release;
+static int g_pools_installed;
 static malloc_fn g_malloc;
 static free_fn g_free;
 static record_fn g_record;
@@ -58,6 +65,46 @@ int xlog_shim_install_record_stream(char *why, size_t cap) { (void)why; (void)ca
 int xlog_shim_has_record_stream(void) { return 0; }
 int xlog_shim_install_record_stream(char *why, size_t cap) { if (cap) why[0] = 0; return 0; }
 #endif
+#ifndef FAKE_OLD_SHIM
+void xlog_shim_bind_graph_pools(void *b, void *e, void *r) {
+  g_pool_begin = (pool_begin_fn)b; g_pool_end = (pool_end_fn)e; g_pool_release = (pool_release_fn)r;
+}
+#ifdef XLOG_SHIM_RECORD_STREAM
+int xlog_shim_has_graph_pools(void) { return 1; }
+int xlog_shim_install_graph_pools(char *why, size_t cap) {
+#ifdef FAKE_NO_SETTERS
+  const char *m = "this PyTorch's CUDAPluggableAllocator has no set_begin_allocate_to_pool";
+  size_t i = 0;
+  for (; m[i] && i + 1 < cap; i++) why[i] = m[i];
+  if (cap) why[i] = 0;
+  return 0;
+#else
+  (void)why; (void)cap;
+  if (!g_pool_begin || !g_pool_end || !g_pool_release) return 0;
+  g_pools_installed = 1;
+  return 1;
+#endif
+}
+#else
+int xlog_shim_has_graph_pools(void) { return 0; }
+int xlog_shim_install_graph_pools(char *why, size_t cap) { if (cap) why[0] = 0; return 0; }
+#endif
+#endif
+/* What CUDAGraph::capture_begin / capture_end / reset do through the hooks
+   when set (-1: no hook set, PyTorch does nothing); the begin hook passes
+   the stream about to capture, as the real shim does. */
+int fake_torch_capture_begin(int device, unsigned long long a, unsigned long long b, void *stream) {
+  if (!g_pools_installed) return -1;
+  return g_pool_begin(device, a, b, stream);
+}
+int fake_torch_capture_end(int device, unsigned long long a, unsigned long long b) {
+  if (!g_pools_installed) return -1;
+  return g_pool_end(device, a, b);
+}
+int fake_torch_release_pool(int device, unsigned long long a, unsigned long long b, unsigned long long *released) {
+  if (!g_pools_installed) return -1;
+  return g_pool_release(device, a, b, released);
+}
 /* What PyTorch's CUDAPluggableAllocator::recordStream does with the hook
    set: call it with the block's pointer and the stream (-1: no hook set,
    PyTorch drops the call). */
@@ -116,7 +163,8 @@ FAKE_TORCH = {
             src = os.path.join(build_directory, "shim.c")
             with open(src, "w") as f:
                 f.write(os.environ["FAKE_TORCH_SHIM_C"])
-            subprocess.run([os.environ["FAKE_TORCH_CC"], "-shared", "-fPIC", "-O1", *extra_cflags, src, "-o", out],
+            flags = [*extra_cflags, *os.environ.get("FAKE_TORCH_CFLAGS", "").split()]
+            subprocess.run([os.environ["FAKE_TORCH_CC"], "-shared", "-fPIC", "-O1", *flags, src, "-o", out],
                            check=True)
             return out
         """,
@@ -154,6 +202,7 @@ def shim_env(fake_torch_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("FAKE_TORCH_BUILD_FAILS", raising=False)
     monkeypatch.delenv("FAKE_TORCH_NO_CUDA", raising=False)
     monkeypatch.delenv("XLOG_TORCH_OOM_SHIM", raising=False)
+    monkeypatch.delenv("FAKE_TORCH_CFLAGS", raising=False)
     monkeypatch.setattr(xt, "_state", None)
     yield {"cache": str(cache), "log": str(log)}
     _drop_torch_modules()
@@ -471,3 +520,91 @@ def test_fallback_without_the_shim_refusals_are_null_with_the_numbers(shim_env, 
     alloc.free(q, 4096, dev, None)
     with pytest.raises(xc.InvalidArgumentError, match="not a live hook allocation"):
         xi.record_stream(q, dev, 0x7500)
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs: the graph-pool hooks
+# ---------------------------------------------------------------------------
+
+
+def _pool_calls(handle):
+    handle.fake_torch_capture_begin.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
+    handle.fake_torch_capture_end.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    handle.fake_torch_release_pool.argtypes = [
+        ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
+    ]
+    for name in ("fake_torch_capture_begin", "fake_torch_capture_end", "fake_torch_release_pool"):
+        getattr(handle, name).restype = ctypes.c_int
+    return handle
+
+
+def test_the_shim_sets_the_graph_pool_hooks_and_a_capture_reaches_xlog(shim_env):
+    """torch.cuda.graph -> CUDAGraph::capture_begin -> beginAllocateToPool
+    -> the shim -> xlog_torch_begin_allocate_to_pool; then the capture
+    (begun on the sim device behind xlog's back, as PyTorch does),
+    allocations inside it, capture_end -> endAllocateToPool, and the
+    graph's destruction -> releasePool. The capture is adopted: a miss in
+    it does not take the block cached on another stream (which would break
+    the capture), and the release gives its memory back."""
+    import xlog_cuda.interop as xi
+
+    dev = next(_devices)
+    xt.enable(backend="sim", device=dev)
+    info = xt.enable_info()
+    assert (info["graph_pools_hook"], info["graph_pools_problem"]) == (True, ""), info
+    import torch
+
+    alloc = torch.cuda.memory.current
+    shim = _pool_calls(_shim_handle())
+    lib = xc.load_library()
+    side, capture_stream = 0x7500, 0x7600
+    warm = alloc.malloc(256 << 10, dev, side)
+    alloc.free(warm, 256 << 10, dev, side)
+    with xi.runtime(dev) as rt:
+        held = rt.stats().outstanding_bytes
+        assert shim.fake_torch_capture_begin(dev, 11, 0, capture_stream) == 0, xc.last_error()
+        capture = ctypes.c_uint64()
+        assert lib.xlog_sim_stream_begin_capture(rt._handle, capture_stream, ctypes.byref(capture)) == 0, xc.last_error()
+        scratch = alloc.malloc(256 << 10, dev, capture_stream)
+        assert scratch and scratch != warm, xc.last_error()
+        alloc.free(scratch, 256 << 10, dev, capture_stream)
+        out = alloc.malloc(4096, dev, capture_stream)
+        assert out, xc.last_error()
+        graph = ctypes.c_uint64()
+        assert lib.xlog_sim_stream_end_capture(rt._handle, capture_stream, ctypes.byref(graph)) == 0, (
+            f"capture {capture.value} was broken: {xc.last_error()}"
+        )
+        assert shim.fake_torch_capture_end(dev, 11, 0) == 0, xc.last_error()
+        charged = rt.stats().outstanding_bytes - held
+        assert charged >= (256 << 10) + 4096, "the capture's memory is charged"
+        released = ctypes.c_uint64(1)
+        assert shim.fake_torch_release_pool(dev, 11, 0, ctypes.byref(released)) == 0, xc.last_error()
+        assert released.value == 0, "the graph's output is still live"
+        alloc.free(out, 4096, dev, capture_stream)
+        assert rt.stats().outstanding_bytes == held, "its free gave the graph's memory back"
+        # A pool never announced: the hook reports it (the real shim prints it).
+        assert shim.fake_torch_release_pool(dev, 12, 0, ctypes.byref(released)) == int(xc.Status.INVALID_ARGUMENT)
+        assert "pool (12, 0) was never announced" in xc.last_error()
+
+
+@pytest.mark.parametrize(
+    "cflags, reason",
+    [
+        ("-DFAKE_OLD_SHIM", "the shim has no graph-pool hooks"),
+        ("-DFAKE_NO_SETTERS", "has no set_begin_allocate_to_pool"),
+    ],
+)
+def test_without_the_graph_pool_hooks_enable_warns_and_says_why(shim_env, monkeypatch, cflags, reason):
+    """Fail soft: a shim without the hooks, or a PyTorch whose pluggable
+    allocator lacks the setters: enable() still works (OOM error and
+    record_stream intact), warns that captures do not reach xlog, and
+    enable_info() says why."""
+    monkeypatch.setenv("FAKE_TORCH_CFLAGS", cflags)
+    with pytest.warns(RuntimeWarning, match="torch.cuda.graph capture does not reach xlog") as got:
+        xt.enable(backend="sim", device=next(_devices))
+    assert not any("OOM shim" in str(w.message) or "record_stream" in str(w.message) for w in got)
+    info = xt.enable_info()
+    assert info["shim"] and info["record_stream_hook"]
+    assert not info["graph_pools_hook"] and reason in info["graph_pools_problem"], info
+    assert _pool_calls(_shim_handle()).fake_torch_capture_begin(0, 1, 0, 0x7700) == -1, "PyTorch calls nothing"
+

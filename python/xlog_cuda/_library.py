@@ -212,6 +212,8 @@ PROTOTYPES = {
     "xlog_debug_panic": (xlog_status, []),
     "xlog_testing_interop_reset": (xlog_status, [ctypes.c_int32, _P(ctypes.c_uint64)]),
     "xlog_sim_deny_peer_access": (xlog_status, [xlog_runtime_p, xlog_runtime_p]),
+    "xlog_sim_stream_begin_capture": (xlog_status, [xlog_runtime_p, ctypes.c_void_p, _P(ctypes.c_uint64)]),
+    "xlog_sim_stream_end_capture": (xlog_status, [xlog_runtime_p, ctypes.c_void_p, _P(ctypes.c_uint64)]),
     # Framework hooks (src/ffi/interop.rs).
     "xlog_interop_configure": (xlog_status, [ctypes.c_int32, _P(XlogConfig)]),
     "xlog_interop_runtime": (xlog_status, [ctypes.c_int32, _P(xlog_runtime_p)]),
@@ -221,6 +223,15 @@ PROTOTYPES = {
     "xlog_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_record_stream": (xlog_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_record_stream_hook": (xlog_status, [ctypes.c_void_p, ctypes.c_void_p]),
+    "xlog_torch_begin_allocate_to_pool": (
+        xlog_status,
+        [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p],
+    ),
+    "xlog_torch_end_allocate_to_pool": (xlog_status, [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]),
+    "xlog_torch_release_pool": (
+        xlog_status,
+        [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, _P(ctypes.c_uint64)],
+    ),
     "xlog_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32]),
     "xlog_cupy_free": (None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
 }

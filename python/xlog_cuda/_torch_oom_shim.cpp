@@ -1,6 +1,6 @@
 // The PyTorch side of xlog_cuda.torch: a small C++ library built against
 // the installed PyTorch (torch.utils.cpp_extension) by
-// xlog_cuda.torch.enable(). It does two things the library's C hooks cannot:
+// xlog_cuda.torch.enable(). It does three things the library's C hooks cannot:
 //
 // 1. A refused allocation reaches Python as torch.OutOfMemoryError, with
 //    the numbers. PyTorch's CUDAPluggableAllocator does not check the
@@ -15,6 +15,20 @@
 //    sets the pluggable allocator's record-stream hook, which PyTorch's
 //    Python API does not expose, to a function that calls
 //    xlog_torch_record_stream_hook. Without it, PyTorch drops the call.
+//
+// 3. torch.cuda.graph capture works (same build condition):
+//    xlog_shim_install_graph_pools sets the pluggable allocator's three
+//    graph-pool hooks (set_begin_allocate_to_pool,
+//    set_end_allocate_to_pool_fn, set_release_pool), which PyTorch's
+//    Python API does not expose either, to functions that call
+//    xlog_torch_begin_allocate_to_pool / _end_allocate_to_pool /
+//    _release_pool. CUDAGraph::capture_begin calls the first just before
+//    it begins capturing the current stream, so the begin hook passes that
+//    stream along: the library then adopts the capture begun on it (see
+//    docs/design.md, "Stream capture"). Where the setters differ from
+//    PyTorch 2.11's (another version), the shim still compiles (the
+//    setters are detected at compile time) and the install reports why
+//    the hooks are not set; enable() warns.
 //
 // How the exception is thrown. PyTorch calls xlog_shim_torch_malloc
 // through a std::function over a plain function pointer, from C++ compiled
@@ -43,10 +57,14 @@
 #include <c10/util/Exception.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <sys/types.h>
+#include <type_traits>
+#include <utility>
 
 #ifdef XLOG_SHIM_RECORD_STREAM
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -58,11 +76,17 @@ using MallocFn = void* (*)(size_t, int, void*);
 using FreeFn = void (*)(void*, size_t, int, void*);
 using MessageFn = size_t (*)(char*, size_t);
 using RecordFn = int (*)(void*, void*);
+using PoolBeginFn = int (*)(int, uint64_t, uint64_t, void*);
+using PoolEndFn = int (*)(int, uint64_t, uint64_t);
+using PoolReleaseFn = int (*)(int, uint64_t, uint64_t, uint64_t*);
 
 MallocFn g_malloc = nullptr;
 FreeFn g_free = nullptr;
 MessageFn g_message = nullptr;
 RecordFn g_record = nullptr;
+PoolBeginFn g_pool_begin = nullptr;
+PoolEndFn g_pool_end = nullptr;
+PoolReleaseFn g_pool_release = nullptr;
 
 constexpr size_t kMessageBytes = 1024;
 
@@ -111,6 +135,15 @@ void xlog_shim_bind(void* malloc_fn, void* free_fn, void* message_fn, void* reco
   g_record = reinterpret_cast<RecordFn>(record_fn);
 }
 
+// Called once from Python (after xlog_shim_bind) with
+// xlog_torch_begin_allocate_to_pool, xlog_torch_end_allocate_to_pool and
+// xlog_torch_release_pool of the loaded library.
+void xlog_shim_bind_graph_pools(void* begin_fn, void* end_fn, void* release_fn) {
+  g_pool_begin = reinterpret_cast<PoolBeginFn>(begin_fn);
+  g_pool_end = reinterpret_cast<PoolEndFn>(end_fn);
+  g_pool_release = reinterpret_cast<PoolReleaseFn>(release_fn);
+}
+
 void* xlog_shim_torch_malloc(ssize_t size, int device, void* stream) {
   void* ptr = g_malloc(static_cast<size_t>(size), device, stream);
   if (ptr == nullptr && size > 0) {
@@ -147,6 +180,16 @@ int xlog_shim_has_record_stream(void) {
 #endif
 }
 
+// Whether this build can install the graph-pool hooks (it needs the same
+// PyTorch CUDA headers as the record-stream hook).
+int xlog_shim_has_graph_pools(void) {
+#ifdef XLOG_SHIM_RECORD_STREAM
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 #ifdef XLOG_SHIM_RECORD_STREAM
 }  // extern "C"
 
@@ -161,6 +204,82 @@ void record_stream_hook(void* ptr, cudaStream_t stream) {
   if (g_record(ptr, static_cast<void*>(stream)) != 0) {
     capture_message("xlog-cuda could not record the stream use: ");
     throw_error();
+  }
+}
+
+// The graph-pool hooks. PyTorch calls them with the device, the graph
+// pool's MempoolId_t (a pair of integers) and, for the begin, a filter of
+// the streams of the capture, which the library does not need: it asks
+// the driver which capture a stream takes part in, and the begin hook
+// passes the stream about to capture.
+using PoolId = c10::cuda::MempoolId_t;
+using BeginHook = std::function<void(int, PoolId, std::function<bool(cudaStream_t)>)>;
+using PoolHook = std::function<void(int, PoolId)>;
+
+void pool_begin_hook(int device, PoolId pool, std::function<bool(cudaStream_t)> /*filter*/) {
+  if (g_pool_begin == nullptr) return;
+  // CUDAGraph::capture_begin captures the current stream of the current
+  // device, right after this call.
+  void* stream = nullptr;
+  try {
+    stream = static_cast<void*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+  } catch (...) {
+    stream = nullptr;  // not known: the library then adopts by elimination
+  }
+  if (g_pool_begin(device, static_cast<uint64_t>(pool.first), static_cast<uint64_t>(pool.second), stream) != 0) {
+    // Before the capture begins: PyTorch raises it from capture_begin.
+    capture_message("xlog-cuda could not prepare the CUDA graph capture: ");
+    throw_error();
+  }
+}
+
+// The end and the release never throw: releasePool runs in CUDAGraph's
+// destructor, where an exception would terminate the process. A failure
+// is printed, with the library's reason.
+void report_pool_failure(const char* what) {
+  capture_message(what);
+  std::fprintf(stderr, "%s\n", t_message);
+}
+
+void pool_end_hook(int device, PoolId pool) {
+  if (g_pool_end == nullptr) return;
+  if (g_pool_end(device, static_cast<uint64_t>(pool.first), static_cast<uint64_t>(pool.second)) != 0) {
+    report_pool_failure("xlog-cuda: warning: the end of a CUDA graph capture: ");
+  }
+}
+
+void pool_release_hook(int device, PoolId pool) {
+  if (g_pool_release == nullptr) return;
+  uint64_t released = 0;
+  if (g_pool_release(device, static_cast<uint64_t>(pool.first), static_cast<uint64_t>(pool.second), &released) != 0) {
+    report_pool_failure("xlog-cuda: warning: releasing a CUDA graph's memory: ");
+  }
+}
+
+// Whether allocator type A has PyTorch 2.11's three graph-pool setters
+// (detected, so that the shim compiles against versions without them).
+template <typename A, typename = void>
+struct HasPoolSetters : std::false_type {};
+
+template <typename A>
+struct HasPoolSetters<A, std::void_t<decltype(std::declval<A&>().set_begin_allocate_to_pool(std::declval<BeginHook>())),
+                                     decltype(std::declval<A&>().set_end_allocate_to_pool_fn(std::declval<PoolHook>())),
+                                     decltype(std::declval<A&>().set_release_pool(std::declval<PoolHook>()))>>
+    : std::true_type {};
+
+template <typename A>
+int set_pool_hooks(A* pluggable, char* why, size_t cap) {
+  if constexpr (HasPoolSetters<A>::value) {
+    pluggable->set_begin_allocate_to_pool(BeginHook(&pool_begin_hook));
+    pluggable->set_end_allocate_to_pool_fn(PoolHook(&pool_end_hook));
+    pluggable->set_release_pool(PoolHook(&pool_release_hook));
+    return 1;
+  } else {
+    (void)pluggable;
+    std::snprintf(why, cap, "%s",
+                  "this PyTorch's CUDAPluggableAllocator has no set_begin_allocate_to_pool / "
+                  "set_end_allocate_to_pool_fn / set_release_pool with the signatures of PyTorch 2.11");
+    return 0;
   }
 }
 
@@ -192,6 +311,38 @@ int xlog_shim_install_record_stream(char* why, size_t cap) {
     return 1;
   } catch (const std::exception& e) {
     std::snprintf(why, cap, "setting the record-stream hook failed: %s", e.what());
+    return 0;
+  }
+#else
+  std::snprintf(why, cap, "%s",
+                "the shim was built without PyTorch's CUDA headers (no CUDA toolkit found by "
+                "torch.utils.cpp_extension)");
+  return 0;
+#endif
+}
+
+// Install the graph-pool hooks on PyTorch's current allocator (the
+// CUDAPluggableAllocator over this shim; call it after
+// torch.cuda.memory.change_current_allocator). Returns 1 when installed;
+// 0 with the reason in `why` (cap bytes) otherwise.
+int xlog_shim_install_graph_pools(char* why, size_t cap) {
+#ifdef XLOG_SHIM_RECORD_STREAM
+  try {
+    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
+    auto* pluggable =
+        dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(current.get());
+    if (pluggable == nullptr) {
+      std::snprintf(why, cap, "PyTorch's current allocator is not a CUDAPluggableAllocator (%s)",
+                    current ? current->name().c_str() : "none");
+      return 0;
+    }
+    if (g_pool_begin == nullptr || g_pool_end == nullptr || g_pool_release == nullptr) {
+      std::snprintf(why, cap, "%s", "the library's xlog_torch_*_pool entry points were not bound");
+      return 0;
+    }
+    return set_pool_hooks(pluggable, why, cap);
+  } catch (const std::exception& e) {
+    std::snprintf(why, cap, "setting the graph-pool hooks failed: %s", e.what());
     return 0;
   }
 #else

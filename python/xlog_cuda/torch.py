@@ -65,6 +65,10 @@ class _Enabled:
     # record-stream hook), and why not when it does not.
     record_stream_hook: bool = False
     record_stream_problem: str = ""
+    # Whether torch.cuda.graph captures reach xlog (the shim set PyTorch's
+    # graph-pool hooks), and why not when they do not.
+    graph_pools_hook: bool = False
+    graph_pools_problem: str = ""
     # Seconds spent in enable()'s steps: hooks, shim, allocator, total.
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -98,6 +102,11 @@ def enable(
     budget first waits for frees still in flight on the GPU before it is
     refused. `trim()` gives cached memory back (the role of
     `torch.cuda.empty_cache()`).
+
+    With the OOM shim built against PyTorch's CUDA headers, Tensor.record_stream
+    and torch.cuda.graph captures reach xlog (enable_info() says whether
+    they do, and why not); torch.compile(mode="reduce-overhead") does not
+    work with a pluggable allocator (docs/frameworks.md, "CUDA graphs").
 
     Must run before PyTorch initialises CUDA in this process (PyTorch cannot
     swap allocators afterwards): RuntimeError otherwise, and nothing is
@@ -151,6 +160,15 @@ def enable(
                 "CUDA memory was used); call enable() before anything else touches CUDA."
             ) from e
         hooked, hook_problem = _install_record_stream(shim, problem)
+        pools, pools_problem = _install_graph_pools(shim, problem)
+        if not pools:
+            warnings.warn(
+                f"{_WHO}: torch.cuda.graph capture does not reach xlog ({pools_problem}): a capture "
+                "under enable() fails (CUDA_ERROR_STREAM_CAPTURE_ISOLATION). Capture graphs with "
+                "PyTorch's own allocator, or see docs/frameworks.md, \"CUDA graphs\".",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if not hooked:
             warnings.warn(
                 f"{_WHO}: Tensor.record_stream does not reach xlog ({hook_problem}): PyTorch drops it, "
@@ -170,6 +188,7 @@ def enable(
         _state = _Enabled(
             allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem,
             shim_origin=origin, seconds=seconds, record_stream_hook=hooked, record_stream_problem=hook_problem,
+            graph_pools_hook=pools, graph_pools_problem=pools_problem,
         )
 
 
@@ -304,7 +323,41 @@ def _bind_shim(path: str) -> None:
     handle.xlog_shim_install_record_stream.restype = ctypes.c_int
     handle.xlog_shim_has_record_stream.argtypes = []
     handle.xlog_shim_has_record_stream.restype = ctypes.c_int
+    if hasattr(handle, "xlog_shim_bind_graph_pools"):
+        handle.xlog_shim_bind_graph_pools.argtypes = [ctypes.c_void_p] * 3
+        handle.xlog_shim_bind_graph_pools.restype = None
+        handle.xlog_shim_bind_graph_pools(
+            addr(lib.xlog_torch_begin_allocate_to_pool), addr(lib.xlog_torch_end_allocate_to_pool),
+            addr(lib.xlog_torch_release_pool),
+        )
     _shim_handle = handle
+
+
+def _install_graph_pools(shim: Optional[str], shim_problem: str) -> "tuple[bool, str]":
+    """Set PyTorch's graph-pool hooks (beginAllocateToPool,
+    endAllocateToPool, releasePool) through the shim, after the allocator
+    swap, so that torch.cuda.graph captures reach xlog: (True, "") or
+    (False, why not)."""
+    if shim is None or _shim_handle is None:
+        return False, f"no shim: {shim_problem}"
+    handle = _shim_handle
+    if not all(hasattr(handle, n) for n in ("xlog_shim_install_graph_pools", "xlog_shim_has_graph_pools")):
+        return False, "the shim has no graph-pool hooks (built from an older source)"
+    handle.xlog_shim_has_graph_pools.argtypes = []
+    handle.xlog_shim_has_graph_pools.restype = ctypes.c_int
+    if not handle.xlog_shim_has_graph_pools():
+        try:
+            with open(os.path.join(os.path.dirname(shim), _NO_RECORD_STREAM)) as f:
+                why = f.read().strip()
+        except OSError:
+            why = ""
+        return False, why or "the shim was built without PyTorch's CUDA headers"
+    handle.xlog_shim_install_graph_pools.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    handle.xlog_shim_install_graph_pools.restype = ctypes.c_int
+    why = ctypes.create_string_buffer(512)
+    if handle.xlog_shim_install_graph_pools(why, len(why)) != 1:
+        return False, why.value.decode(errors="replace") or "the shim could not set the hooks"
+    return True, ""
 
 
 def _install_record_stream(shim: Optional[str], shim_problem: str) -> "tuple[bool, str]":
@@ -375,7 +428,9 @@ def enable_info() -> Dict[str, Any]:
     path, or why it is not in use) and whether it came from the shim cache
     ("cached") or was built here ("built"), whether `Tensor.record_stream`
     reaches xlog ("record_stream_hook", else "record_stream_problem" says
-    why not), and the seconds its steps took
+    why not), whether `torch.cuda.graph` captures reach xlog
+    ("graph_pools_hook", else "graph_pools_problem" says why not), and the
+    seconds its steps took
     ("hooks": opening the hook runtime; "shim"; "allocator": installing it;
     "total"). Empty before `enable()`."""
     if _state is None:
@@ -387,6 +442,8 @@ def enable_info() -> Dict[str, Any]:
         "shim_origin": _state.shim_origin,
         "record_stream_hook": _state.record_stream_hook,
         "record_stream_problem": _state.record_stream_problem,
+        "graph_pools_hook": _state.graph_pools_hook,
+        "graph_pools_problem": _state.graph_pools_problem,
         "seconds": dict(_state.seconds),
         "devices": sorted(_state.devices),
     }

@@ -446,6 +446,104 @@ fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Res
     Ok(Ok(()))
 }
 
+// ----- CUDA graphs: captures PyTorch begins itself, announced -----
+//
+// PyTorch's `CUDAGraph::capture_begin` calls the allocator's
+// `beginAllocateToPool(device, pool, filter)` just before it begins
+// capturing, `capture_end` calls `endAllocateToPool(device, pool)` just
+// after, and destroying the graph calls `releasePool(device, pool)`. The OOM
+// shim of `xlog_cuda.torch` sets the pluggable allocator's three hooks to
+// the entry points below (docs/frameworks.md, "CUDA graphs"), so the hook
+// runtime adopts the capture as if it had begun it through
+// `xlog_capture_begin` (`resources/announced_pools.rs`).
+
+fn pool_key(pool_id_0: u64, pool_id_1: u64) -> (u64, u64) {
+    (pool_id_0, pool_id_1)
+}
+
+fn no_hooks_for_pool(device: i32, pool: (u64, u64)) -> ResourceError {
+    ResourceError::InvalidArgument(format!(
+        "pool ({}, {}) was never announced on device {device}: its framework hooks are not open",
+        pool.0, pool.1
+    ))
+}
+
+/// PyTorch's `beginAllocateToPool`: a capture into the graph pool
+/// (`pool_id_0`, `pool_id_1`) (PyTorch's `MempoolId_t`) is about to begin on
+/// `capture_stream` (NULL: not known; captures never run on the legacy
+/// default stream). Until `xlog_torch_end_allocate_to_pool` of that pool,
+/// the hook runtime of `device` asks the driver which capture each stream
+/// it serves takes part in, and adopts the capture begun on
+/// `capture_stream`: allocations in it come from the capture's private
+/// memory, frees inside it stay there, and nothing in it waits on work
+/// outside it (the rules of `xlog_capture_begin`, docs/design.md "Stream
+/// capture"). A pool may be announced again by further captures (a pool
+/// shared by several graphs); each announcement is one user of the pool.
+/// Opens the hook runtime of `device` if needed. Pool (0, 0) is
+/// XLOG_ERR_INVALID_ARGUMENT.
+#[no_mangle]
+pub extern "C" fn xlog_torch_begin_allocate_to_pool(
+    device: i32,
+    pool_id_0: u64,
+    pool_id_1: u64,
+    capture_stream: *mut c_void,
+) -> xlog_status {
+    boundary("xlog_torch_begin_allocate_to_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        // Before anything opens or imports.
+        crate::runtime::check_pool(pool)?;
+        with_hooks(device, true, || unreachable!("opened on first use"), |h| {
+            let origin = match capture_stream as u64 {
+                0 => None,
+                native => Some(h.runtime.import_stream(native)?),
+            };
+            h.runtime.announce_capture_pool(pool, origin)
+        })
+    })
+}
+
+/// PyTorch's `endAllocateToPool`, after the capture into the pool ended:
+/// one announcement of the pool stops, and its capture ends for the hook
+/// runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
+/// pool never announced on `device`, changing nothing.
+#[no_mangle]
+pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, pool_id_1: u64) -> xlog_status {
+    boundary("xlog_torch_end_allocate_to_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
+            h.runtime.end_capture_pool(pool).map(|_| ())
+        })
+    })
+}
+
+/// PyTorch's `releasePool`: a graph that used the pool is being destroyed.
+/// When the last user of the pool is gone, the memory of its captures goes
+/// back to the driver (and the budget): at once for what is free, and for
+/// blocks still live (a graph's output tensors) when the last of them is
+/// freed. `released_bytes` (may be NULL) receives the bytes given back by
+/// this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
+/// `device` (or released by its last user already),
+/// XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
+/// (not ended); both change nothing.
+#[no_mangle]
+pub extern "C" fn xlog_torch_release_pool(
+    device: i32,
+    pool_id_0: u64,
+    pool_id_1: u64,
+    released_bytes: *mut u64,
+) -> xlog_status {
+    boundary("xlog_torch_release_pool", || {
+        let pool = pool_key(pool_id_0, pool_id_1);
+        let released = with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
+            h.runtime.release_capture_pool(pool)
+        })?;
+        if !released_bytes.is_null() {
+            write_out(released_bytes, released);
+        }
+        Ok(())
+    })
+}
+
 /// CuPy `CFunctionAllocator` malloc: `void* (*)(void* param, size_t, int)`.
 /// CuPy does not pass a stream: blocks are ordered on the legacy default
 /// stream, which CuPy's (blocking) streams synchronise with.
@@ -697,6 +795,77 @@ mod tests {
         xlog_torch_free(p, 64, device, std::ptr::null_mut());
         assert!(last_error().contains("not allocated through the xlog framework hooks"));
         assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK, "NULL out, nothing to reset");
+    }
+
+    #[test]
+    fn announced_torch_capture_is_adopted_and_its_pool_released_through_the_c_abi() {
+        use crate::ffi::testing::{xlog_sim_stream_begin_capture, xlog_sim_stream_end_capture};
+        let device = 7009;
+        let cfg = sim_config(1 << 24);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let (side, capture_stream) = (0x7a00 as *mut c_void, 0x7b00 as *mut c_void);
+        // A block cached on another stream: the capture's miss must not take it.
+        let warm = xlog_torch_malloc(64 << 10, device, side);
+        assert!(!warm.is_null(), "{}", last_error());
+        xlog_torch_free(warm, 64 << 10, device, side);
+        let mut rt = std::ptr::null_mut();
+        assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+        let held = || {
+            let mut stats = xlog_stats { struct_size: std::mem::size_of::<xlog_stats>() as u32, ..Default::default() };
+            assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
+            stats.outstanding_bytes
+        };
+        let before = held();
+
+        // What CUDAGraph::capture_begin / capture_end / reset do, in order.
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 3, 0, capture_stream), XLOG_OK, "{}", last_error());
+        let mut capture = 0;
+        assert_eq!(xlog_sim_stream_begin_capture(rt, capture_stream, &mut capture), XLOG_OK, "{}", last_error());
+        assert_ne!(capture, 0);
+        let scratch = xlog_torch_malloc(64 << 10, device, capture_stream);
+        assert!(!scratch.is_null(), "{}", last_error());
+        assert_ne!(scratch, warm, "not the other stream's cached block");
+        xlog_torch_free(scratch, 64 << 10, device, capture_stream);
+        let output = xlog_torch_malloc(4096, device, capture_stream);
+        assert!(!output.is_null(), "{}", last_error());
+        let mut graph = 0;
+        assert_eq!(xlog_sim_stream_end_capture(rt, capture_stream, &mut graph), XLOG_OK, "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 3, 0), XLOG_OK, "{}", last_error());
+        let class = |b| crate::resources::stream_cache::size_class(b).unwrap();
+        assert_eq!(held(), before + class(64 << 10) + class(4096), "the capture's memory is charged");
+
+        // The graph goes before its output tensor: nothing back yet, all of it at the free.
+        let mut released = u64::MAX;
+        assert_eq!(xlog_torch_release_pool(device, 3, 0, &mut released), XLOG_OK, "{}", last_error());
+        assert_eq!(released, 0);
+        xlog_torch_free(output, 4096, device, capture_stream);
+        assert_eq!(held(), before, "the last free gave the pool back");
+
+        // Refusals name the pool and the device; nothing changes.
+        assert_eq!(xlog_torch_release_pool(device, 3, 0, &mut released), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("xlog_torch_release_pool: invalid argument: pool (3, 0) was never announced on device 7009"), "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 8, 8), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("pool (8, 8)"), "{}", last_error());
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 0, 0, capture_stream), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("pool (0, 0)"), "{}", last_error());
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 4, 0, capture_stream), XLOG_OK);
+        assert_eq!(xlog_torch_release_pool(device, 4, 0, std::ptr::null_mut()), XLOG_ERR_STREAM_MISUSE);
+        assert!(last_error().contains("pool (4, 0) on device 7009 still has 1 capture(s) under way"), "{}", last_error());
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 4, 0), XLOG_OK);
+        assert_eq!(xlog_torch_release_pool(device, 4, 0, std::ptr::null_mut()), XLOG_OK);
+        assert_eq!(held(), before);
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+    }
+
+    #[test]
+    fn pool_calls_on_a_device_never_used_open_nothing() {
+        let device = 7010;
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 1, 0), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("device 7010"), "{}", last_error());
+        assert_eq!(xlog_torch_release_pool(device, 1, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+        assert_eq!(xlog_torch_begin_allocate_to_pool(device, 0, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+        assert!(!table().hooks.contains_key(&device), "a refused pool call opened the hooks of device {device}");
     }
 
     #[test]

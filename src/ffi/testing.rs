@@ -9,7 +9,9 @@
 use super::types::*;
 use super::{boundary, out_ptr, runtime_of, write_out};
 use crate::device::sim::FaultKind;
+use crate::device::CaptureMode;
 use crate::error::ResourceError;
+use std::ffi::c_void;
 
 /// Fault kinds for `xlog_sim_inject_fault`.
 pub type xlog_fault = u32;
@@ -88,4 +90,51 @@ pub extern "C" fn xlog_sim_deny_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut 
             )),
         }
     })
+}
+
+/// Sim backend only: begin a stream capture on `stream` (a native stream
+/// handle, imported like the framework hooks import theirs) directly on the
+/// device, as a framework that calls `cudaStreamBeginCapture` itself does:
+/// the runtime is not told (unlike `xlog_capture_begin`). `capture_out`
+/// (may be NULL) receives the capture's id.
+#[no_mangle]
+pub extern "C" fn xlog_sim_stream_begin_capture(rt: *mut xlog_runtime, stream: *mut c_void, capture_out: *mut u64) -> xlog_status {
+    boundary("xlog_sim_stream_begin_capture", || {
+        let (runtime, raw) = sim_stream(rt, stream)?;
+        let device = runtime.device();
+        device.begin_capture(raw, CaptureMode::Global)?;
+        let id = device.capture_of(raw)?.unwrap_or(0);
+        if !capture_out.is_null() {
+            write_out(capture_out, id);
+        }
+        Ok(())
+    })
+}
+
+/// Sim backend only: end the capture begun on `stream` directly on the
+/// device (`xlog_sim_stream_begin_capture`), as `cudaStreamEndCapture`
+/// does: fails (XLOG_ERR_DRIVER) when the capture was invalidated.
+/// `graph_out` (may be NULL) receives the graph token.
+#[no_mangle]
+pub extern "C" fn xlog_sim_stream_end_capture(rt: *mut xlog_runtime, stream: *mut c_void, graph_out: *mut u64) -> xlog_status {
+    boundary("xlog_sim_stream_end_capture", || {
+        let (runtime, raw) = sim_stream(rt, stream)?;
+        let graph = runtime.device().end_capture(raw)?;
+        if !graph_out.is_null() {
+            write_out(graph_out, graph);
+        }
+        Ok(())
+    })
+}
+
+/// The sim runtime of `rt` and the device stream of native handle `stream`.
+fn sim_stream(rt: *mut xlog_runtime, stream: *mut c_void) -> Result<(std::sync::Arc<crate::runtime::Runtime>, u64), ResourceError> {
+    let runtime = runtime_of(rt)?;
+    if runtime.sim().is_none() {
+        return Err(ResourceError::InvalidArgument("capturing behind the runtime's back needs a runtime on the sim backend".into()));
+    }
+    let id = runtime.import_stream(stream as u64)?;
+    let native = runtime.native_stream(id)?;
+    let raw = runtime.device().import_stream(native)?;
+    Ok((runtime, raw))
 }

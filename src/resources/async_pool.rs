@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::launch_cache::{self, Remembered};
 use super::logging::CsvLog;
+use super::announced_pools::{AnnouncedPools, PoolKey, PoolRelease};
 use super::capture_pool::CapturePools;
 use super::stream_cache::{size_class, CacheShard, CacheTotals, CachedBlock};
 use crate::device::{Device, RawEvent, RawStream};
@@ -489,6 +490,9 @@ pub struct AsyncPool {
     /// Set by `close_launches`; read by launch calls under their shard
     /// locks (their close protocol, see `DeviceMemoryResource::close_launches`).
     launches_closed: AtomicBool,
+    /// Captures a framework begins itself and announces
+    /// (`announced_pools.rs`).
+    announced: AnnouncedPools,
 }
 
 
@@ -517,6 +521,7 @@ impl AsyncPool {
             retries: AtomicU64::new(0),
             captures: CapturePools::default(),
             launches_closed: AtomicBool::new(false),
+            announced: AnnouncedPools::default(),
         }
     }
 
@@ -668,13 +673,41 @@ impl AsyncPool {
     }
 
     /// The capture `stream` takes part in (0: none). Asks the driver only
-    /// while a capture begun through the runtime is active.
+    /// while a capture begun through the runtime (or adopted) is active, or
+    /// an announced one is awaited; a capture met for the first time may be
+    /// adopted for an announcement then (`announced_pools.rs`).
     #[inline]
     fn capture_of(&self, stream: RawStream) -> ResourceResult<u64> {
         if !self.captures.any_active() {
             return Ok(0);
         }
-        Ok(self.device.capture_of(stream)?.unwrap_or(0))
+        let capture = self.device.capture_of(stream)?.unwrap_or(0);
+        if capture != 0 {
+            self.announced.adopt(capture, stream, &*self.device, &self.captures);
+        }
+        Ok(capture)
+    }
+
+    /// Give back the memory of released announced pools whose blocks are
+    /// all free (`CapturePools::take_ready_orphans`). Never while a capture
+    /// is active or awaited: the synchronous free would wait for the device.
+    /// Returns the bytes given back.
+    fn release_ready_orphans(&self) -> u64 {
+        if self.captures.any_active() {
+            return 0;
+        }
+        let mut released = 0;
+        for (_, blocks) in self.captures.take_ready_orphans() {
+            for (ptr, bytes) in blocks {
+                // A failed free leaves the bytes held (and charged): a
+                // leak xlog reports in the stats rather than a double free.
+                if self.device.free_sync(ptr).is_ok() {
+                    released += bytes;
+                }
+            }
+        }
+        self.held.fetch_sub(released, Ordering::AcqRel);
+        released
     }
 
     /// Apply the capture rules to the events a stream of capture `waiting`
@@ -993,6 +1026,12 @@ impl AsyncPool {
             if owner == stream.raw {
                 return Ok(Some(block));
             }
+            // The fence would be recorded inside a capture and make this
+            // stream join it (a fork never joined back): not from there.
+            if self.captures.any_active() && self.capture_of(owner)? != 0 {
+                lock(&self.table[i]).cache.put_back(owner, block);
+                continue;
+            }
             return match self.fence_after(owner, stream.raw) {
                 Ok(()) => Ok(Some(block)),
                 Err(e) => {
@@ -1198,8 +1237,10 @@ impl DeviceMemoryResource for AsyncPool {
 
     fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         // A free never lowers the held bytes: the memory goes to the cache
-        // or to pending, both still held. Only reap (and trim) retire.
-        (self.free_block(id), 0)
+        // or to pending, both still held. Only reap (and trim) retire; and
+        // the free of the last live block of a released announced pool,
+        // which gives that pool's memory back.
+        self.free_block(id)
     }
 
     fn device_ordinal(&self) -> u32 {
@@ -1333,7 +1374,7 @@ impl DeviceMemoryResource for AsyncPool {
         if released > 0 {
             self.wait_pending()?;
         }
-        let retired = self.reap_now()?;
+        let retired = self.reap_now()? + self.release_ready_orphans();
         self.device.trim_pool();
         Ok(Trimmed { released, retired })
     }
@@ -1391,6 +1432,24 @@ impl DeviceMemoryResource for AsyncPool {
 
     fn capture_ended(&self, id: u64) {
         self.captures.ended(id);
+    }
+
+    fn pool_announced(&self, pool: PoolKey, origin: Option<RawStream>) {
+        self.announced.begin(pool, origin, &*self.device, &self.captures);
+    }
+
+    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
+        self.announced.end(pool, &*self.device, &self.captures)?;
+        Ok(self.release_ready_orphans())
+    }
+
+    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        if let PoolRelease::Last(captures) = self.announced.release(pool, self.ordinal as i32)? {
+            for capture in captures {
+                self.captures.orphan(capture);
+            }
+        }
+        Ok(self.release_ready_orphans())
     }
 
     fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
@@ -1594,7 +1653,16 @@ impl AsyncPool {
     /// The free path: waits for other streams' uses, then the cache or the
     /// driver. On any error nothing changed (waits already queued are
     /// harmless: they only delay the stream).
-    fn free_block(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+    /// Returns the bytes given back to the driver by the free: those of a
+    /// released announced pool whose last live block this was.
+    fn free_block(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+        let mut orphan_ready = false;
+        let result = self.free_block_inner(id, &mut orphan_ready);
+        let released = if orphan_ready { self.release_ready_orphans() } else { 0 };
+        (result, released)
+    }
+
+    fn free_block_inner(&self, id: &BlockId, orphan_ready: &mut bool) -> ResourceResult<DeviceBlock> {
         let mut guard = self.shard(id.alloc_stream);
         let shard = &mut *guard;
         let rec = match shard.record(id, self.ordinal) {
@@ -1634,7 +1702,7 @@ impl AsyncPool {
         let state = if held == 0 {
             BlockState::Retired
         } else if parked_in != 0 {
-            self.captures.put(parked_in, stream, ptr, held, own_capture != 0);
+            *orphan_ready = self.captures.put(parked_in, stream, ptr, held, own_capture != 0);
             BlockState::Cached
         } else if self.options.cache {
             shard.cache.put(stream, ptr, held);

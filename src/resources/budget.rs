@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::RawStream;
+use crate::resources::announced_pools::PoolKey;
 use crate::resource::{
     forward_to_inner, AllocTag, BlockId, ChargeGate, DeviceBlock, DeviceMemoryResource,
     ResourceError, ResourceResult, StreamRef, Trimmed,
@@ -167,6 +168,18 @@ impl DeviceMemoryResource for GlobalDeviceBudget {
 
     fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
         let released = self.inner.release_capture(id)?;
+        self.release(released);
+        Ok(released)
+    }
+
+    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
+        let released = self.inner.pool_ended(pool)?;
+        self.release(released);
+        Ok(released)
+    }
+
+    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        let released = self.inner.release_pool(pool)?;
         self.release(released);
         Ok(released)
     }

@@ -18,6 +18,16 @@
 //! - A freed block is handed out again only to an allocation of the same
 //!   capture on the same stream (stream order inside the graph makes that
 //!   safe) with the same size class.
+//! - A capture a framework began and announced (`announced_pools.rs`) is
+//!   *orphaned* once the framework says no graph uses its memory any more
+//!   (PyTorch's `releasePool`). An orphaned pool whose blocks are all free
+//!   and whose capture has ended is *ready*: the caller takes it out
+//!   (`take_ready_orphans`) and gives its memory back. Blocks still live at
+//!   the release (a graph's output tensors) make it wait: the free of the
+//!   last one makes it ready (`put` says so).
+//! - Besides active captures, `watch` / `unwatch` count announcements
+//!   still waiting for their capture: the same one atomic tells the hot
+//!   path to ask the driver while either is non-zero.
 //!
 //! The bytes stay held (and charged to the budget) the whole time; the
 //! free bytes of the pools count as cached.
@@ -36,6 +46,15 @@ struct Pool {
     live: u64,
     /// Free bytes (the sum over `free`).
     free_bytes: u64,
+    /// No graph uses this memory any more: give it back once no block is
+    /// live (and the capture ended).
+    orphaned: bool,
+}
+
+impl Pool {
+    fn ready(&self) -> bool {
+        self.orphaned && self.live == 0
+    }
 }
 
 #[derive(Default)]
@@ -46,6 +65,7 @@ struct State {
 
 #[derive(Default)]
 pub(crate) struct CapturePools {
+    /// Active captures plus watching announcements (see the contract).
     active: AtomicU32,
     state: Mutex<State>,
 }
@@ -55,10 +75,22 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 impl CapturePools {
-    /// Whether a capture begun through the runtime is still active.
+    /// Whether a capture begun through the runtime (or adopted for an
+    /// announcement) is still active, or an announcement waits for its
+    /// capture.
     #[inline]
     pub fn any_active(&self) -> bool {
         self.active.load(Ordering::Acquire) != 0
+    }
+
+    /// An announcement waits for its capture: the pool asks the driver
+    /// about every stream meanwhile (`unwatch` when it ended).
+    pub fn watch(&self) {
+        self.active.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn unwatch(&self) {
+        self.active.fetch_sub(1, Ordering::AcqRel);
     }
 
     pub fn begun(&self, id: u64) {
@@ -101,7 +133,8 @@ impl CapturePools {
 
     /// Memory freed into capture `id`'s pool; `was_live_here` when it was
     /// a block of that capture (rather than an ordinary block parked).
-    pub fn put(&self, id: u64, stream: RawStream, ptr: u64, bytes: u64, was_live_here: bool) {
+    /// Returns whether that made an orphaned pool ready to give back.
+    pub fn put(&self, id: u64, stream: RawStream, ptr: u64, bytes: u64, was_live_here: bool) -> bool {
         let mut st = lock(&self.state);
         let pool = st.pools.entry(id).or_default();
         if was_live_here {
@@ -109,6 +142,35 @@ impl CapturePools {
         }
         pool.free.push((stream, ptr, bytes));
         pool.free_bytes += bytes;
+        pool.ready()
+    }
+
+    /// No graph uses capture `id`'s memory any more (its announcement was
+    /// released): it goes back once no block of it is live. False when
+    /// there is no such pool (never allocated in, or released already).
+    pub fn orphan(&self, id: u64) -> bool {
+        match lock(&self.state).pools.get_mut(&id) {
+            Some(pool) => {
+                pool.orphaned = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Orphaned pools whose capture ended and whose blocks are all free,
+    /// taken out: (capture id, its memory as (pointer, bytes)).
+    pub fn take_ready_orphans(&self) -> Vec<(u64, Vec<(u64, u64)>)> {
+        let mut st = lock(&self.state);
+        let State { active, pools } = &mut *st;
+        let ready: Vec<u64> = pools.iter().filter(|(id, p)| p.ready() && !active.contains(id)).map(|(id, _)| *id).collect();
+        ready
+            .into_iter()
+            .map(|id| {
+                let pool = pools.remove(&id).expect("listed above");
+                (id, pool.free.into_iter().map(|(_, ptr, bytes)| (ptr, bytes)).collect())
+            })
+            .collect()
     }
 
     /// Free bytes of every pool (they count as cached).

@@ -56,6 +56,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::device::RawStream;
+use crate::resources::announced_pools::PoolKey;
 use crate::resource::{
     forward_to_inner, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock,
     DeviceMemoryResource, ResourceError, ResourceResult, StreamRef, Trimmed,
@@ -368,6 +369,14 @@ impl DeviceMemoryResource for LoggingResource {
 
     fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
         self.inner.release_capture(id)
+    }
+
+    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
+        self.inner.pool_ended(pool)
+    }
+
+    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        self.inner.release_pool(pool)
     }
 
     forward_to_inner!();

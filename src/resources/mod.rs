@@ -1,5 +1,6 @@
 //! Resources, one per file. Decorators wrap an inner resource.
 
+pub mod announced_pools;
 pub mod async_pool;
 pub mod budget;
 pub(crate) mod capture_pool;

@@ -25,6 +25,7 @@ use crate::resource::{
     ResourceError, ResourceResult, StreamId, StreamRef, Usage,
 };
 use crate::resource::Trimmed;
+use crate::resources::announced_pools::PoolKey;
 use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
@@ -528,6 +529,39 @@ impl Runtime {
         self.stack.release_capture(Some(id))
     }
 
+    // ----- captures announced by a framework (resources/announced_pools.rs) -----
+
+    /// A framework is about to begin a capture into its pool `pool` on
+    /// `origin` (None: not known); see `announced_pools.rs`. Pool (0, 0) is
+    /// no pool and is refused.
+    pub fn announce_capture_pool(&self, pool: PoolKey, origin: Option<StreamId>) -> ResourceResult<()> {
+        let _g = self.enter()?;
+        check_pool(pool)?;
+        let origin = match origin {
+            Some(id) => Some(self.streams.resolve(id)?.raw),
+            None => None,
+        };
+        self.stack.pool_announced(pool, origin);
+        Ok(())
+    }
+
+    /// The framework ended a capture into `pool`. Returns the bytes given
+    /// back meanwhile (released pools whose blocks became free).
+    pub fn end_capture_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        check_pool(pool)?;
+        self.stack.pool_ended(pool)
+    }
+
+    /// One user of `pool` (a graph) is gone; after the last, the memory of
+    /// its captures goes back as soon as none of their blocks is live.
+    /// Returns the bytes given back now.
+    pub fn release_capture_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        let _g = self.enter()?;
+        check_pool(pool)?;
+        self.stack.release_pool(pool)
+    }
+
     /// Retire completed frees; never blocks. Returns the bytes released.
     pub fn reap(&self) -> ResourceResult<u64> {
         let _g = self.enter()?;
@@ -765,6 +799,15 @@ impl Runtime {
 fn refuse_in_host_callback() -> ResourceResult<()> {
     if crate::device::in_host_callback() {
         return Err(ResourceError::in_host_callback());
+    }
+    Ok(())
+}
+
+pub(crate) fn check_pool(pool: PoolKey) -> ResourceResult<()> {
+    if pool == (0, 0) {
+        return Err(ResourceError::InvalidArgument(
+            "pool (0, 0) names no pool (a framework's graph pools have a non-zero id)".into(),
+        ));
     }
     Ok(())
 }
