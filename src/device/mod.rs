@@ -6,6 +6,7 @@
 //! sim backend an index into the sim's own tables.
 
 use crate::error::DeviceError;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod cuda;
 pub mod faults;
@@ -41,8 +42,19 @@ thread_local! {
 /// for work queued behind the running callback would never return. One rule
 /// on both backends means code tested on sim does not break on a GPU.
 pub fn in_host_callback() -> bool {
+    // Every call asks this; while no thread anywhere runs a callback the
+    // answer is no without touching the thread-local (in a shared library
+    // each thread-local access is a call into the dynamic loader). A thread
+    // inside a callback raised the count before running it, so it always
+    // sees it raised and looks at its own flag.
+    if CALLBACKS_RUNNING.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
     IN_HOST_CALLBACK.with(|flag| flag.get())
 }
+
+/// Host callbacks running now, on any thread.
+static CALLBACKS_RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 /// Marks the current thread as running a host callback until dropped. Each
 /// backend holds one around every callback it runs (the sim's stream worker,
@@ -54,6 +66,7 @@ pub struct HostCallbackScope {
 
 impl HostCallbackScope {
     pub fn enter() -> HostCallbackScope {
+        CALLBACKS_RUNNING.fetch_add(1, Ordering::SeqCst);
         HostCallbackScope { previous: IN_HOST_CALLBACK.with(|flag| flag.replace(true)) }
     }
 }
@@ -61,6 +74,7 @@ impl HostCallbackScope {
 impl Drop for HostCallbackScope {
     fn drop(&mut self) {
         IN_HOST_CALLBACK.with(|flag| flag.set(self.previous));
+        CALLBACKS_RUNNING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
