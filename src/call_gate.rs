@@ -11,6 +11,9 @@
 //!   then waits until every pass taken before it has been dropped. A second
 //!   close returns `false` at once.
 //!
+//! Launch calls (prepare/finish) take no pass: they close through the
+//! tracker's shard locks instead (`DeviceMemoryResource::close_launches`).
+//!
 //! Why not a reader-writer lock: its state word is written by every reader,
 //! so eight threads on eight streams bounce one cache line on every call.
 //! Here each thread counts its passes in one of `STRIPES` counters (picked

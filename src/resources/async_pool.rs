@@ -201,14 +201,22 @@ impl BlockRecord {
     /// Events `stream` must wait for before an access of kind `access`.
     fn waits_for(&self, stream: RawStream, access: Access, out: &mut WaitList) {
         let Some(t) = &self.tracking else { return };
+        // Blocks finished by one launch share its event: an event equal to
+        // the last one listed is not listed again (sort_dedup catches the
+        // rest), so a launch's list stays short.
+        let mut push = |item: (RawEvent, u64)| {
+            if out.as_slice().last() != Some(&item) {
+                out.push(item);
+            }
+        };
         if let Some(w) = &t.last_write {
             if w.stream != stream {
-                out.push((w.raw, w.capture));
+                push((w.raw, w.capture));
             }
         }
         if access.writes() {
             for r in t.readers.iter().filter(|r| r.stream != stream) {
-                out.push((r.raw, r.capture));
+                push((r.raw, r.capture));
             }
         }
     }

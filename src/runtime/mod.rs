@@ -63,9 +63,10 @@ pub struct Runtime {
     log: Option<Arc<CsvLog>>,
     streams: StreamPool,
     counters: Counters,
-    /// Every call holds a pass, close closes the gate and waits for the
-    /// calls in flight; calls that start after that fail fast without
-    /// waiting (see `call_gate.rs`).
+    /// Every call but the launch calls holds a pass, close closes the gate
+    /// and waits for the calls in flight; calls that start after that fail
+    /// fast without waiting (see `call_gate.rs`). Launch calls close through
+    /// the tracker (`launch_stream`).
     gate: CallGate,
     telemetry: Telemetry,
     openers: AtomicU32,
