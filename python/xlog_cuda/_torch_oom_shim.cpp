@@ -283,6 +283,18 @@ int set_pool_hooks(A* pluggable, char* why, size_t cap) {
   }
 }
 
+// PyTorch's current allocator as the CUDAPluggableAllocator over this shim;
+// nullptr with the reason in `why` (cap bytes) when it is not one.
+torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator* current_pluggable(char* why, size_t cap) {
+  auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
+  auto* pluggable = dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(current.get());
+  if (pluggable == nullptr) {
+    std::snprintf(why, cap, "PyTorch's current allocator is not a CUDAPluggableAllocator (%s)",
+                  current ? current->name().c_str() : "none");
+  }
+  return pluggable;
+}
+
 }  // namespace
 
 extern "C" {
@@ -295,14 +307,8 @@ extern "C" {
 int xlog_shim_install_record_stream(char* why, size_t cap) {
 #ifdef XLOG_SHIM_RECORD_STREAM
   try {
-    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
-    auto* pluggable =
-        dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(current.get());
-    if (pluggable == nullptr) {
-      std::snprintf(why, cap, "PyTorch's current allocator is not a CUDAPluggableAllocator (%s)",
-                    current ? current->name().c_str() : "none");
-      return 0;
-    }
+    auto* pluggable = current_pluggable(why, cap);
+    if (pluggable == nullptr) return 0;
     if (g_record == nullptr) {
       std::snprintf(why, cap, "%s", "xlog_torch_record_stream_hook was not bound");
       return 0;
@@ -328,14 +334,8 @@ int xlog_shim_install_record_stream(char* why, size_t cap) {
 int xlog_shim_install_graph_pools(char* why, size_t cap) {
 #ifdef XLOG_SHIM_RECORD_STREAM
   try {
-    auto current = torch::cuda::CUDAPluggableAllocator::getCurrentAllocator();
-    auto* pluggable =
-        dynamic_cast<torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator*>(current.get());
-    if (pluggable == nullptr) {
-      std::snprintf(why, cap, "PyTorch's current allocator is not a CUDAPluggableAllocator (%s)",
-                    current ? current->name().c_str() : "none");
-      return 0;
-    }
+    auto* pluggable = current_pluggable(why, cap);
+    if (pluggable == nullptr) return 0;
     if (g_pool_begin == nullptr || g_pool_end == nullptr || g_pool_release == nullptr) {
       std::snprintf(why, cap, "%s", "the library's xlog_torch_*_pool entry points were not bound");
       return 0;

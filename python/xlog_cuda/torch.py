@@ -346,12 +346,7 @@ def _install_graph_pools(shim: Optional[str], shim_problem: str) -> "tuple[bool,
     handle.xlog_shim_has_graph_pools.argtypes = []
     handle.xlog_shim_has_graph_pools.restype = ctypes.c_int
     if not handle.xlog_shim_has_graph_pools():
-        try:
-            with open(os.path.join(os.path.dirname(shim), _NO_RECORD_STREAM)) as f:
-                why = f.read().strip()
-        except OSError:
-            why = ""
-        return False, why or "the shim was built without PyTorch's CUDA headers"
+        return False, _why_no_cuda_headers(shim)
     handle.xlog_shim_install_graph_pools.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     handle.xlog_shim_install_graph_pools.restype = ctypes.c_int
     why = ctypes.create_string_buffer(512)
@@ -360,18 +355,24 @@ def _install_graph_pools(shim: Optional[str], shim_problem: str) -> "tuple[bool,
     return True, ""
 
 
+def _why_no_cuda_headers(shim: str) -> str:
+    """Why the shim next to `shim` was built without PyTorch's CUDA headers
+    (the note its build left), for the hooks that need them."""
+    try:
+        with open(os.path.join(os.path.dirname(shim), _NO_RECORD_STREAM)) as f:
+            why = f.read().strip()
+    except OSError:
+        why = ""
+    return why or "the shim was built without PyTorch's CUDA headers"
+
+
 def _install_record_stream(shim: Optional[str], shim_problem: str) -> "tuple[bool, str]":
     """Set PyTorch's record-stream hook through the shim (after the
     allocator swap): (True, "") or (False, why not)."""
     if shim is None or _shim_handle is None:
         return False, f"no shim: {shim_problem}"
     if not _shim_handle.xlog_shim_has_record_stream():
-        try:
-            with open(os.path.join(os.path.dirname(shim), _NO_RECORD_STREAM)) as f:
-                why = f.read().strip()
-        except OSError:
-            why = ""
-        return False, why or "the shim was built without PyTorch's CUDA headers"
+        return False, _why_no_cuda_headers(shim)
     why = ctypes.create_string_buffer(512)
     if _shim_handle.xlog_shim_install_record_stream(why, len(why)) != 1:
         return False, why.value.decode(errors="replace") or "the shim could not set the hook"
