@@ -174,3 +174,37 @@ fn readers_on_two_streams_stay_concurrent() {
     rt.finish(&b.id, u, Access::Read).unwrap();
     recv(&read, "u's read does not wait for t's held read");
 }
+
+/// The cached launch's blocks used on another stream (the alternating
+/// pattern: one stream writes, the other then reads or writes the same
+/// blocks): that stream must wait for the launch, which is held behind a
+/// gate here. Both for a read and for a write.
+#[test]
+fn the_same_blocks_on_another_stream_wait_for_the_cached_launch() {
+    for access in [Access::Read, Access::Write] {
+        let st = Stack::open_default(StackKind::BudgetLoggingAsync);
+        let (rt, s, t) = (&st.rt, st.stream(), st.stream());
+        let blocks = [rt.allocate(LEN, s, "m").unwrap().id, rt.allocate(LEN, s, "n").unwrap().id];
+        let uses = writes(&blocks);
+        rt.prepare_all(s, &uses).unwrap();
+        rt.finish_all(s, &uses).unwrap();
+        let mut held = gate(rt, s);
+        rt.prepare_all(s, &uses).unwrap();
+        host_write_u64(rt, s, blocks[1].ptr, 9, Duration::ZERO);
+        rt.finish_all(s, &uses).unwrap();
+
+        let other: Vec<BlockUse> = blocks.iter().map(|&block| BlockUse { block, access }).collect();
+        let waits = rt.usage().cross_stream_waits;
+        rt.prepare_all(t, &other).unwrap();
+        assert_eq!(rt.usage().cross_stream_waits, waits + 1, "{access:?}: one wait, for the launch's one event");
+        let read = host_read_u64(rt, t, blocks[1].ptr, Duration::ZERO);
+        rt.finish_all(t, &other).unwrap();
+        assert_blocked(&read, &format!("{access:?} on t while the launch on s is held"));
+        held.open();
+        assert_eq!(recv(&read, "t's read"), 9, "{access:?}: t ran after s's launch");
+        rt.synchronize(t).unwrap();
+        for b in blocks {
+            rt.deallocate(&b).unwrap();
+        }
+    }
+}

@@ -557,13 +557,35 @@ impl AsyncPool {
         Ok(guard)
     }
 
-    /// The launch cache's prepare (`launch_cache.rs`): whether `uses` on
-    /// `stream` is this thread's last launch, nothing changed since.
-    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> bool {
-        match launch_cache::lookup(self.id, stream, uses) {
-            Some(r) => self.shard_live[r.shard].version() == r.version,
-            None => false,
+    /// The launch cache's prepare (`launch_cache.rs`), when `uses` names
+    /// the blocks of this thread's last launch and nothing changed since:
+    /// on its stream nothing to wait for (no lock); on another, the one
+    /// wait for its event, queued under the shard lock. `None`: take the
+    /// full path.
+    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> Option<ResourceResult<()>> {
+        let (ran_on, r) = launch_cache::lookup_blocks(self.id, uses)?;
+        if ran_on == stream {
+            return (self.shard_live[r.shard].version() == r.version).then(|| self.launch_open());
         }
+        if self.captures.any_active() {
+            return None;
+        }
+        let guard = lock(&self.table[r.shard]);
+        if let Err(e) = self.launch_open() {
+            return Some(Err(e));
+        }
+        if self.shard_live[r.shard].version() != r.version {
+            return None;
+        }
+        let waited = self.device.stream_wait_event(stream, guard.events.raw(r.event));
+        drop(guard);
+        Some(match waited {
+            Ok(()) => {
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        })
     }
 
     /// The launch cache's finish, holding the lock of shard `shard` (whose
@@ -1489,8 +1511,8 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        if self.cached_prepare(use_stream.raw, &[BlockUse { block: *block, access }]) {
-            return self.launch_open();
+        if let Some(done) = self.cached_prepare(use_stream.raw, &[BlockUse { block: *block, access }]) {
+            return done;
         }
         // The launch path's common case, one lock and no list: a block whose
         // recorded uses are all on this stream needs no wait.
@@ -1556,8 +1578,8 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        if self.cached_prepare(stream.raw, uses) {
-            return self.launch_open();
+        if let Some(done) = self.cached_prepare(stream.raw, uses) {
+            return done;
         }
         let mut shards = self.lock_shards(uses)?;
         let capture = self.capture_of(stream.raw)?;

@@ -15,11 +15,16 @@
 //!   (`AsyncPool::touched`). So while it has not moved, each block of the
 //!   remembered launch is still live, its handle still matches, and its
 //!   only recorded use is that launch on that stream.
-//! - `prepare` of the same launch (same pool, stream, handles in order,
-//!   every access a write) on that stream then has nothing to wait for:
-//!   `hit` says so from one atomic load, without a lock or a lookup. It
-//!   touches no stream or event, so it is safe without the close protocol's
-//!   lock (the pool still refuses it once launches are closed).
+//! - `prepare` of the same blocks (same pool, handles in order, any
+//!   access) on that stream then has nothing to wait for: one atomic load
+//!   of the version says so, without a lock or a lookup. It touches no
+//!   stream or event, so it is safe without the close protocol's lock (the
+//!   pool still refuses it once launches are closed).
+//! - `prepare` of the same blocks on another stream needs exactly one
+//!   wait, for the remembered event (each block's only recorded use), when
+//!   no capture is active: it is queued under the shard lock (where the
+//!   event cannot be recycled), with the version checked there, and no
+//!   block looked up.
 //! - `finish` of the same launch, under the shard lock and with the
 //!   version unchanged, records the remembered event again on the stream
 //!   instead of taking a new one: the blocks' state (last write = that
@@ -68,16 +73,24 @@ thread_local! {
 }
 
 /// The remembered launch, if `uses` on `stream` of pool `pool` is that
-/// launch again (all writes, same handles in the same order). The caller
-/// compares `version` with its shard's version.
+/// launch again (all writes, same handles in the same order): what a
+/// repeated finish needs. The caller compares `version` with its shard's.
 pub(super) fn lookup(pool: u64, stream: RawStream, uses: &[BlockUse]) -> Option<Remembered> {
+    match lookup_blocks(pool, uses) {
+        Some((ran_on, at)) if ran_on == stream && uses.iter().all(|u| u.access.writes()) => Some(at),
+        _ => None,
+    }
+}
+
+/// The remembered launch and the stream it ran on, if `uses` names its
+/// blocks in the same order (any access): what a prepare needs.
+pub(super) fn lookup_blocks(pool: u64, uses: &[BlockUse]) -> Option<(RawStream, Remembered)> {
     LAST.with(|last| {
         let s = last.borrow();
         let same = s.pool == pool
-            && s.stream == stream
             && s.len == uses.len()
-            && uses.iter().zip(&s.blocks[..s.len]).all(|(u, b)| u.access.writes() && u.block == *b);
-        same.then_some(s.at)
+            && uses.iter().zip(&s.blocks[..s.len]).all(|(u, b)| u.block == *b);
+        same.then_some((s.stream, s.at))
     })
 }
 
