@@ -1625,13 +1625,19 @@ impl DeviceMemoryResource for AsyncPool {
             _ => {}
         }
         let mut shards = self.lock_shards(uses)?;
+        // This thread's last launch over the same blocks, nothing changed
+        // since (`launch_cache.rs`): its handles were checked then and are
+        // still live and matching, so they are not checked again here.
+        let mut checked = false;
         if let LockedShards::One(home, guard) = &mut shards {
             if let Some(done) = self.cached_finish(*home, &mut guard.events, stream.raw, uses) {
                 return done;
             }
+            checked = launch_cache::lookup_blocks(self.id, uses)
+                .is_some_and(|(_, r)| r.shard == *home && self.shard_live[*home].version() == r.version);
         }
         let capture = self.capture_of(stream.raw)?;
-        for u in uses {
+        for u in uses.iter().filter(|_| !checked) {
             match shards.get(&u.block).record(&u.block, self.ordinal) {
                 Some(rec) => {
                     rec?;

@@ -24,7 +24,9 @@
 //!   wait, for the remembered event (each block's only recorded use), when
 //!   no capture is active: it is queued under the shard lock (where the
 //!   event cannot be recycled), with the version checked there, and no
-//!   block looked up.
+//!   block looked up. Its `finish` there takes the full path but does not
+//!   check the handles again (they were checked when the launch was
+//!   remembered, and the unchanged version says they still hold).
 //! - `finish` of the same launch, under the shard lock and with the
 //!   version unchanged, records the remembered event again on the stream
 //!   instead of taking a new one: the blocks' state (last write = that
