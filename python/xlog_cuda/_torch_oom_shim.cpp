@@ -300,6 +300,11 @@ torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator* current_pluggable(c
 extern "C" {
 #endif
 
+// Why a hook needing PyTorch's CUDA headers cannot be installed.
+static const char kNoCudaHeaders[] =
+    "the shim was built without PyTorch's CUDA headers (no CUDA toolkit found by "
+    "torch.utils.cpp_extension)";
+
 // Install the record-stream hook on PyTorch's current allocator, which must
 // be the CUDAPluggableAllocator over this shim (call it right after
 // torch.cuda.memory.change_current_allocator). Returns 1 when installed;
@@ -320,9 +325,7 @@ int xlog_shim_install_record_stream(char* why, size_t cap) {
     return 0;
   }
 #else
-  std::snprintf(why, cap, "%s",
-                "the shim was built without PyTorch's CUDA headers (no CUDA toolkit found by "
-                "torch.utils.cpp_extension)");
+  std::snprintf(why, cap, "%s", kNoCudaHeaders);
   return 0;
 #endif
 }
@@ -346,9 +349,7 @@ int xlog_shim_install_graph_pools(char* why, size_t cap) {
     return 0;
   }
 #else
-  std::snprintf(why, cap, "%s",
-                "the shim was built without PyTorch's CUDA headers (no CUDA toolkit found by "
-                "torch.utils.cpp_extension)");
+  std::snprintf(why, cap, "%s", kNoCudaHeaders);
   return 0;
 #endif
 }

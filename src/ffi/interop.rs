@@ -210,7 +210,7 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
 fn hook_allocate(size: usize, device: i32, stream: u64, tag: AllocTag) -> Result<*mut c_void, ResourceError> {
     with_hooks(device, true, || unreachable!("opened on first use"), |h| {
         // Frameworks expect a usable, distinct pointer even for 0 bytes.
-        let (_, block) = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
+        let block = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
         h.blocks.lock(block.id.ptr).map.insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
         Ok(block.id.ptr as usize as *mut c_void)
     })

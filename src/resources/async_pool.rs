@@ -200,25 +200,25 @@ struct BlockRecord {
 impl BlockRecord {
     /// Events `stream` must wait for before an access of kind `access`.
     fn waits_for(&self, stream: RawStream, access: Access, out: &mut WaitList) {
-        let Some(t) = &self.tracking else { return };
         // Blocks finished by one launch share its event: an event equal to
         // the last one listed is not listed again (sort_dedup catches the
         // rest), so a launch's list stays short.
-        let mut push = |item: (RawEvent, u64)| {
+        for u in self.foreign_uses(stream, access) {
+            let item = (u.raw, u.capture);
             if out.as_slice().last() != Some(&item) {
                 out.push(item);
             }
-        };
-        if let Some(w) = &t.last_write {
-            if w.stream != stream {
-                push((w.raw, w.capture));
-            }
         }
-        if access.writes() {
-            for r in t.readers.iter().filter(|r| r.stream != stream) {
-                push((r.raw, r.capture));
-            }
-        }
+    }
+
+    /// The recorded uses a use of kind `access` on `stream` must wait for:
+    /// the last write if another stream made it, and for a write every
+    /// other stream's read.
+    fn foreign_uses(&self, stream: RawStream, access: Access) -> impl Iterator<Item = &Use> {
+        let t = self.tracking.as_deref();
+        let write = t.and_then(|t| t.last_write.as_ref());
+        let reads = t.filter(|_| access.writes()).map_or(&[][..], |t| &t.readers[..]);
+        write.into_iter().chain(reads).filter(move |u| u.stream != stream)
     }
 
     /// Record `new_use` (its event held by the caller), which this block
@@ -259,14 +259,11 @@ impl BlockRecord {
 
     /// Queue on `stream` the waits a use of kind `access` needs (no capture
     /// active, no use recorded in one): (how many were queued, the first
-    /// error). Waits queued
-    /// before a failing one are harmless (they only delay the stream).
+    /// error). Waits queued before a failing one are harmless (they only
+    /// delay the stream).
     fn queue_waits(&self, device: &dyn Device, stream: RawStream, access: Access) -> (u64, ResourceResult<()>) {
-        let Some(t) = &self.tracking else { return (0, Ok(())) };
         let mut queued = 0;
-        let foreign_write = t.last_write.iter().filter(|w| w.stream != stream);
-        let foreign_reads = t.readers.iter().filter(|r| access.writes() && r.stream != stream);
-        for u in foreign_write.chain(foreign_reads) {
+        for u in self.foreign_uses(stream, access) {
             if let Err(e) = device.stream_wait_event(stream, u.raw) {
                 return (queued, Err(e.into()));
             }
@@ -278,9 +275,7 @@ impl BlockRecord {
     /// Whether a use of kind `access` on `stream` has nothing to wait for
     /// (the launch path's common case: no list to build).
     fn nothing_to_wait(&self, stream: RawStream, access: Access) -> bool {
-        let Some(t) = &self.tracking else { return true };
-        t.last_write.as_ref().map_or(true, |w| w.stream == stream)
-            && (!access.writes() || t.readers.iter().all(|r| r.stream == stream))
+        self.foreign_uses(stream, access).next().is_none()
     }
 }
 
@@ -552,28 +547,39 @@ impl AsyncPool {
     /// this lock, so close, which takes every shard lock once after setting
     /// the flag, never tears down what a launch call still uses.
     fn launch_shard(&self, stream: StreamId) -> ResourceResult<MutexGuard<'_, TableShard>> {
-        let guard = self.shard(stream);
+        self.launch_shard_at(shard_index(stream))
+    }
+
+    fn launch_shard_at(&self, shard: usize) -> ResourceResult<MutexGuard<'_, TableShard>> {
+        let guard = lock(&self.table[shard]);
         self.launch_open()?;
         Ok(guard)
     }
 
-    /// The launch cache's prepare (`launch_cache.rs`), when `uses` names
-    /// the blocks of this thread's last launch and nothing changed since:
-    /// on its stream nothing to wait for (no lock); on another, the one
-    /// wait for its event, queued under the shard lock. `None`: take the
-    /// full path.
-    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> Option<ResourceResult<()>> {
+    /// This thread's last launch (`launch_cache.rs`), when `uses` names its
+    /// blocks and nothing changed in their shard since: the stream it ran
+    /// on and what was remembered.
+    fn remembered(&self, uses: &[BlockUse]) -> Option<(RawStream, Remembered)> {
         let (ran_on, r) = launch_cache::lookup_blocks(self.id, uses)?;
+        (self.shard_live[r.shard].version() == r.version).then_some((ran_on, r))
+    }
+
+    /// The launch cache's prepare: on the remembered launch's stream
+    /// nothing to wait for (no lock); on another, the one wait for its
+    /// event, queued under the shard lock (the version checked again
+    /// there). `None`: take the full path.
+    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> Option<ResourceResult<()>> {
+        let (ran_on, r) = self.remembered(uses)?;
         if ran_on == stream {
-            return (self.shard_live[r.shard].version() == r.version).then(|| self.launch_open());
+            return Some(self.launch_open());
         }
         if self.captures.any_active() {
             return None;
         }
-        let guard = lock(&self.table[r.shard]);
-        if let Err(e) = self.launch_open() {
-            return Some(Err(e));
-        }
+        let guard = match self.launch_shard_at(r.shard) {
+            Ok(guard) => guard,
+            Err(e) => return Some(Err(e)),
+        };
         if self.shard_live[r.shard].version() != r.version {
             return None;
         }
@@ -588,19 +594,20 @@ impl AsyncPool {
         })
     }
 
-    /// The launch cache's finish, holding the lock of shard `shard` (whose
-    /// slab `events` is): the remembered event recorded again, when `uses`
-    /// on `stream` is this thread's last launch, nothing changed since and
-    /// no capture is active. `None`: take the full path.
+    /// The launch cache's finish, holding the lock of the launch's shard
+    /// (whose slab `events` is), given `remembered` read under that lock:
+    /// the remembered event recorded again, when `uses` is that launch
+    /// again on its stream, every use a write, no capture active. `None`:
+    /// take the full path.
     fn cached_finish(
         &self,
-        shard: usize,
+        remembered: Option<(RawStream, Remembered)>,
         events: &mut Events,
         stream: RawStream,
         uses: &[BlockUse],
     ) -> Option<ResourceResult<()>> {
-        let r = launch_cache::lookup(self.id, stream, uses)?;
-        if r.shard != shard || self.shard_live[shard].version() != r.version || self.captures.any_active() {
+        let (ran_on, r) = remembered?;
+        if ran_on != stream || !uses.iter().all(|u| u.access.writes()) || self.captures.any_active() {
             return None;
         }
         Some(events.rerecord(&*self.device, r.event, stream))
@@ -1552,7 +1559,8 @@ impl DeviceMemoryResource for AsyncPool {
         let home = shard_index(block.alloc_stream);
         let mut guard = self.launch_shard(block.alloc_stream)?;
         let TableShard { blocks, events, .. } = &mut *guard;
-        if let Some(done) = self.cached_finish(home, events, use_stream.raw, &uses) {
+        let remembered = self.remembered(&uses).filter(|(_, r)| r.shard == home);
+        if let Some(done) = self.cached_finish(remembered, events, use_stream.raw, &uses) {
             return done;
         }
         let capture = self.capture_of(use_stream.raw)?;
@@ -1630,11 +1638,11 @@ impl DeviceMemoryResource for AsyncPool {
         // still live and matching, so they are not checked again here.
         let mut checked = false;
         if let LockedShards::One(home, guard) = &mut shards {
-            if let Some(done) = self.cached_finish(*home, &mut guard.events, stream.raw, uses) {
+            let remembered = self.remembered(uses).filter(|(_, r)| r.shard == *home);
+            if let Some(done) = self.cached_finish(remembered, &mut guard.events, stream.raw, uses) {
                 return done;
             }
-            checked = launch_cache::lookup_blocks(self.id, uses)
-                .is_some_and(|(_, r)| r.shard == *home && self.shard_live[*home].version() == r.version);
+            checked = remembered.is_some();
         }
         let capture = self.capture_of(stream.raw)?;
         for u in uses.iter().filter(|_| !checked) {

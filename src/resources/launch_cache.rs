@@ -74,16 +74,6 @@ thread_local! {
     };
 }
 
-/// The remembered launch, if `uses` on `stream` of pool `pool` is that
-/// launch again (all writes, same handles in the same order): what a
-/// repeated finish needs. The caller compares `version` with its shard's.
-pub(super) fn lookup(pool: u64, stream: RawStream, uses: &[BlockUse]) -> Option<Remembered> {
-    match lookup_blocks(pool, uses) {
-        Some((ran_on, at)) if ran_on == stream && uses.iter().all(|u| u.access.writes()) => Some(at),
-        _ => None,
-    }
-}
-
 /// The remembered launch and the stream it ran on, if `uses` names its
 /// blocks in the same order (any access): what a prepare needs.
 pub(super) fn lookup_blocks(pool: u64, uses: &[BlockUse]) -> Option<(RawStream, Remembered)> {

@@ -324,11 +324,11 @@ impl Runtime {
 
     /// The framework hooks' allocation: adopt the foreign stream `native`
     /// and allocate on it with one pass of the call gate (two calls'
-    /// worth of entering otherwise). Returns the stream's id too.
-    pub fn allocate_on_native(&self, bytes: u64, native: u64, tag: AllocTag) -> ResourceResult<(StreamId, DeviceBlock)> {
+    /// worth of entering otherwise).
+    pub fn allocate_on_native(&self, bytes: u64, native: u64, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
         let stream = self.streams.import(native)?;
-        Ok((stream, self.allocate_entered(bytes, stream, tag, CallSite::NONE)?))
+        self.allocate_entered(bytes, stream, tag, CallSite::NONE)
     }
 
     /// `allocate_at` for a caller holding a pass.
