@@ -289,7 +289,8 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         if c_thread >= 0:
             threads.add(row[c_thread] if c_thread < len(row) else "")
 
-        if action in _DRIVER:
+        if action in _DRIVER or action in ("allocate", "free"):
+            # Every row that moves bytes needs its size.
             try:
                 size = int(row[c_size])
             except ValueError:
@@ -297,6 +298,7 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                 if len(bad_rows) < 20:
                     bad_rows.append({"line": line, "why": f"size {row[c_size]!r}", "row": ",".join(row)[:300]})
                 continue
+        if action in _DRIVER:
             driver_counts[action] += 1
             if action == "reserve":
                 cached += size
@@ -311,13 +313,6 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                                 "cached": cached, "pending": pending}
             continue
         if action == "allocate" or action == "free":
-            try:
-                size = int(row[c_size])
-            except ValueError:
-                bad_count += 1
-                if len(bad_rows) < 20:
-                    bad_rows.append({"line": line, "why": f"size {row[c_size]!r}", "row": ",".join(row)[:300]})
-                continue
             ptr = row[c_ptr]
             # Live bytes move to and from the cache (meaningful when the
             # log has reserve rows).
