@@ -473,6 +473,16 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn capture_begun(&self, _id: u64) {}
     fn capture_ended(&self, _id: u64) {}
 
+    /// A capture is about to begin through the runtime: from here until
+    /// `capture_begin_done` nothing may be left for a capture to see (the
+    /// pool makes the event records it owes, `deferred_record.rs`). On an
+    /// error the capture is not begun and nothing changed.
+    fn capture_beginning(&self) -> ResourceResult<()> {
+        Ok(())
+    }
+    /// The capture began (`capture_begun` was called) or failed to.
+    fn capture_begin_done(&self) {}
+
     /// Captures a framework begins itself and announces
     /// (`resources/announced_pools.rs`): one into `pool` is about to begin
     /// on `origin` (None: not known). A resource without capture pools has
@@ -637,6 +647,12 @@ macro_rules! forward_to_inner {
         }
         fn capture_begun(&self, id: u64) {
             self.inner.capture_begun(id)
+        }
+        fn capture_beginning(&self) -> $crate::resource::ResourceResult<()> {
+            self.inner.capture_beginning()
+        }
+        fn capture_begin_done(&self) {
+            self.inner.capture_begin_done()
         }
         fn capture_ended(&self, id: u64) {
             self.inner.capture_ended(id)

@@ -876,12 +876,19 @@ fn event_record_fault_changes_nothing(kind: StackKind) {
     rt.finish(&x.id, a, Access::Write).unwrap();
 
     let before = st.snapshot();
-    st.sim().inject_fault(FaultKind::EventRecord, 1);
-    expect_injected(rt.finish(&x.id, b, Access::Write), &[], &format!("[{n}] finish"));
-    st.assert_unchanged(&before, 0, "failed finish");
-    st.sim().inject_fault(FaultKind::EventRecord, 1);
-    expect_injected(rt.finish_all(b, &[r(Access::Write, &x.id)]), &[], &format!("[{n}] finish_all"));
-    st.assert_unchanged(&before, 0, "failed finish_all");
+    // From a thread whose launch cache knows nothing: this thread's would
+    // take x's launch on B as its own repeated on another stream, whose
+    // finish owes its record instead of making one (tests/launch_cache.rs).
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            st.sim().inject_fault(FaultKind::EventRecord, 1);
+            expect_injected(rt.finish(&x.id, b, Access::Write), &[], &format!("[{n}] finish"));
+            st.assert_unchanged(&before, 0, "failed finish");
+            st.sim().inject_fault(FaultKind::EventRecord, 1);
+            expect_injected(rt.finish_all(b, &[r(Access::Write, &x.id)]), &[], &format!("[{n}] finish_all"));
+            st.assert_unchanged(&before, 0, "failed finish_all");
+        });
+    });
 
     // A's write is still the last write: a reader on C must wait for it.
     rt.prepare(&x.id, c, Access::Read).unwrap();

@@ -42,7 +42,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::launch_cache::{self, Remembered};
+use super::deferred_record::DeferredRecord;
+use super::launch_cache::{self, Remembered, Seen};
 use super::logging::CsvLog;
 use super::announced_pools::{AnnouncedPools, PoolKey, PoolRelease};
 use super::capture_pool::CapturePools;
@@ -62,7 +63,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Index of an event in [`Events`].
-type Ev = u32;
+type Ev = super::deferred_record::EventIndex;
 
 struct EventSlot {
     raw: RawEvent,
@@ -79,6 +80,8 @@ struct Events {
     slots: Vec<EventSlot>,
     free: Vec<Ev>,
     recorded: u64,
+    /// A repeated launch's record owed on a stream (`deferred_record.rs`).
+    deferred: DeferredRecord,
 }
 
 impl Events {
@@ -102,14 +105,6 @@ impl Events {
         Ok(ev)
     }
 
-    /// Record `ev` again on `stream` (the launch cache: its holders' uses
-    /// move to this point of the same stream).
-    fn rerecord(&mut self, device: &dyn Device, ev: Ev, stream: RawStream) -> ResourceResult<()> {
-        device.record_event(self.slots[ev as usize].raw, stream)?;
-        self.recorded += 1;
-        Ok(())
-    }
-
     fn raw(&self, ev: Ev) -> RawEvent {
         self.slots[ev as usize].raw
     }
@@ -122,7 +117,45 @@ impl Events {
         let slot = &mut self.slots[ev as usize];
         slot.refs -= 1;
         if slot.refs == 0 {
+            self.deferred.forget(ev);
             self.free.push(ev);
+        }
+    }
+
+    /// Owe the record of `ev` (held by a repeated launch's blocks only) on
+    /// `stream` instead of making it now (`deferred_record.rs`); another
+    /// owed record is made first. No driver call unless that one is.
+    fn defer(&mut self, device: &dyn Device, ev: Ev, stream: RawStream) -> ResourceResult<()> {
+        if self.deferred.is(ev, stream) {
+            return Ok(());
+        }
+        self.settle(device)?;
+        self.deferred.owe(ev, stream);
+        Ok(())
+    }
+
+    /// Make the owed record, if any, before an event of this slab is waited
+    /// on. On failure it stays owed and nothing changed.
+    fn settle(&mut self, device: &dyn Device) -> ResourceResult<()> {
+        if let Some((ev, stream)) = self.deferred.owed() {
+            device.record_event(self.slots[ev as usize].raw, stream)?;
+            self.recorded += 1;
+            self.deferred.clear();
+        }
+        Ok(())
+    }
+
+    /// `settle` for callers that cannot report a failure, or whose stream
+    /// is going away (`only_on`: settle only a record owed there): when
+    /// the record fails, the stream is synchronised instead (contract).
+    fn settle_or_sync(&mut self, device: &dyn Device, only_on: Option<RawStream>) {
+        let Some((_, stream)) = self.deferred.owed() else { return };
+        if only_on.is_some_and(|s| s != stream) {
+            return;
+        }
+        if self.settle(device).is_err() {
+            let _ = device.synchronize_stream(stream);
+            self.deferred.clear();
         }
     }
 }
@@ -390,6 +423,15 @@ impl LockedShards<'_> {
         out
     }
 
+    /// Make the records owed in the locked shards (`deferred_record.rs`):
+    /// their events are about to be waited on.
+    fn settle(&mut self, device: &dyn Device) -> ResourceResult<()> {
+        match self {
+            LockedShards::One(_, g) => g.events.settle(device),
+            LockedShards::Many(list) => list.iter_mut().try_for_each(|(_, g)| g.events.settle(device)),
+        }
+    }
+
     fn get(&mut self, id: &BlockId) -> &mut TableShard {
         let want = shard_index(id.alloc_stream);
         match self {
@@ -558,34 +600,76 @@ impl AsyncPool {
 
     /// This thread's last launch (`launch_cache.rs`), when `uses` names its
     /// blocks and nothing changed in their shard since: the stream it ran
-    /// on and what was remembered.
-    fn remembered(&self, uses: &[BlockUse]) -> Option<(RawStream, Remembered)> {
-        let (ran_on, r) = launch_cache::lookup_blocks(self.id, uses)?;
-        (self.shard_live[r.shard].version() == r.version).then_some((ran_on, r))
+    /// on and what was remembered. Otherwise the shard where this thread
+    /// owes a record, if it does (`deferred_record.rs`).
+    fn remembered(&self, uses: &[BlockUse]) -> Result<(RawStream, Remembered), Option<usize>> {
+        match launch_cache::lookup(self.id, uses) {
+            Seen::Same(ran_on, r) if self.shard_live[r.shard].version() == r.version => Ok((ran_on, r)),
+            Seen::Same(_, r) => Err(r.owed.then_some(r.shard)),
+            Seen::Other { owed_in } => Err(owed_in),
+        }
+    }
+
+    /// This thread moves on to another launch: the record it owes in
+    /// `shard` is made now, before that launch's work is queued, so that
+    /// it stands exactly where the repeated launch ended. A failure leaves
+    /// it owed; whoever needs it then settles it and reports.
+    fn pay_owed_record(&self, shard: usize) {
+        launch_cache::paid();
+        if let Ok(mut guard) = self.launch_shard_at(shard) {
+            let _ = guard.events.settle(&*self.device);
+        }
+    }
+
+    /// A prepare: the launch cache's when it applies, else `uncached`;
+    /// after a successful uncached one, the record this thread owes for
+    /// its previous launch is made (a refused call records nothing).
+    fn prepare_with(
+        &self,
+        stream: RawStream,
+        uses: &[BlockUse],
+        uncached: impl FnOnce() -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
+        match self.cached_prepare(stream, uses) {
+            Ok(done) => done,
+            Err(owed_in) => {
+                uncached()?;
+                if let Some(shard) = owed_in {
+                    self.pay_owed_record(shard);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The launch cache's prepare: on the remembered launch's stream
     /// nothing to wait for (no lock); on another, the one wait for its
     /// event, queued under the shard lock (the version checked again
-    /// there). `None`: take the full path.
-    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> Option<ResourceResult<()>> {
+    /// there, the event's owed record made first). `Err`: take the full
+    /// path, with the shard where this thread owes a record, if any.
+    fn cached_prepare(&self, stream: RawStream, uses: &[BlockUse]) -> Result<ResourceResult<()>, Option<usize>> {
         let (ran_on, r) = self.remembered(uses)?;
         if ran_on == stream {
-            return Some(self.launch_open());
+            return Ok(self.launch_open());
         }
+        let owed_in = r.owed.then_some(r.shard);
         if self.captures.any_active() {
-            return None;
+            return Err(owed_in);
         }
-        let guard = match self.launch_shard_at(r.shard) {
+        let mut guard = match self.launch_shard_at(r.shard) {
             Ok(guard) => guard,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Ok(Err(e)),
         };
         if self.shard_live[r.shard].version() != r.version {
-            return None;
+            return Err(owed_in);
         }
-        let waited = self.device.stream_wait_event(stream, guard.events.raw(r.event));
+        let events = &mut guard.events;
+        if let Err(e) = events.settle(&*self.device) {
+            return Ok(Err(e));
+        }
+        let waited = self.device.stream_wait_event(stream, events.raw(r.event));
         drop(guard);
-        Some(match waited {
+        Ok(match waited {
             Ok(()) => {
                 self.waits.fetch_add(1, Ordering::Relaxed);
                 Ok(())
@@ -595,22 +679,46 @@ impl AsyncPool {
     }
 
     /// The launch cache's finish, holding the lock of the launch's shard
-    /// (whose slab `events` is), given `remembered` read under that lock:
-    /// the remembered event recorded again, when `uses` is that launch
-    /// again on its stream, every use a write, no capture active. `None`:
-    /// take the full path.
+    /// `home`, given `remembered` read under that lock, when `uses` is that
+    /// launch again with every use a write and no capture active. On its
+    /// stream: the event's record is owed, not made. On another stream:
+    /// the blocks' last write moves there with the same event, its record
+    /// there owed. `None`: take the full path.
     fn cached_finish(
         &self,
         remembered: Option<(RawStream, Remembered)>,
-        events: &mut Events,
+        home: usize,
+        shard: &mut TableShard,
         stream: RawStream,
         uses: &[BlockUse],
     ) -> Option<ResourceResult<()>> {
         let (ran_on, r) = remembered?;
-        if ran_on != stream || !uses.iter().all(|u| u.access.writes()) || self.captures.any_active() {
+        if !uses.iter().all(|u| u.access.writes()) || self.captures.any_active() {
             return None;
         }
-        Some(events.rerecord(&*self.device, r.event, stream))
+        let TableShard { blocks, events, .. } = shard;
+        if let Err(e) = events.defer(&*self.device, r.event, stream) {
+            return Some(Err(e));
+        }
+        if ran_on == stream {
+            if !r.owed {
+                launch_cache::owes();
+            }
+            return Some(Ok(()));
+        }
+        // The unchanged version says each block is live, its handle
+        // matches, and its only use is the launch on `ran_on` with this
+        // event: only the stream moves.
+        for u in uses {
+            let last_write = blocks
+                .get_mut(&u.block.generation)
+                .and_then(|rec| rec.tracking.as_mut())
+                .and_then(|t| t.last_write.as_mut())
+                .expect("launch cache: the unchanged version keeps the launch's blocks and uses");
+            last_write.stream = stream;
+        }
+        launch_cache::moved_to(stream, self.shard_live[home].touched());
+        Some(Ok(()))
     }
 
     /// After a full finish of `uses` on `stream` in shard `shard` with
@@ -619,8 +727,14 @@ impl AsyncPool {
     /// write, outside any capture).
     fn remember_launch(&self, shard: usize, stream: RawStream, uses: &[BlockUse], event: Ev, capture: u64, version: u64) {
         if capture == 0 && uses.iter().all(|u| u.access.writes()) {
-            launch_cache::remember(self.id, stream, uses, Remembered { shard, version, event });
+            launch_cache::remember(self.id, stream, uses, Remembered { shard, version, event, owed: false });
         }
+    }
+
+    /// Make every owed record (`deferred_record.rs`); the first failure
+    /// is returned, its record still owed.
+    fn settle_all(&self) -> ResourceResult<()> {
+        self.table.iter().try_for_each(|shard| lock(shard).events.settle(&*self.device))
     }
 
     fn launch_open(&self) -> ResourceResult<()> {
@@ -1429,7 +1543,11 @@ impl DeviceMemoryResource for AsyncPool {
     fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
         let mut first_error = None;
         for home in 0..TABLE_SHARDS {
-            let blocks = lock(&self.table[home]).cache.take_stream(stream);
+            let mut shard = lock(&self.table[home]);
+            // A record owed on this stream is made while the stream exists.
+            shard.events.settle_or_sync(&*self.device, Some(stream));
+            let blocks = shard.cache.take_stream(stream);
+            drop(shard);
             for block in blocks {
                 if let Err(e) = self.release_cached(stream, block, home) {
                     first_error.get_or_insert(e);
@@ -1463,6 +1581,21 @@ impl DeviceMemoryResource for AsyncPool {
         }
     }
 
+    fn capture_beginning(&self) -> ResourceResult<()> {
+        // No record is deferred from here on (the watch makes captures
+        // look active); the owed ones are made before the capture begins.
+        self.captures.watch();
+        let settled = self.settle_all();
+        if settled.is_err() {
+            self.captures.unwatch();
+        }
+        settled
+    }
+
+    fn capture_begin_done(&self) {
+        self.captures.unwatch();
+    }
+
     fn capture_begun(&self, id: u64) {
         self.captures.begun(id);
     }
@@ -1472,7 +1605,13 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn pool_announced(&self, pool: PoolKey, origin: Option<RawStream>) {
+        // The announcement watches from here on: no record is deferred
+        // any more, and the owed ones are made before the framework begins
+        // its capture (it announces first).
         self.announced.begin(pool, origin, &*self.device, &self.captures);
+        for shard in self.table.iter() {
+            lock(shard).events.settle_or_sync(&*self.device, None);
+        }
     }
 
     fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
@@ -1518,14 +1657,35 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        if let Some(done) = self.cached_prepare(use_stream.raw, &[BlockUse { block: *block, access }]) {
-            return done;
-        }
+        let uses = [BlockUse { block: *block, access }];
+        self.prepare_with(use_stream.raw, &uses, || self.prepare_one_uncached(block, use_stream, access))
+    }
+
+    fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        self.finish_one(block, use_stream, access)
+    }
+
+    fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        self.prepare_with(stream.raw, uses, || self.prepare_uncached(stream, uses))
+    }
+
+    fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        self.finish_many(stream, uses)
+    }
+}
+
+impl AsyncPool {
+    /// One block's prepare without the launch cache.
+    fn prepare_one_uncached(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
         // The launch path's common case, one lock and no list: a block whose
         // recorded uses are all on this stream needs no wait.
         {
-            let shard = self.launch_shard(block.alloc_stream)?;
-            match shard.record(block, self.ordinal) {
+            let mut shard = self.launch_shard(block.alloc_stream)?;
+            let TableShard { blocks, events, .. } = &mut *shard;
+            let record = blocks.get(&block.generation).map(|rec| {
+                check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal).map(|()| rec)
+            });
+            match record {
                 Some(Ok(rec)) => {
                     let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
                     if !first_foreign_use {
@@ -1538,6 +1698,7 @@ impl DeviceMemoryResource for AsyncPool {
                         // event). Anything about captures takes the full
                         // path, which applies their rules.
                         if !self.captures.any_active() && rec.outside_captures() {
+                            events.settle(&*self.device)?;
                             let waited = rec.queue_waits(&*self.device, use_stream.raw, access);
                             self.waits.fetch_add(waited.0, Ordering::Relaxed);
                             return waited.1;
@@ -1551,18 +1712,18 @@ impl DeviceMemoryResource for AsyncPool {
                 }
             }
         }
-        self.prepare_block_uses(use_stream, &[BlockUse { block: *block, access }])
+        self.prepare_uncached(use_stream, &[BlockUse { block: *block, access }])
     }
 
-    fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+    fn finish_one(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
         let uses = [BlockUse { block: *block, access }];
         let home = shard_index(block.alloc_stream);
         let mut guard = self.launch_shard(block.alloc_stream)?;
-        let TableShard { blocks, events, .. } = &mut *guard;
-        let remembered = self.remembered(&uses).filter(|(_, r)| r.shard == home);
-        if let Some(done) = self.cached_finish(remembered, events, use_stream.raw, &uses) {
+        let remembered = self.remembered(&uses).ok().filter(|(_, r)| r.shard == home);
+        if let Some(done) = self.cached_finish(remembered, home, &mut guard, use_stream.raw, &uses) {
             return done;
         }
+        let TableShard { blocks, events, .. } = &mut *guard;
         let capture = self.capture_of(use_stream.raw)?;
         let rec = match blocks.get_mut(&block.generation) {
             Some(rec) => {
@@ -1585,10 +1746,7 @@ impl DeviceMemoryResource for AsyncPool {
         Ok(())
     }
 
-    fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        if let Some(done) = self.cached_prepare(stream.raw, uses) {
-            return done;
-        }
+    fn prepare_uncached(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
         let mut shards = self.lock_shards(uses)?;
         let capture = self.capture_of(stream.raw)?;
         // Blocks never used since allocation, now used on another stream:
@@ -1615,6 +1773,9 @@ impl DeviceMemoryResource for AsyncPool {
         }
         // One wait per distinct event: blocks finished by one launch share it.
         waits.sort_dedup();
+        if !waits.is_empty() {
+            shards.settle(&*self.device)?;
+        }
         // The capture rules may refuse: before anything changes.
         self.admit_waits(capture, &mut waits)?;
         if !first_use_streams.is_empty() {
@@ -1626,10 +1787,10 @@ impl DeviceMemoryResource for AsyncPool {
         self.wait_all(stream.raw, waits.as_slice())
     }
 
-    fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+    fn finish_many(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
         match uses {
             [] => return Ok(()),
-            [u] => return self.finish_block_use(&u.block, stream, u.access),
+            [u] => return self.finish_one(&u.block, stream, u.access),
             _ => {}
         }
         let mut shards = self.lock_shards(uses)?;
@@ -1638,8 +1799,8 @@ impl DeviceMemoryResource for AsyncPool {
         // still live and matching, so they are not checked again here.
         let mut checked = false;
         if let LockedShards::One(home, guard) = &mut shards {
-            let remembered = self.remembered(uses).filter(|(_, r)| r.shard == *home);
-            if let Some(done) = self.cached_finish(remembered, &mut guard.events, stream.raw, uses) {
+            let remembered = self.remembered(uses).ok().filter(|(_, r)| r.shard == *home);
+            if let Some(done) = self.cached_finish(remembered, *home, guard, stream.raw, uses) {
                 return done;
             }
             checked = remembered.is_some();
@@ -1725,6 +1886,9 @@ impl AsyncPool {
             if rec.tracking.is_some() {
                 let mut waits = WaitList::new();
                 rec.waits_for(stream, Access::Write, &mut waits);
+                if !waits.is_empty() {
+                    shard.events.settle(&*self.device)?;
+                }
                 waits.sort_dedup();
                 self.admit_waits(capture, &mut waits)?;
                 self.wait_all(stream, waits.as_slice())?;

@@ -34,6 +34,17 @@
 //!   and no other holder of the event exists to see it move. Reads are not
 //!   cached: recording a read into the write's event would make later
 //!   readers on other streams wait for this read.
+//!   Since `deferred_record.rs`, that record is owed rather than made: the
+//!   finish marks it owed in the shard's slab (no driver call), and this
+//!   thread remembers that it owes it (`owes`). Its next prepare that is
+//!   not this launch again settles it (`Seen::Other::owed_in`) before that
+//!   launch's work is queued.
+//! - `finish` of the same blocks, every use a write, on another stream
+//!   (after its `prepare` waited for the remembered event): the blocks'
+//!   last write moves to that stream with the same event, whose record
+//!   there is owed too; the shard's version moves and this thread
+//!   remembers the new stream and version (`moved_to`). No event is taken
+//!   and none released.
 //! - Anything else (another launch, a read, a capture active anywhere, a
 //!   moved version) takes the locked path, which decides as before.
 
@@ -45,12 +56,24 @@ use crate::resource::{BlockId, BlockUse};
 /// Launches of more blocks than this are not remembered.
 pub(super) const MAX_BLOCKS: usize = 8;
 
-/// What a hit hands back: the shard, the version seen, and the event.
+/// What a hit hands back: the shard, the version seen, the event, and
+/// whether this thread owes the event's record (`deferred_record.rs`).
 #[derive(Copy, Clone)]
 pub(super) struct Remembered {
     pub shard: usize,
     pub version: u64,
     pub event: u32,
+    pub owed: bool,
+}
+
+/// What `lookup` saw.
+pub(super) enum Seen {
+    /// The remembered launch: the stream it ran on last, and what was
+    /// remembered (its version still to be checked).
+    Same(RawStream, Remembered),
+    /// Another launch; `owed_in`: the shard where this thread owes a record
+    /// for the pool asked about.
+    Other { owed_in: Option<usize> },
 }
 
 struct Stash {
@@ -69,21 +92,48 @@ thread_local! {
             stream: 0,
             len: 0,
             blocks: [BlockId::NONE; MAX_BLOCKS],
-            at: Remembered { shard: 0, version: 0, event: 0 },
+            at: Remembered { shard: 0, version: 0, event: 0, owed: false },
         })
     };
 }
 
-/// The remembered launch and the stream it ran on, if `uses` names its
-/// blocks in the same order (any access): what a prepare needs.
-pub(super) fn lookup_blocks(pool: u64, uses: &[BlockUse]) -> Option<(RawStream, Remembered)> {
+/// Whether `uses` names the remembered launch's blocks in the same order
+/// (any access): what a prepare or a finish needs.
+pub(super) fn lookup(pool: u64, uses: &[BlockUse]) -> Seen {
     LAST.with(|last| {
         let s = last.borrow();
-        let same = s.pool == pool
-            && s.len == uses.len()
-            && uses.iter().zip(&s.blocks[..s.len]).all(|(u, b)| u.block == *b);
-        same.then_some((s.stream, s.at))
+        if s.pool != pool {
+            return Seen::Other { owed_in: None };
+        }
+        let same = s.len == uses.len() && uses.iter().zip(&s.blocks[..s.len]).all(|(u, b)| u.block == *b);
+        if same {
+            Seen::Same(s.stream, s.at)
+        } else {
+            Seen::Other { owed_in: s.at.owed.then_some(s.at.shard) }
+        }
     })
+}
+
+/// The remembered launch's record is now owed (a finish deferred it).
+pub(super) fn owes() {
+    LAST.with(|last| last.borrow_mut().at.owed = true);
+}
+
+/// The remembered launch ran again on `stream`, which its blocks' last
+/// write moved to, leaving the shard at `version`; its record there is
+/// owed.
+pub(super) fn moved_to(stream: RawStream, version: u64) {
+    LAST.with(|last| {
+        let mut s = last.borrow_mut();
+        s.stream = stream;
+        s.at.version = version;
+        s.at.owed = true;
+    });
+}
+
+/// This thread owes no record any more (it settled its shard's).
+pub(super) fn paid() {
+    LAST.with(|last| last.borrow_mut().at.owed = false);
 }
 
 /// Remember the launch `uses` just finished on `stream` (see the contract

@@ -5,6 +5,7 @@ pub mod async_pool;
 pub mod budget;
 pub(crate) mod capture_pool;
 pub mod direct;
+mod deferred_record;
 mod launch_cache;
 pub mod logging;
 pub mod stream_cache;

@@ -498,12 +498,17 @@ impl Runtime {
     pub fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> ResourceResult<u64> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
-        self.device.begin_capture(s.raw, mode)?;
-        let id = self.device.capture_of(s.raw)?.ok_or_else(|| {
-            ResourceError::Internal(format!("stream {stream} began capturing but the driver reports no capture"))
-        })?;
-        self.stack.capture_begun(id);
-        Ok(id)
+        self.stack.capture_beginning()?;
+        let begun = self.device.begin_capture(s.raw, mode).map_err(ResourceError::from).and_then(|()| {
+            self.device.capture_of(s.raw)?.ok_or_else(|| {
+                ResourceError::Internal(format!("stream {stream} began capturing but the driver reports no capture"))
+            })
+        });
+        if let Ok(id) = begun {
+            self.stack.capture_begun(id);
+        }
+        self.stack.capture_begin_done();
+        begun
     }
 
     /// End the capture begun on `stream`: (the graph, the capture id).
