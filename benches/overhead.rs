@@ -255,6 +255,14 @@ fn replay(rt: &Runtime, ops: u64) {
 
 fn main() {
     let n = 2_000_000u64;
+    if std::env::args().any(|a| a == "--w10-only") {
+        // For profilers: W10's two loops alone.
+        for _ in 0..5 {
+            let (hook, abi) = hook_vs_abi_pairs(n / 20, 11);
+            println!("W10 xlog_allocate pair {abi:7.1} ns, hook pair {hook:7.1} ns, ratio {:.2}", hook / abi);
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--replay") {
         let rt = runtime();
         replay(&rt, 20_000);

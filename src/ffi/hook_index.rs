@@ -16,6 +16,8 @@
 //!   block sees the use or runs before it.
 //! - `contains(ptr)`, `len()`: exact while no other thread changes the
 //!   index, a snapshot otherwise.
+//! - `take_keeping` / `insert_keeping` / `release`: as `take` and `insert`
+//!   (see "Reuse" below); a `Reservation` is used by one thread only.
 //! - Every method may be called from any number of threads at once.
 //!
 //! Why not a `Mutex<HashMap>`: the hooks' allocate+free pair is measured
@@ -40,6 +42,16 @@
 //! wrote; a thread that meets a slot owned by another for the pointer it
 //! wants waits the few instructions until it is given back.
 //!
+//! Reuse: `take_keeping` / `insert_keeping` with a thread's `Reservation`
+//! spare the insert its compare-and-swap. The take leaves the slot it
+//! emptied owned by the taking thread (key word `RESERVED`: locked, no
+//! pointer, so every other thread passes it by), and that thread's next
+//! insert fills it with plain stores when it lies in the new pointer's
+//! window. With the stream caches that is the common case: a framework
+//! frees a block and allocates the same size again, and gets the same
+//! address back. A thread keeps at most one slot per index, gives it back
+//! (`release`) before it lets go of the index, and at thread exit.
+//!
 //! Growth: segments of doubling size (`FIRST_SEGMENT_SLOTS` slots, then
 //! twice that, ...), each allocated when an insert first finds every slot
 //! of its window full in all earlier ones. Lookups go through the
@@ -48,6 +60,7 @@
 //! lookups only look at while it is non-empty: correct at any number of
 //! blocks, and only slower far beyond what frameworks hold live.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -76,6 +89,9 @@ pub(crate) const FIRST_SEGMENT_SLOTS: usize = 1 << 12;
 const EMPTY: u64 = 0;
 /// Key flag: a thread owns the slot.
 const LOCKED: u64 = 1;
+/// Key word of a slot a thread keeps for its next insert (`Reservation`):
+/// owned, and holding no pointer, so every other thread passes it by.
+const RESERVED: u64 = LOCKED;
 /// Key flag: the block has uses in the side table.
 const HAS_USES: u64 = 2;
 /// The key bits that are flags, not address (pointers are 256-aligned).
@@ -114,9 +130,114 @@ impl Slot {
     }
 }
 
+/// Slots of one segment, and where a pointer's window starts in it.
+struct Segment {
+    slots: Box<[Slot]>,
+    /// 64 - log2(slots.len()): the hash's high bits pick the home slot.
+    shift: u32,
+}
+
+impl Segment {
+    fn new(len: usize) -> Segment {
+        Segment { slots: (0..len).map(|_| Slot::default()).collect(), shift: 64 - len.trailing_zeros() }
+    }
+
+    /// The home slot of `ptr`.
+    #[inline]
+    fn home(&self, ptr: u64) -> usize {
+        // Multiplicative hashing: the high bits of the product mix every bit
+        // of the address (blocks of one pool are close together).
+        ((ptr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// The indices of the `WINDOW` slots of `ptr`, home slot first.
+    #[inline]
+    fn window(&self, ptr: u64) -> impl Iterator<Item = usize> {
+        let (home, mask) = (self.home(ptr), self.slots.len() - 1);
+        (0..WINDOW).map(move |j| (home + j) & mask)
+    }
+
+    /// Whether slot `i` is in `ptr`'s window.
+    #[inline]
+    fn in_window(&self, ptr: u64, i: usize) -> bool {
+        i.wrapping_sub(self.home(ptr)) & (self.slots.len() - 1) < WINDOW
+    }
+
+    /// Own an empty slot of `ptr`'s window for filling, if there is one.
+    #[inline]
+    fn claim(&self, ptr: u64) -> Option<&Slot> {
+        self.window(ptr).map(|i| &self.slots[i]).find(|slot| {
+            slot.key.load(Ordering::Relaxed) == EMPTY
+                && slot.key.compare_exchange(EMPTY, ptr | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        })
+    }
+
+    /// Own the slot of `ptr`'s window that holds it, if any: its index and
+    /// its key word (without `LOCKED`). Only the owner changes the slot; it
+    /// gives it back with a store to the key word.
+    #[inline]
+    fn own(&self, ptr: u64) -> Option<(usize, u64)> {
+        for i in self.window(ptr) {
+            let slot = &self.slots[i];
+            let key = slot.key.load(Ordering::Acquire);
+            if key & !FLAGS != ptr {
+                continue;
+            }
+            if key & LOCKED == 0
+                && slot.key.compare_exchange(key, key | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                return Some((i, key));
+            }
+            return own_contended(slot, ptr).map(|key| (i, key));
+        }
+        None
+    }
+
+    fn holds(&self, ptr: u64) -> bool {
+        self.window(ptr).any(|i| self.slots[i].key.load(Ordering::Acquire) & !FLAGS == ptr)
+    }
+
+    /// Slots holding a block (or being filled with one); not the empty and
+    /// the reserved ones.
+    fn len(&self) -> usize {
+        self.slots.iter().filter(|slot| slot.key.load(Ordering::Acquire) & !FLAGS != 0).count()
+    }
+}
+
+/// `Segment::own` for a slot holding `ptr` that another thread owns now
+/// (or took from under us): wait until it is given back, then own it if it
+/// still holds `ptr`. Owners hold a slot for a few instructions (and at
+/// most the `uses` lock), so this spins a little, then yields.
+#[cold]
+fn own_contended(slot: &Slot, ptr: u64) -> Option<u64> {
+    let mut spins = 0u32;
+    loop {
+        let key = slot.key.load(Ordering::Acquire);
+        if key & !FLAGS != ptr || key == EMPTY {
+            return None;
+        }
+        if key & LOCKED == 0 {
+            if slot.key.compare_exchange(key, key | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return Some(key);
+            }
+            continue;
+        }
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 pub(crate) struct HookIndex {
-    segments: [OnceLock<Box<[Slot]>>; SEGMENTS],
-    first_segment_slots: usize,
+    /// This index's identity, for the reservations (`Reservation`).
+    unique: u64,
+    /// Segment 0, allocated with the index: nearly every entry lives here.
+    first: Segment,
+    /// Segments 1.., each allocated when first needed.
+    more: [OnceLock<Segment>; SEGMENTS - 1],
     /// Streams that used a block (`HookBlock::used_on`) for the blocks whose
     /// slot has `HAS_USES`; touched only by the slot's owner.
     uses: Mutex<FastMap<u64, Vec<StreamId>>>,
@@ -126,28 +247,36 @@ pub(crate) struct HookIndex {
     overflowed: AtomicUsize,
 }
 
+/// The slot of the first segment a thread kept from its last take for its
+/// next insert (see "Reuse" in the module docs), with the index it belongs
+/// to. Lives in a thread-local: the owner is the only thread that touches
+/// a reserved slot, and gives it back with `HookIndex::release` (or by
+/// using it) before it lets go of the index.
+pub(crate) struct Reservation {
+    slot: Cell<Option<(u64, usize)>>,
+}
+
+impl Reservation {
+    pub(crate) const fn new() -> Reservation {
+        Reservation { slot: Cell::new(None) }
+    }
+
+    /// Whether this holds no slot, or one of index `unique`.
+    fn index_is(&self, unique: u64) -> bool {
+        match self.slot.get() {
+            Some((index, _)) => index == unique,
+            None => true,
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What a slot holds for `ptr`, as seen in its key word.
-enum Seen {
-    /// Another pointer, or nothing.
-    Other,
-    /// `ptr`, owned by another thread now.
-    Busy,
-    /// `ptr`, free to own; the key word as read.
-    Ready(u64),
-}
-
-fn seen(key: u64, ptr: u64) -> Seen {
-    if key & !FLAGS != ptr || key == EMPTY {
-        Seen::Other
-    } else if key & LOCKED != 0 {
-        Seen::Busy
-    } else {
-        Seen::Ready(key)
-    }
+/// Whether `ptr` can be a block address at all (non-zero, 256-aligned).
+fn is_block_address(ptr: u64) -> bool {
+    ptr != 0 && ptr & FLAGS == 0
 }
 
 impl Default for HookIndex {
@@ -161,58 +290,76 @@ impl HookIndex {
     /// at least `WINDOW`; small ones let tests reach the overflow).
     pub(crate) fn with_first_segment(slots: usize) -> HookIndex {
         assert!(slots.is_power_of_two() && slots >= WINDOW, "{slots} slots: a power of two of at least {WINDOW}");
-        let index = HookIndex {
-            segments: Default::default(),
-            first_segment_slots: slots,
+        static NEXT_INDEX: AtomicU64 = AtomicU64::new(1);
+        HookIndex {
+            unique: NEXT_INDEX.fetch_add(1, Ordering::Relaxed),
+            first: Segment::new(slots),
+            more: Default::default(),
             uses: Mutex::default(),
             overflow: Mutex::default(),
             overflowed: AtomicUsize::new(0),
-        };
-        index.segment(0);
-        index
+        }
     }
 
-    /// Segment `i`, allocated if it is not yet.
-    fn segment(&self, i: usize) -> &[Slot] {
-        self.segments[i].get_or_init(|| (0..self.first_segment_slots << i).map(|_| Slot::default()).collect())
+    /// The segments allocated so far, in order.
+    fn segments(&self) -> impl Iterator<Item = &Segment> {
+        // Segment i + 1 is allocated only by an insert that went through
+        // segment i (`insert_beyond_first`), so the first missing one ends
+        // the list.
+        std::iter::once(&self.first).chain(self.more.iter().map_while(|s| s.get()))
     }
 
-    /// The allocated segments, in order.
-    fn allocated(&self) -> impl Iterator<Item = &[Slot]> {
-        // A segment is allocated only after every one before it (an insert
-        // reaches segment i + 1 through `segment(i)`), so the first missing
-        // one ends the list.
-        self.segments.iter().map_while(|s| s.get().map(|b| &b[..]))
-    }
-
-    /// The `WINDOW` slots of `ptr` in `segment`, home slot first.
-    fn window(segment: &[Slot], ptr: u64) -> impl Iterator<Item = &Slot> {
-        let bits = segment.len().trailing_zeros();
-        // Multiplicative hashing: the high bits of the product mix every bit
-        // of the address (blocks of one pool are close together).
-        let home = ((ptr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize;
-        let mask = segment.len() - 1;
-        (0..WINDOW).map(move |j| &segment[(home + j) & mask])
-    }
-
+    #[inline]
     pub(crate) fn insert(&self, block: HookBlock) {
+        self.insert_keeping(block, None)
+    }
+
+    /// `insert`; with `keep`, into the caller's reserved slot without a
+    /// compare-and-swap when that slot is in the pointer's window (the
+    /// common case: the allocation got the address the caller freed last).
+    /// A reserved slot elsewhere is given back.
+    #[inline]
+    pub(crate) fn insert_keeping(&self, block: HookBlock, keep: Option<&Reservation>) {
         let ptr = block.id.ptr;
-        debug_assert!(ptr != 0 && ptr & FLAGS == 0, "{ptr:#x} is not a block address");
-        for i in 0..SEGMENTS {
-            for slot in Self::window(self.segment(i), ptr) {
-                if slot.key.load(Ordering::Relaxed) != EMPTY
-                    || slot.key.compare_exchange(EMPTY, ptr | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err()
-                {
-                    continue;
+        debug_assert!(is_block_address(ptr), "{ptr:#x} is not a block address");
+        if let Some(keep) = keep {
+            if let Some((index, i)) = keep.slot.get() {
+                if index == self.unique {
+                    keep.slot.set(None);
+                    let slot = &self.first.slots[i];
+                    if self.first.in_window(ptr, i) {
+                        return self.fill(slot, block);
+                    }
+                    slot.key.store(EMPTY, Ordering::Release);
                 }
-                slot.fill(&block.id);
-                let mut key = ptr;
-                if !block.used_on.is_empty() {
-                    lock(&self.uses).insert(ptr, block.used_on);
-                    key |= HAS_USES;
-                }
-                slot.key.store(key, Ordering::Release);
-                return;
+            }
+        }
+        match self.first.claim(ptr) {
+            Some(slot) => self.fill(slot, block),
+            None => self.insert_beyond_first(block),
+        }
+    }
+
+    /// Write `block` into `slot`, which the caller owns (claimed or
+    /// reserved), and give the slot back.
+    #[inline]
+    fn fill(&self, slot: &Slot, block: HookBlock) {
+        slot.fill(&block.id);
+        let mut key = block.id.ptr;
+        if !block.used_on.is_empty() {
+            lock(&self.uses).insert(key, block.used_on);
+            key |= HAS_USES;
+        }
+        slot.key.store(key, Ordering::Release);
+    }
+
+    #[cold]
+    fn insert_beyond_first(&self, block: HookBlock) {
+        let ptr = block.id.ptr;
+        for (i, more) in self.more.iter().enumerate() {
+            let segment = more.get_or_init(|| Segment::new(self.first.slots.len() << (i + 1)));
+            if let Some(slot) = segment.claim(ptr) {
+                return self.fill(slot, block);
             }
         }
         let mut overflow = lock(&self.overflow);
@@ -220,51 +367,70 @@ impl HookIndex {
         self.overflowed.store(overflow.len(), Ordering::Release);
     }
 
-    /// Own the slot that holds `ptr`, if any: the slot and the key word it
-    /// had (flags clear of `LOCKED`). Only the owner may change the slot;
-    /// it gives it back with a store to its key word.
-    fn own(&self, ptr: u64) -> Option<(&Slot, u64)> {
-        if ptr == 0 || ptr & FLAGS != 0 {
-            return None; // never a block address
+    /// Own the slot that holds `ptr`, in whichever segment: the slot, its
+    /// index in the first segment (`None` for a later one) and its key word.
+    #[inline]
+    fn own(&self, ptr: u64) -> Option<(&Slot, Option<usize>, u64)> {
+        if !is_block_address(ptr) {
+            return None; // (0 would match every empty slot)
         }
-        for segment in self.allocated() {
-            for slot in Self::window(segment, ptr) {
-                let mut spins = 0u32;
-                loop {
-                    match seen(slot.key.load(Ordering::Acquire), ptr) {
-                        Seen::Other => break,
-                        Seen::Ready(key) => {
-                            if slot.key.compare_exchange(key, key | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                                return Some((slot, key));
-                            }
-                        }
-                        Seen::Busy => {
-                            // Owners hold a slot for a few instructions (and
-                            // at most the `uses` lock): wait, then look again.
-                            spins += 1;
-                            if spins < 64 {
-                                std::hint::spin_loop();
-                            } else {
-                                std::thread::yield_now();
-                            }
-                        }
-                    }
+        if let Some((i, key)) = self.first.own(ptr) {
+            return Some((&self.first.slots[i], Some(i), key));
+        }
+        self.own_beyond_first(ptr)
+    }
+
+    #[cold]
+    fn own_beyond_first(&self, ptr: u64) -> Option<(&Slot, Option<usize>, u64)> {
+        self.more
+            .iter()
+            .map_while(|s| s.get())
+            .find_map(|segment| segment.own(ptr).map(|(i, key)| (&segment.slots[i], None, key)))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn take(&self, ptr: u64) -> Option<HookBlock> {
+        self.take_keeping(ptr, None)
+    }
+
+    /// `take`; with `keep`, the emptied slot (when in the first segment)
+    /// becomes the caller's reserved slot instead of an empty one, and the
+    /// slot `keep` held before, if any, becomes empty.
+    #[inline]
+    pub(crate) fn take_keeping(&self, ptr: u64, keep: Option<&Reservation>) -> Option<HookBlock> {
+        let Some((slot, first_index, key)) = self.own(ptr) else {
+            return self.take_overflowed(ptr);
+        };
+        let id = slot.block_id(ptr);
+        let used_on = if key & HAS_USES != 0 { self.take_uses(ptr) } else { Vec::new() };
+        match (keep, first_index) {
+            (Some(keep), Some(i)) if keep.index_is(self.unique) => {
+                if let Some(old) = keep.slot.replace(Some((self.unique, i))) {
+                    self.first.slots[old.1].key.store(EMPTY, Ordering::Release);
                 }
+                slot.key.store(RESERVED, Ordering::Release);
+            }
+            _ => slot.key.store(EMPTY, Ordering::Release),
+        }
+        Some(HookBlock { id, used_on })
+    }
+
+    /// Give back the slot `keep` holds in this index, if any.
+    pub(crate) fn release(&self, keep: &Reservation) {
+        if let Some((index, i)) = keep.slot.get() {
+            if index == self.unique {
+                keep.slot.set(None);
+                self.first.slots[i].key.store(EMPTY, Ordering::Release);
             }
         }
-        None
     }
 
-    pub(crate) fn take(&self, ptr: u64) -> Option<HookBlock> {
-        if let Some((slot, key)) = self.own(ptr) {
-            let id = slot.block_id(ptr);
-            let used_on = if key & HAS_USES != 0 { lock(&self.uses).remove(&ptr).unwrap_or_default() } else { Vec::new() };
-            slot.key.store(EMPTY, Ordering::Release);
-            return Some(HookBlock { id, used_on });
-        }
-        self.take_overflowed(ptr)
+    #[cold]
+    fn take_uses(&self, ptr: u64) -> Vec<StreamId> {
+        lock(&self.uses).remove(&ptr).unwrap_or_default()
     }
 
+    #[cold]
     fn take_overflowed(&self, ptr: u64) -> Option<HookBlock> {
         if self.overflowed.load(Ordering::Acquire) == 0 {
             return None;
@@ -276,10 +442,9 @@ impl HookIndex {
     }
 
     pub(crate) fn add_use(&self, ptr: u64, stream: StreamId) -> bool {
-        if let Some((slot, key)) = self.own(ptr) {
-            let alloc_stream = slot.block_id(ptr).alloc_stream;
+        if let Some((slot, _, key)) = self.own(ptr) {
             let mut key = key;
-            if stream != alloc_stream {
+            if stream != slot.block_id(ptr).alloc_stream {
                 let mut uses = lock(&self.uses);
                 let used_on = uses.entry(ptr).or_default();
                 if !used_on.contains(&stream) {
@@ -305,21 +470,15 @@ impl HookIndex {
     }
 
     pub(crate) fn contains(&self, ptr: u64) -> bool {
-        if ptr == 0 || ptr & FLAGS != 0 {
+        if !is_block_address(ptr) {
             return false;
         }
-        let in_segments = self.allocated().any(|segment| {
-            Self::window(segment, ptr).any(|slot| !matches!(seen(slot.key.load(Ordering::Acquire), ptr), Seen::Other))
-        });
-        in_segments || (self.overflowed.load(Ordering::Acquire) != 0 && lock(&self.overflow).contains_key(&ptr))
+        self.segments().any(|segment| segment.holds(ptr))
+            || (self.overflowed.load(Ordering::Acquire) != 0 && lock(&self.overflow).contains_key(&ptr))
     }
 
     pub(crate) fn len(&self) -> usize {
-        let in_segments: usize = self
-            .allocated()
-            .map(|segment| segment.iter().filter(|slot| slot.key.load(Ordering::Acquire) != EMPTY).count())
-            .sum();
-        in_segments + self.overflowed.load(Ordering::Acquire)
+        self.segments().map(Segment::len).sum::<usize>() + self.overflowed.load(Ordering::Acquire)
     }
 }
 
@@ -401,6 +560,98 @@ mod tests {
         }
         assert_eq!(index.len(), 0);
         assert_eq!(index.overflowed.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_reserved_slot_is_reused_by_its_thread_and_invisible_to_others() {
+        let index = HookIndex::with_first_segment(WINDOW);
+        let keep = Reservation::new();
+        let p = 0x4000_0000u64;
+        index.insert_keeping(block(p, 1), Some(&keep));
+        assert_eq!(keep.slot.get(), None, "an insert reserves nothing");
+        index.take_keeping(p, Some(&keep)).unwrap();
+        let (owner, reserved) = keep.slot.get().expect("the take kept its slot");
+        assert_eq!(owner, index.unique);
+        assert_eq!(index.first.slots[reserved].key.load(Ordering::Relaxed), RESERVED);
+        // Reserved is neither a block nor free: not counted, not found, not
+        // claimed by another insert (the 7 others fill the segment's other
+        // slots, the 8th goes to the next segment).
+        assert_eq!(index.len(), 0);
+        assert!(!index.contains(p) && index.take(p).is_none());
+        let others: Vec<u64> = (1..=8u64).map(|i| p + (i << 8)).collect();
+        for (i, &q) in others.iter().enumerate() {
+            index.insert(block(q, 10 + i as u64));
+        }
+        assert_eq!(index.first.slots[reserved].key.load(Ordering::Relaxed), RESERVED, "no one else filled it");
+        assert!(index.more[0].get().is_some(), "the eighth went on");
+        // The same address again fills the reserved slot.
+        index.insert_keeping(block(p, 2), Some(&keep));
+        assert_eq!(keep.slot.get(), None);
+        assert_eq!(index.first.slots[reserved].key.load(Ordering::Relaxed), p);
+        assert_eq!(index.take(p).unwrap().id.generation, Generation(2));
+        // A take keeps its newest slot and gives the older one back.
+        index.take_keeping(others[0], Some(&keep)).unwrap();
+        let first = keep.slot.get().unwrap().1;
+        index.take_keeping(others[1], Some(&keep)).unwrap();
+        assert_eq!(index.first.slots[first].key.load(Ordering::Relaxed), EMPTY);
+        let second = keep.slot.get().unwrap().1;
+        // A reservation of another index is left alone (its owner gives
+        // it back there), and this index keeps nothing for it.
+        let other = HookIndex::with_first_segment(WINDOW);
+        other.insert(block(p, 3));
+        assert!(other.take_keeping(p, Some(&keep)).is_some());
+        assert_eq!(keep.slot.get(), Some((index.unique, second)));
+        assert_eq!(other.len(), 0);
+        other.release(&keep);
+        assert_eq!(keep.slot.get(), Some((index.unique, second)), "not the other index's to release");
+        index.release(&keep);
+        assert_eq!(keep.slot.get(), None);
+        assert_eq!(index.first.slots[second].key.load(Ordering::Relaxed), EMPTY);
+        assert_eq!(index.len(), 6);
+    }
+
+    #[test]
+    fn threads_with_reservations_free_each_others_blocks() {
+        // Blocks handed from thread to thread (allocated on one, freed on
+        // the next), each thread with its own reservation.
+        let index = HookIndex::with_first_segment(64);
+        let threads = 4u64;
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| std::sync::mpsc::channel::<u64>()).unzip();
+        std::thread::scope(|s| {
+            for (t, receiver) in receivers.into_iter().enumerate() {
+                let (index, next) = (&index, senders[(t + 1) % threads as usize].clone());
+                s.spawn(move || {
+                    let keep = Reservation::new();
+                    for r in 0..2_000u64 {
+                        let ptr = (((t as u64) << 32) | (r % 97 + 1)) << 8;
+                        // Still live from the last lap: free it here first.
+                        if index.take_keeping(ptr, Some(&keep)).is_some() {
+                            continue;
+                        }
+                        index.insert_keeping(block(ptr, r + 1), Some(&keep));
+                        let _ = next.send(ptr); // (the next thread may be done)
+                        while let Ok(theirs) = receiver.try_recv() {
+                            // Freed by its owner meanwhile, or freed here.
+                            let _ = index.take_keeping(theirs, Some(&keep));
+                        }
+                    }
+                    drop(next);
+                    index.release(&keep);
+                });
+            }
+            drop(senders);
+        });
+        // Whatever is left was inserted once and never taken: take it now.
+        let left = index.len();
+        let mut found = 0;
+        for t in 0..threads {
+            for i in 1..=97u64 {
+                found += usize::from(index.take(((t << 32) | i) << 8).is_some());
+            }
+        }
+        assert_eq!(found, left);
+        assert_eq!(index.len(), 0);
+        assert!(index.first.slots.iter().all(|s| s.key.load(Ordering::Relaxed) == EMPTY), "a reservation leaked");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::api::config_of;
 use super::types::*;
-use super::hook_index::{HookBlock, HookIndex};
+use super::hook_index::{HookBlock, HookIndex, Reservation};
 use super::{boundary, boundary_hook, boundary_value, out_ptr, register_runtime, with_hook_thread, write_out};
 use crate::config::Config;
 use crate::error::ResourceError;
@@ -76,11 +76,29 @@ pub(crate) struct HookThread {
     /// to `REAP_DEVICES` devices a thread frees on; beyond, the last entry
     /// is reused and its count starts again.
     frees: [Cell<Option<(i32, u32)>>; REAP_DEVICES],
+    /// The index slot this thread kept from its last hook free, for its
+    /// next hook allocation (`hook_index.rs`, "Reuse"): always one of the
+    /// hooks in `last`, given back before `last` changes.
+    reserved: Reservation,
 }
 
 impl HookThread {
     pub(crate) const fn new() -> HookThread {
-        HookThread { last: RefCell::new(None), frees: [const { Cell::new(None) }; REAP_DEVICES] }
+        HookThread {
+            last: RefCell::new(None),
+            frees: [const { Cell::new(None) }; REAP_DEVICES],
+            reserved: Reservation::new(),
+        }
+    }
+
+    /// Forget the hooks this thread used last, giving back its reserved
+    /// slot in them; the caller drops them (outside any borrow).
+    fn forget_last(&self) -> Option<(i32, u64, Arc<Hooks>)> {
+        let last = self.last.borrow_mut().take();
+        if let Some((_, _, h)) = &last {
+            h.blocks.release(&self.reserved);
+        }
+        last
     }
 
     /// Count a hook free of `device` on this thread: true when it is one
@@ -124,8 +142,16 @@ fn table_hooks(device: i32) -> Option<Arc<Hooks>> {
 }
 
 fn remember_hooks(thread: &HookThread, device: i32, epoch: u64, h: &Arc<Hooks>) {
-    let old = thread.last.borrow_mut().replace((device, epoch, h.clone()));
+    let old = thread.forget_last();
+    *thread.last.borrow_mut() = Some((device, epoch, h.clone()));
     drop(old);
+}
+
+impl Drop for HookThread {
+    fn drop(&mut self) {
+        // The thread ends: its reserved slot goes back to the index.
+        drop(self.forget_last());
+    }
 }
 
 fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
@@ -216,7 +242,7 @@ fn hook_allocate(
     with_hooks_in(thread, device, true, || unreachable!("opened on first use"), |h| {
         // Frameworks expect a usable, distinct pointer even for 0 bytes.
         let block = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
-        h.blocks.insert(HookBlock { id: block.id, used_on: Vec::new() });
+        h.blocks.insert_keeping(HookBlock { id: block.id, used_on: Vec::new() }, Some(&thread.reserved));
         Ok(block.id.ptr as usize as *mut c_void)
     })
 }
@@ -226,7 +252,8 @@ fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), R
         return Ok(());
     }
     with_hooks_in(thread, device, false, || not_a_hook_block(ptr, device), |h| {
-        let entry = h.blocks.take(ptr as u64).ok_or_else(|| not_a_hook_block(ptr, device))?;
+        let entry =
+            h.blocks.take_keeping(ptr as u64, Some(&thread.reserved)).ok_or_else(|| not_a_hook_block(ptr, device))?;
         // Fence every stream that used the block: the free then waits for
         // the work queued on them so far (the contract of record_stream).
         for &stream in &entry.used_on {
@@ -270,7 +297,7 @@ pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
         HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };
-    let mine = with_hook_thread(|t| t.last.borrow_mut().take());
+    let mine = with_hook_thread(HookThread::forget_last);
     drop(mine);
     match hooks {
         Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
@@ -619,6 +646,70 @@ mod tests {
         let e = xlog_torch_malloc(64, device, std::ptr::null_mut());
         assert!(!e.is_null(), "{}", last_error());
         xlog_torch_free(e, 64, device, std::ptr::null_mut());
+    }
+
+    #[test]
+    fn a_double_free_and_a_foreign_pointer_change_nothing() {
+        let device = 7011;
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let keep = xlog_torch_malloc(4096, device, std::ptr::null_mut());
+        let p = xlog_torch_malloc(8192, device, std::ptr::null_mut());
+        assert!(!keep.is_null() && !p.is_null(), "{}", last_error());
+        xlog_torch_free(p, 8192, device, std::ptr::null_mut());
+        let h = hooks(device).unwrap();
+        let before = (h.runtime.stats().unwrap(), xlog_interop_live_blocks(device));
+        // Freed already (its slot is this thread's reserved one now), an
+        // address inside a live block, and one never handed out.
+        for bogus in [p, keep.wrapping_byte_add(256), 0x7777_0000 as *mut c_void] {
+            xlog_torch_free(bogus, 8192, device, std::ptr::null_mut());
+            assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+            xlog_cupy_free(std::ptr::null_mut(), bogus, device);
+            assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        }
+        let after = (h.runtime.stats().unwrap(), xlog_interop_live_blocks(device));
+        assert_eq!((after.0.live_blocks, after.0.deallocations, after.1), (before.0.live_blocks, before.0.deallocations, before.1));
+        xlog_torch_free(keep, 4096, device, std::ptr::null_mut());
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+    }
+
+    #[test]
+    fn hook_blocks_allocated_on_one_thread_are_freed_on_others() {
+        let device = 7012;
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let threads = 4usize;
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| std::sync::mpsc::channel::<usize>()).unzip();
+        std::thread::scope(|s| {
+            for (t, receiver) in receivers.into_iter().enumerate() {
+                let next = senders[(t + 1) % threads].clone();
+                s.spawn(move || {
+                    // Each thread its own foreign stream, as PyTorch's.
+                    let stream = (0x9000 + 0x100 * t) as *mut c_void;
+                    for i in 0..300usize {
+                        let p = xlog_torch_malloc(256 << (i % 5), device, stream);
+                        assert!(!p.is_null(), "{}", last_error());
+                        let _ = next.send(p as usize);
+                        while let Ok(theirs) = receiver.try_recv() {
+                            xlog_torch_free(theirs as *mut c_void, 0, device, std::ptr::null_mut());
+                            assert_eq!(last_error(), "", "freeing {theirs:#x}");
+                        }
+                    }
+                    drop(next);
+                    // What is still on the way here comes until every
+                    // sender is gone.
+                    for theirs in receiver {
+                        xlog_torch_free(theirs as *mut c_void, 0, device, std::ptr::null_mut());
+                        assert_eq!(last_error(), "", "freeing {theirs:#x}");
+                    }
+                });
+            }
+            drop(senders);
+        });
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        assert_eq!(hooks(device).unwrap().runtime.stats().unwrap().live_blocks, 0);
     }
 
     #[test]
