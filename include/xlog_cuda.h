@@ -710,7 +710,9 @@ uint64_t xlog_interop_live_blocks(int32_t device);
 void *xlog_torch_malloc(size_t size, int32_t device, void *stream);
 
 /*
- PyTorch `CUDAPluggableAllocator` free.
+ PyTorch `CUDAPluggableAllocator` free. A pointer the hooks did not hand
+ out (or freed already) changes nothing: the reason is in
+ `xlog_last_error_message` on this thread and on stderr.
  */
 void xlog_torch_free(void *ptr, size_t size, int32_t device, void *stream);
 

@@ -73,6 +73,15 @@ pub struct StreamPool {
     releases: AtomicU64,
 }
 
+/// A foreign stream a thread imported last (see `StreamPool::import_resolved`).
+#[derive(Copy, Clone)]
+struct ImportedHere {
+    pool: u64,
+    native: u64,
+    releases: u64,
+    stream: StreamRef,
+}
+
 /// Entries of the per-thread resolve cache.
 const RESOLVE_CACHE: usize = 4;
 
@@ -160,36 +169,49 @@ impl StreamPool {
     /// Adopt a foreign native stream; the same native handle maps to the
     /// same id until that id is released.
     pub fn import(&self, native: u64) -> ResourceResult<StreamId> {
+        self.import_resolved(native).map(|s| s.id)
+    }
+
+    /// `import`, resolved: the id together with the stream resources order
+    /// work on, so a caller that goes on to use the stream (the framework
+    /// hooks' allocation) needs no second lookup through `resolve`.
+    pub fn import_resolved(&self, native: u64) -> ResourceResult<StreamRef> {
         thread_local! {
-            /// The last foreign stream this thread imported: the framework
-            /// hooks import theirs on every allocation.
-            static IMPORTED: std::cell::Cell<Option<(u64, u64, u64, StreamId)>> = const { std::cell::Cell::new(None) };
+            /// The last foreign stream this thread imported, resolved: the
+            /// framework hooks import theirs on every allocation. Good while
+            /// the pool's release count has not moved (as `RESOLVED`).
+            static IMPORTED: std::cell::Cell<Option<ImportedHere>> = const { std::cell::Cell::new(None) };
         }
         let releases = self.releases.load(Ordering::Acquire);
-        if let Some((pool, n, r, id)) = IMPORTED.with(|c| c.get()) {
-            if pool == self.unique && n == native && r == releases {
-                return Ok(id);
+        if let Some(hit) = IMPORTED.with(|c| c.get()) {
+            if hit.pool == self.unique && hit.native == native && hit.releases == releases {
+                return Ok(hit.stream);
             }
         }
+        let remember = |stream: StreamRef, releases: u64| {
+            IMPORTED.with(|c| c.set(Some(ImportedHere { pool: self.unique, native, releases, stream })));
+        };
         let found = {
             let st = self.read();
-            let id = st.imported.get(&native).copied();
+            let stream = st.imported.get(&native).and_then(|id| st.active.get(id).map(|e| StreamRef { id: *id, raw: e.raw }));
             // Read under the lock, as in `resolve`.
-            (id, self.releases.load(Ordering::Acquire))
+            (stream, self.releases.load(Ordering::Acquire))
         };
-        if let (Some(id), releases) = found {
-            IMPORTED.with(|c| c.set(Some((self.unique, native, releases, id))));
-            return Ok(id);
+        if let (Some(stream), releases) = found {
+            remember(stream, releases);
+            return Ok(stream);
         }
         let mut st = self.write();
         if let Some(&id) = st.imported.get(&native) {
-            return Ok(id);
+            if let Some(e) = st.active.get(&id) {
+                return Ok(StreamRef { id, raw: e.raw });
+            }
         }
         let id = next_id()?;
         let raw = self.device.import_stream(native)?;
         st.active.insert(id, Entry { raw, origin: Origin::Imported { native } });
         st.imported.insert(native, id);
-        Ok(id)
+        Ok(StreamRef { id, raw })
     }
 
     /// Resolve a live id to the stream resources order work on.

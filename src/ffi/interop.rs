@@ -14,9 +14,9 @@
 #![allow(clippy::missing_safety_doc)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-use crate::fast_hash::FastMap;
 use crate::resource::AllocTag;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,68 +24,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::api::config_of;
 use super::types::*;
-use super::{boundary, boundary_value, out_ptr, register_runtime, set_last_error, write_out};
+use super::hook_index::{HookBlock, HookIndex, Reservation};
+use super::{boundary, boundary_hook, boundary_value, out_ptr, register_runtime, with_hook_thread, write_out};
 use crate::config::Config;
 use crate::error::ResourceError;
-use crate::resource::{Access, BlockId, StreamId};
+use crate::resource::Access;
 use crate::runtime::Runtime;
 
-/// Reap after this many hook frees, so pending bytes do not pile up
-/// between budget-pressure reaps.
-const REAP_EVERY: u64 = 32;
+/// Reap after this many hook frees of a device on a thread, so pending
+/// bytes do not pile up between budget-pressure reaps.
+const REAP_EVERY: u32 = 32;
 
-struct HookBlock {
-    id: BlockId,
-    /// Streams other than the allocation stream that used the block
-    /// (`xlog_torch_record_stream`); their work is fenced at free time.
-    used_on: Vec<StreamId>,
-}
+/// Devices whose frees a thread counts apart (see `HookThread::frees`).
+const REAP_DEVICES: usize = 8;
 
-/// The pointer → block map of the hooks, sharded by address so threads
-/// that allocate on different blocks rarely meet on one lock.
-struct HookBlocks {
-    shards: Box<[Mutex<HookShard>]>,
-}
-
-#[derive(Default)]
-struct HookShard {
-    map: FastMap<u64, HookBlock>,
-    /// Frees through this shard, counted under its lock (the reap cadence:
-    /// no shared counter on the free path).
-    frees: u64,
-}
-
-const HOOK_SHARDS: usize = 16;
-
-impl Default for HookBlocks {
-    fn default() -> Self {
-        HookBlocks { shards: (0..HOOK_SHARDS).map(|_| Mutex::default()).collect() }
-    }
-}
-
-impl HookBlocks {
-    /// The shard that holds `ptr` (blocks are at least 256-byte aligned).
-    fn lock(&self, ptr: u64) -> MutexGuard<'_, HookShard> {
-        lock(&self.shards[((ptr >> 8) ^ (ptr >> 20)) as usize % HOOK_SHARDS])
-    }
-
-    fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).map.len()).sum()
-    }
-
-    /// Take the block at `ptr` out for its free; with whether this free is
-    /// one after which to reap (every `REAP_EVERY` frees of a shard).
-    fn take(&self, ptr: u64) -> Option<(HookBlock, bool)> {
-        let mut shard = self.lock(ptr);
-        let entry = shard.map.remove(&ptr)?;
-        shard.frees += 1;
-        Some((entry, shard.frees % REAP_EVERY == 0))
-    }
-}
-
-struct Hooks {
+pub(crate) struct Hooks {
     runtime: Arc<Runtime>,
-    blocks: HookBlocks,
+    /// Pointer → block of what the hooks handed out (contract in
+    /// `hook_index.rs`).
+    blocks: HookIndex,
 }
 
 #[derive(Default)]
@@ -99,35 +56,84 @@ fn table() -> MutexGuard<'static, HookTable> {
     TABLE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The hooks of `device`, opening its runtime on first use.
 /// Bumped whenever the table's hooks change, so the per-thread copy below
 /// is used only while it is still the table's.
 static HOOKS_EPOCH: AtomicU64 = AtomicU64::new(0);
 
-thread_local! {
+/// What the hooks keep per thread. It lives in the boundary's one
+/// thread-local (`ffi::FfiThread`): in a shared library every
+/// thread-local access is a call into the dynamic loader, and a hook call
+/// reaches this and its last-error message with one.
+pub(crate) struct HookThread {
     /// The hooks this thread used last: (device, epoch, hooks). Frameworks
     /// call the hooks of one device over and over; this spares them the
     /// process-wide table lock.
-    static LAST_HOOKS: std::cell::RefCell<Option<(i32, u64, Arc<Hooks>)>> = const { std::cell::RefCell::new(None) };
+    last: RefCell<Option<(i32, u64, Arc<Hooks>)>>,
+    /// Hook frees this thread made, per device: (device, frees since the
+    /// last reap). Counted here, not in a shared counter, so that a free
+    /// writes no cache line another thread's free writes too. Exact for up
+    /// to `REAP_DEVICES` devices a thread frees on; beyond, the last entry
+    /// is reused and its count starts again.
+    frees: [Cell<Option<(i32, u32)>>; REAP_DEVICES],
+    /// The index slot this thread kept from its last hook free, for its
+    /// next hook allocation (`hook_index.rs`, "Reuse"): always one of the
+    /// hooks in `last`, given back before `last` changes.
+    reserved: Reservation,
+}
+
+impl HookThread {
+    pub(crate) const fn new() -> HookThread {
+        HookThread {
+            last: RefCell::new(None),
+            frees: [const { Cell::new(None) }; REAP_DEVICES],
+            reserved: Reservation::new(),
+        }
+    }
+
+    /// Forget the hooks this thread used last, giving back its reserved
+    /// slot in them; the caller drops them (outside any borrow).
+    fn forget_last(&self) -> Option<(i32, u64, Arc<Hooks>)> {
+        let last = self.last.borrow_mut().take();
+        if let Some((_, _, h)) = &last {
+            h.blocks.release(&self.reserved);
+        }
+        last
+    }
+
+    /// Count a hook free of `device` on this thread: true when it is one
+    /// after which to reap (every `REAP_EVERY` of them).
+    fn count_free(&self, device: i32) -> bool {
+        let mut unused = None;
+        for cell in &self.frees {
+            match cell.get() {
+                Some((d, frees)) if d == device => {
+                    let frees = frees + 1;
+                    cell.set(Some((d, frees % REAP_EVERY)));
+                    return frees == REAP_EVERY;
+                }
+                None if unused.is_none() => unused = Some(cell),
+                _ => {}
+            }
+        }
+        unused.unwrap_or(&self.frees[REAP_DEVICES - 1]).set(Some((device, 1 % REAP_EVERY)));
+        REAP_EVERY == 1
+    }
 }
 
 /// `f` applied to this thread's copy of the open hooks of `device`, if
 /// that copy is still current (borrowed: no reference count touched).
-fn with_cached_hooks<T>(device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
+fn with_cached_hooks<T>(thread: &HookThread, device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
     let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
-    LAST_HOOKS.with(|c| match c.borrow().as_ref() {
+    match thread.last.borrow().as_ref() {
         Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => Some(f(h)),
         _ => None,
-    })
+    }
 }
 
 /// This thread's copy of the open hooks of `device`, if still current.
 fn cached_hooks(device: i32) -> Option<Arc<Hooks>> {
-    with_cached_hooks(device, Arc::clone)
+    with_hook_thread(|t| with_cached_hooks(t, device, Arc::clone))
 }
 
 /// The table's open hooks of `device`, if any (none are opened here).
@@ -135,9 +141,17 @@ fn table_hooks(device: i32) -> Option<Arc<Hooks>> {
     table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
 }
 
-fn remember_hooks(device: i32, epoch: u64, h: &Arc<Hooks>) {
-    let old = LAST_HOOKS.with(|c| c.borrow_mut().replace((device, epoch, h.clone())));
+fn remember_hooks(thread: &HookThread, device: i32, epoch: u64, h: &Arc<Hooks>) {
+    let old = thread.forget_last();
+    *thread.last.borrow_mut() = Some((device, epoch, h.clone()));
     drop(old);
+}
+
+impl Drop for HookThread {
+    fn drop(&mut self) {
+        // The thread ends: its reserved slot goes back to the index.
+        drop(self.forget_last());
+    }
 }
 
 fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
@@ -147,7 +161,7 @@ fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     let h = hooks_from_table(device)?;
     // The epoch after the table lookup: a change since then makes the copy
     // stale at once.
-    remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    with_hook_thread(|t| remember_hooks(t, device, HOOKS_EPOCH.load(Ordering::Acquire), &h));
     Ok(h)
 }
 
@@ -161,12 +175,23 @@ fn with_hooks<T>(
     missing: impl FnOnce() -> ResourceError,
     f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
 ) -> Result<T, ResourceError> {
+    with_hook_thread(|t| with_hooks_in(t, device, open, missing, f))
+}
+
+/// `with_hooks` through `thread`, this thread's hook state.
+fn with_hooks_in<T>(
+    thread: &HookThread,
+    device: i32,
+    open: bool,
+    missing: impl FnOnce() -> ResourceError,
+    f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
+) -> Result<T, ResourceError> {
     let mut f = Some(f);
-    if let Some(result) = with_cached_hooks(device, |h| (f.take().expect("called once"))(h)) {
+    if let Some(result) = with_cached_hooks(thread, device, |h| (f.take().expect("called once"))(h)) {
         return result;
     }
     let h = if open { hooks_from_table(device)? } else { table_hooks(device).ok_or_else(missing)? };
-    remember_hooks(device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    remember_hooks(thread, device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
     (f.take().expect("called once"))(&h)
 }
 
@@ -188,7 +213,7 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
         }
     };
     let runtime = Runtime::open(device, &config)?;
-    let h = Arc::new(Hooks { runtime, blocks: HookBlocks::default() });
+    let h = Arc::new(Hooks { runtime, blocks: HookIndex::default() });
     t.hooks.insert(device, h.clone());
     HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
     Ok(h)
@@ -207,35 +232,42 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
     ))
 }
 
-fn hook_allocate(size: usize, device: i32, stream: u64, tag: AllocTag) -> Result<*mut c_void, ResourceError> {
-    with_hooks(device, true, || unreachable!("opened on first use"), |h| {
+fn hook_allocate(
+    thread: &HookThread,
+    size: usize,
+    device: i32,
+    stream: u64,
+    tag: AllocTag,
+) -> Result<*mut c_void, ResourceError> {
+    with_hooks_in(thread, device, true, || unreachable!("opened on first use"), |h| {
         // Frameworks expect a usable, distinct pointer even for 0 bytes.
         let block = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
-        h.blocks.lock(block.id.ptr).map.insert(block.id.ptr, HookBlock { id: block.id, used_on: Vec::new() });
+        h.blocks.insert_keeping(HookBlock { id: block.id, used_on: Vec::new() }, Some(&thread.reserved));
         Ok(block.id.ptr as usize as *mut c_void)
     })
 }
 
-fn hook_free(ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
+fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
-    with_hooks(device, false, || not_a_hook_block(ptr, device), |h| {
-        let key = ptr as u64;
-        let (entry, reap_now) = h.blocks.take(key).ok_or_else(|| not_a_hook_block(ptr, device))?;
+    with_hooks_in(thread, device, false, || not_a_hook_block(ptr, device), |h| {
+        let entry =
+            h.blocks.take_keeping(ptr as u64, Some(&thread.reserved)).ok_or_else(|| not_a_hook_block(ptr, device))?;
         // Fence every stream that used the block: the free then waits for
         // the work queued on them so far (the contract of record_stream).
         for &stream in &entry.used_on {
             if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-                h.blocks.lock(key).map.insert(key, entry);
+                h.blocks.insert(entry);
                 return Err(e);
             }
         }
         if let Err(e) = h.runtime.deallocate(&entry.id) {
-            h.blocks.lock(key).map.insert(key, entry);
+            // Nothing changed: the block stays the hooks' to free later.
+            h.blocks.insert(entry);
             return Err(e);
         }
-        if reap_now {
+        if thread.count_free(device) {
             let _ = h.runtime.reap();
         }
         Ok(())
@@ -265,16 +297,12 @@ pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
         HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };
-    let mine = LAST_HOOKS.with(|c| c.borrow_mut().take());
+    let mine = with_hook_thread(HookThread::forget_last);
     drop(mine);
     match hooks {
         Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
         _ => Ok(0),
     }
-}
-
-fn report(name: &str, e: &ResourceError) {
-    set_last_error(format!("{name}: {e}"));
 }
 
 /// Configure the hook runtime of `device` before its first allocation
@@ -358,32 +386,18 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
 /// `xlog_last_error_message` on this thread.
 #[no_mangle]
 pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
-    boundary_value("xlog_torch_malloc", std::ptr::null_mut(), || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_torch_malloc").is_some() {
-            return std::ptr::null_mut();
-        }
-        hook_allocate(size, device, stream as u64, framework_tag("torch")).unwrap_or_else(|e| {
-            report("xlog_torch_malloc", &e);
-            std::ptr::null_mut()
-        })
+    boundary_hook("xlog_torch_malloc", std::ptr::null_mut(), false, |t| {
+        hook_allocate(t, size, device, stream as u64, framework_tag("torch"))
     })
 }
 
-/// PyTorch `CUDAPluggableAllocator` free.
+/// PyTorch `CUDAPluggableAllocator` free. A pointer the hooks did not hand
+/// out (or freed already) changes nothing: the reason is in
+/// `xlog_last_error_message` on this thread and on stderr.
 #[no_mangle]
 pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
     let _ = (size, stream);
-    boundary_value("xlog_torch_free", (), || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_torch_free").is_some() {
-            return;
-        }
-        if let Err(e) = hook_free(ptr, device) {
-            report("xlog_torch_free", &e);
-            eprintln!("xlog: xlog_torch_free: {e}");
-        }
-    })
+    boundary_hook("xlog_torch_free", (), true, |t| hook_free(t, ptr, device))
 }
 
 /// Record that the block at `ptr` is used on `stream` (the role of
@@ -430,18 +444,16 @@ pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c
 /// `Err(())` when `h` does not hold `ptr` (nothing changed, no stream
 /// imported), else the import's result.
 fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Result<(), ResourceError>, ()> {
-    if !h.blocks.lock(ptr as u64).map.contains_key(&(ptr as u64)) {
+    if !h.blocks.contains(ptr as u64) {
         return Err(());
     }
     let sid = match h.runtime.import_stream(stream as u64) {
         Ok(sid) => sid,
         Err(e) => return Ok(Err(e)),
     };
-    let mut blocks = h.blocks.lock(ptr as u64);
-    // Freed by another thread between the two lookups.
-    let entry = blocks.map.get_mut(&(ptr as u64)).ok_or(())?;
-    if sid != entry.id.alloc_stream && !entry.used_on.contains(&sid) {
-        entry.used_on.push(sid);
+    // False when another thread freed the block since the lookup above.
+    if !h.blocks.add_use(ptr as u64, sid) {
+        return Err(());
     }
     Ok(Ok(()))
 }
@@ -550,15 +562,8 @@ pub extern "C" fn xlog_torch_release_pool(
 #[no_mangle]
 pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32) -> *mut c_void {
     let _ = param;
-    boundary_value("xlog_cupy_malloc", std::ptr::null_mut(), || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_cupy_malloc").is_some() {
-            return std::ptr::null_mut();
-        }
-        hook_allocate(size, device, 0, framework_tag("cupy")).unwrap_or_else(|e| {
-            report("xlog_cupy_malloc", &e);
-            std::ptr::null_mut()
-        })
+    boundary_hook("xlog_cupy_malloc", std::ptr::null_mut(), false, |t| {
+        hook_allocate(t, size, device, 0, framework_tag("cupy"))
     })
 }
 
@@ -566,16 +571,7 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
 #[no_mangle]
 pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
     let _ = param;
-    boundary_value("xlog_cupy_free", (), || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_cupy_free").is_some() {
-            return;
-        }
-        if let Err(e) = hook_free(ptr, device) {
-            report("xlog_cupy_free", &e);
-            eprintln!("xlog: xlog_cupy_free: {e}");
-        }
-    })
+    boundary_hook("xlog_cupy_free", (), true, |t| hook_free(t, ptr, device))
 }
 
 #[cfg(test)]
@@ -650,6 +646,70 @@ mod tests {
         let e = xlog_torch_malloc(64, device, std::ptr::null_mut());
         assert!(!e.is_null(), "{}", last_error());
         xlog_torch_free(e, 64, device, std::ptr::null_mut());
+    }
+
+    #[test]
+    fn a_double_free_and_a_foreign_pointer_change_nothing() {
+        let device = 7011;
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let keep = xlog_torch_malloc(4096, device, std::ptr::null_mut());
+        let p = xlog_torch_malloc(8192, device, std::ptr::null_mut());
+        assert!(!keep.is_null() && !p.is_null(), "{}", last_error());
+        xlog_torch_free(p, 8192, device, std::ptr::null_mut());
+        let h = hooks(device).unwrap();
+        let before = (h.runtime.stats().unwrap(), xlog_interop_live_blocks(device));
+        // Freed already (its slot is this thread's reserved one now), an
+        // address inside a live block, and one never handed out.
+        for bogus in [p, keep.wrapping_byte_add(256), 0x7777_0000 as *mut c_void] {
+            xlog_torch_free(bogus, 8192, device, std::ptr::null_mut());
+            assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+            xlog_cupy_free(std::ptr::null_mut(), bogus, device);
+            assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
+        }
+        let after = (h.runtime.stats().unwrap(), xlog_interop_live_blocks(device));
+        assert_eq!((after.0.live_blocks, after.0.deallocations, after.1), (before.0.live_blocks, before.0.deallocations, before.1));
+        xlog_torch_free(keep, 4096, device, std::ptr::null_mut());
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+    }
+
+    #[test]
+    fn hook_blocks_allocated_on_one_thread_are_freed_on_others() {
+        let device = 7012;
+        let cfg = sim_config(0);
+        // SAFETY: a valid config pointer.
+        assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+        let threads = 4usize;
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| std::sync::mpsc::channel::<usize>()).unzip();
+        std::thread::scope(|s| {
+            for (t, receiver) in receivers.into_iter().enumerate() {
+                let next = senders[(t + 1) % threads].clone();
+                s.spawn(move || {
+                    // Each thread its own foreign stream, as PyTorch's.
+                    let stream = (0x9000 + 0x100 * t) as *mut c_void;
+                    for i in 0..300usize {
+                        let p = xlog_torch_malloc(256 << (i % 5), device, stream);
+                        assert!(!p.is_null(), "{}", last_error());
+                        let _ = next.send(p as usize);
+                        while let Ok(theirs) = receiver.try_recv() {
+                            xlog_torch_free(theirs as *mut c_void, 0, device, std::ptr::null_mut());
+                            assert_eq!(last_error(), "", "freeing {theirs:#x}");
+                        }
+                    }
+                    drop(next);
+                    // What is still on the way here comes until every
+                    // sender is gone.
+                    for theirs in receiver {
+                        xlog_torch_free(theirs as *mut c_void, 0, device, std::ptr::null_mut());
+                        assert_eq!(last_error(), "", "freeing {theirs:#x}");
+                    }
+                });
+            }
+            drop(senders);
+        });
+        assert_eq!(xlog_interop_live_blocks(device), 0);
+        assert_eq!(hooks(device).unwrap().runtime.stats().unwrap().live_blocks, 0);
     }
 
     #[test]

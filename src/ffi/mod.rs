@@ -2,6 +2,7 @@
 //! codes, the thread-local last-error message, and the runtime handle table.
 
 pub mod api;
+mod hook_index;
 pub mod inspect;
 pub mod interop;
 pub mod testing;
@@ -31,11 +32,18 @@ struct FfiThread {
     /// Calls of `with_runtime_ref` in progress on this thread: while one
     /// is, `last_runtime` is not replaced (it backs the reference in use).
     in_use: Cell<u32>,
+    /// The framework hooks' per-thread state (`interop::HookThread`).
+    hooks: interop::HookThread,
 }
 
 thread_local! {
     static FFI: FfiThread = const {
-        FfiThread { last_error: RefCell::new(String::new()), last_runtime: RefCell::new(None), in_use: Cell::new(0) }
+        FfiThread {
+            last_error: RefCell::new(String::new()),
+            last_runtime: RefCell::new(None),
+            in_use: Cell::new(0),
+            hooks: interop::HookThread::new(),
+        }
     };
 }
 
@@ -168,6 +176,43 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOn
             fallback
         }
     }
+}
+
+/// The boundary of the framework hooks (`xlog_torch_malloc` and the
+/// like), which return a pointer or nothing rather than a status: one
+/// thread-local access for the whole call clears the last error, hands
+/// `body` this thread's hook state and records the outcome. A refusal in a
+/// host callback, an error or a panic yields `fallback`, with the message
+/// in `xlog_last_error_message`; with `echo` also on stderr (the frees
+/// have no other way to say why they freed nothing).
+pub(crate) fn boundary_hook<T>(
+    name: &'static str,
+    fallback: T,
+    echo: bool,
+    body: impl FnOnce(&interop::HookThread) -> Result<T, ResourceError>,
+) -> T {
+    FFI.with(|t| {
+        t.last_error.borrow_mut().clear();
+        if refused_in_host_callback(name).is_some() {
+            return fallback;
+        }
+        let message = match catch_unwind(AssertUnwindSafe(|| body(&t.hooks))) {
+            Ok(Ok(value)) => return value,
+            Ok(Err(e)) => format!("{name}: {e}"),
+            Err(payload) => format!("{name}: internal error (panic): {}", panic_text(&*payload)),
+        };
+        if echo {
+            eprintln!("xlog: {message}");
+        }
+        *t.last_error.borrow_mut() = message;
+        fallback
+    })
+}
+
+/// `f` with this thread's hook state, for the hook calls that go through
+/// `boundary`.
+pub(crate) fn with_hook_thread<R>(f: impl FnOnce(&interop::HookThread) -> R) -> R {
+    FFI.with(|t| f(&t.hooks))
 }
 
 // ----- runtime handles -----

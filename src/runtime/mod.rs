@@ -324,17 +324,25 @@ impl Runtime {
 
     /// The framework hooks' allocation: adopt the foreign stream `native`
     /// and allocate on it with one pass of the call gate (two calls'
-    /// worth of entering otherwise).
+    /// worth of entering otherwise) and one stream lookup (the import
+    /// hands back the resolved stream).
     pub fn allocate_on_native(&self, bytes: u64, native: u64, tag: AllocTag) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let stream = self.streams.import(native)?;
-        self.allocate_entered(bytes, stream, tag, CallSite::NONE)
+        let stream = self.streams.import_resolved(native)?;
+        self.allocate_resolved(bytes, stream, tag, CallSite::NONE)
     }
 
     /// `allocate_at` for a caller holding a pass.
     #[inline]
     fn allocate_entered(&self, bytes: u64, stream: StreamId, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let s = self.streams.resolve(stream)?;
+        self.allocate_resolved(bytes, s, tag, site)
+    }
+
+    /// `allocate_entered` on a stream already resolved.
+    #[inline]
+    fn allocate_resolved(&self, bytes: u64, s: StreamRef, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
+        let stream = s.id;
         let result = self.stack.allocate(bytes, s, tag);
         match &result {
             Ok(b) => {
