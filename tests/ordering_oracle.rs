@@ -51,8 +51,26 @@ struct Launch {
 }
 
 fn random_graph(rng: &mut XorShift, launches: usize) -> Vec<Launch> {
+    random_graph_with_repeats(rng, launches, 0)
+}
+
+/// As `random_graph`, but with `repeat_percent` percent of the launches
+/// after an all-write one the same launch again (same blocks, all written:
+/// what the launch cache and its owed records serve), on the same stream
+/// three times in four, else on another.
+fn random_graph_with_repeats(rng: &mut XorShift, launches: usize, repeat_percent: u64) -> Vec<Launch> {
+    let mut previous: Option<Launch> = None;
     (0..launches)
         .map(|_| {
+            if let Some(p) = previous.as_ref().filter(|p| p.uses.iter().all(|(_, a)| a.writes())) {
+                if rng.below(100) < repeat_percent {
+                    let mut again = p.clone();
+                    if rng.below(4) == 0 {
+                        again.stream = (p.stream + 1 + rng.below(STREAMS as u64 - 1) as usize) % STREAMS;
+                    }
+                    return again;
+                }
+            }
             let stream = rng.below(STREAMS as u64) as usize;
             let mut uses: Vec<(usize, Access)> = Vec::new();
             for b in 0..BLOCKS {
@@ -73,14 +91,22 @@ fn random_graph(rng: &mut XorShift, launches: usize) -> Vec<Launch> {
                     }
                 }
             }
+            if repeat_percent > 0 && rng.below(2) == 0 {
+                // Seed repeats: half the fresh launches write all they use.
+                for u in uses.iter_mut().filter(|u| !u.1.writes()) {
+                    u.1 = Access::ReadWrite;
+                }
+            }
             let total_us = rng.below(2001);
             let first = rng.below(total_us + 1);
-            Launch {
+            let launch = Launch {
                 stream,
                 uses,
                 sleep_before_read: Duration::from_micros(first),
                 sleep_before_write: Duration::from_micros(total_us - first),
-            }
+            };
+            previous = Some(launch.clone());
+            launch
         })
         .collect()
 }
@@ -312,6 +338,12 @@ fn differing_blocks(a: &[Bytes], b: &[Bytes]) -> Vec<usize> {
 }
 
 fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
+    random_graphs_match(kind, base_seed, 0, GRAPHS);
+}
+
+/// `random_graphs_match_sequential_execution` over `graphs` graphs with
+/// `repeat_percent` (see `random_graph_with_repeats`).
+fn random_graphs_match(kind: StackKind, base_seed: u64, repeat_percent: u64, graphs: u64) {
     // A budget of 16 graphs' worth of blocks: frees are never reaped by
     // hand, so the budget hits pressure and waits for pending frees.
     let opts = Opts { budget_bytes: 16 * 384, capacity_bytes: 4 * MIB, wait_on_pressure: true, ..Opts::default() };
@@ -333,10 +365,16 @@ fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
         );
     };
     let mut in_flight = None;
-    for g in 0..GRAPHS {
+    let recorded_before = rt.usage().events_recorded;
+    let mut launches_run = 0u64;
+    let mut same_stream_repeats = 0u64;
+    for g in 0..graphs {
         let seed = base_seed + g;
         let mut rng = XorShift::new(seed);
-        let graph = random_graph(&mut rng, LAUNCHES);
+        let graph = random_graph_with_repeats(&mut rng, LAUNCHES, repeat_percent);
+        launches_run += graph.len() as u64;
+        same_stream_repeats +=
+            graph.windows(2).filter(|w| w[0].stream == w[1].stream && w[0].uses == w[1].uses).count() as u64;
         let init = initial_contents(seed);
         let expected = sequential(&init, &graph);
         let waits_before = rt.usage().cross_stream_waits;
@@ -357,12 +395,12 @@ fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
     st.release_all();
     st.check_invariant("trimmed and drained");
     assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{kind}]");
-    assert_eq!(stats.allocations, GRAPHS * BLOCKS as u64, "[{kind}]");
+    assert_eq!(stats.allocations, graphs * BLOCKS as u64, "[{kind}]");
     assert_eq!(stats.failed_allocations, 0, "[{kind}] wait_on_pressure makes room for every graph");
     if let Some(limit) = st.limit {
         assert!(stats.peak_outstanding_bytes <= limit, "[{kind}] {stats:?}");
         if !kind.caches() {
-            assert!(GRAPHS * BLOCKS as u64 * kind.held_bytes(BLOCK_BYTES as u64) > limit, "the budget must come under pressure");
+            assert!(graphs * BLOCKS as u64 * kind.held_bytes(BLOCK_BYTES as u64) > limit, "the budget must come under pressure");
         }
     }
     if kind.caches() {
@@ -375,9 +413,17 @@ fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
     } else {
         assert_eq!((stats.cache_hits, stats.cache_misses), (0, 0), "[{kind}] {stats:?}");
     }
-    assert!(cross_stream_edges > GRAPHS * 10, "[{kind}] the graphs must have cross-stream dependencies: {cross_stream_edges}");
+    assert!(cross_stream_edges > graphs * 10, "[{kind}] the graphs must have cross-stream dependencies: {cross_stream_edges}");
+    let recorded = rt.usage().events_recorded - recorded_before;
+    if repeat_percent > 0 {
+        // The graphs must really repeat launches on their stream (each such
+        // finish owes its record instead of making it).
+        assert!(same_stream_repeats > graphs * 5, "[{kind}] only {same_stream_repeats} same-stream repeats");
+    }
     println!(
-        "[{kind}] {GRAPHS} graphs x {LAUNCHES} launches on {STREAMS} streams: all match; {cross_stream_edges} cross-stream waits; {:.1} s",
+        "[{kind}] {graphs} graphs x {LAUNCHES} launches on {STREAMS} streams ({repeat_percent}% repeats): all match; \
+         {cross_stream_edges} cross-stream waits; {recorded} events for {launches_run} launches \
+         ({same_stream_repeats} repeated on their stream); {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
@@ -385,6 +431,14 @@ fn random_graphs_match_sequential_execution(kind: StackKind, base_seed: u64) {
 #[test]
 fn random_graphs_match_sequential_execution_recommended_stack() {
     random_graphs_match_sequential_execution(StackKind::BudgetLoggingAsync, 0x0AC1_E000);
+}
+
+/// The same with most launches repeated (the launch cache's hits, owed
+/// records made by the next prepare on another stream, the next other
+/// launch, or a free).
+#[test]
+fn random_graphs_with_repeated_launches_match_sequential_execution() {
+    random_graphs_match(StackKind::BudgetLoggingAsync, 0x0AC1_C000, 70, GRAPHS);
 }
 
 #[test]
