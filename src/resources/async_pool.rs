@@ -399,9 +399,19 @@ impl TableShard {
     /// generation is not here (the caller then works out why, see
     /// `AsyncPool::not_live`).
     fn record(&self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&BlockRecord>> {
-        let rec = self.blocks.get(&id.generation)?;
-        Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
+        record_in(&self.blocks, id, ordinal)
     }
+}
+
+/// `TableShard::record` over the shard's block map alone (for a caller
+/// that also needs the shard's slab).
+fn record_in<'a>(
+    blocks: &'a FastMap<Generation, BlockRecord>,
+    id: &BlockId,
+    ordinal: u32,
+) -> Option<ResourceResult<&'a BlockRecord>> {
+    let rec = blocks.get(&id.generation)?;
+    Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
 }
 
 /// The table shards a launch touches, locked in ascending index order. A
@@ -1682,10 +1692,7 @@ impl AsyncPool {
         {
             let mut shard = self.launch_shard(block.alloc_stream)?;
             let TableShard { blocks, events, .. } = &mut *shard;
-            let record = blocks.get(&block.generation).map(|rec| {
-                check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal).map(|()| rec)
-            });
-            match record {
+            match record_in(blocks, block, self.ordinal) {
                 Some(Ok(rec)) => {
                     let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
                     if !first_foreign_use {
