@@ -252,21 +252,18 @@ fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), R
         return Ok(());
     }
     with_hooks_in(thread, device, false, || not_a_hook_block(ptr, device), |h| {
-        let entry =
-            h.blocks.take_keeping(ptr as u64, Some(&thread.reserved)).ok_or_else(|| not_a_hook_block(ptr, device))?;
-        // Fence every stream that used the block: the free then waits for
-        // the work queued on them so far (the contract of record_stream).
-        for &stream in &entry.used_on {
-            if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-                h.blocks.insert(entry);
-                return Err(e);
+        // The index keeps the block until the free succeeds: an error
+        // leaves it the hooks' to free later, nothing changed.
+        let freed = h.blocks.take_with(ptr as u64, Some(&thread.reserved), |id, used_on| {
+            // Fence every stream that used the block: the free then waits
+            // for the work queued on them so far (the contract of
+            // record_stream).
+            for &stream in used_on {
+                h.runtime.finish(id, stream, Access::Read)?;
             }
-        }
-        if let Err(e) = h.runtime.deallocate(&entry.id) {
-            // Nothing changed: the block stays the hooks' to free later.
-            h.blocks.insert(entry);
-            return Err(e);
-        }
+            h.runtime.deallocate(id).map(|_| ())
+        });
+        freed.ok_or_else(|| not_a_hook_block(ptr, device))??;
         if thread.count_free(device) {
             let _ = h.runtime.reap();
         }
