@@ -123,6 +123,7 @@ impl HookThread {
 
 /// `f` applied to this thread's copy of the open hooks of `device`, if
 /// that copy is still current (borrowed: no reference count touched).
+#[inline]
 fn with_cached_hooks<T>(thread: &HookThread, device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
     let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
     match thread.last.borrow().as_ref() {
@@ -179,6 +180,7 @@ fn with_hooks<T>(
 }
 
 /// `with_hooks` through `thread`, this thread's hook state.
+#[inline]
 fn with_hooks_in<T>(
     thread: &HookThread,
     device: i32,
@@ -232,6 +234,7 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
     ))
 }
 
+#[inline]
 fn hook_allocate(
     thread: &HookThread,
     size: usize,
@@ -247,6 +250,7 @@ fn hook_allocate(
     })
 }
 
+#[inline]
 fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
