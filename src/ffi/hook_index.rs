@@ -18,6 +18,12 @@
 //!   index, a snapshot otherwise.
 //! - `take_keeping` / `insert_keeping` / `release`: as `take` and `insert`
 //!   (see "Reuse" below); a `Reservation` is used by one thread only.
+//! - `take_with(ptr, keep, free)`: as `take_keeping`, but runs `free` on the
+//!   block's handle and uses while it owns the entry, and takes the block
+//!   out only when `free` succeeds; when it fails or panics the entry stays
+//!   as it was. A take of the same pointer meanwhile waits for the outcome.
+//!   The hooks' free goes through it (no `HookBlock` built and moved, no
+//!   put-back after a failed free).
 //! - Every method may be called from any number of threads at once.
 //!
 //! Why not a `Mutex<HashMap>`: the hooks' allocate+free pair is measured
@@ -309,7 +315,7 @@ impl HookIndex {
         std::iter::once(&self.first).chain(self.more.iter().map_while(|s| s.get()))
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn insert(&self, block: HookBlock) {
         self.insert_keeping(block, None)
     }
@@ -342,7 +348,7 @@ impl HookIndex {
 
     /// Write `block` into `slot`, which the caller owns (claimed or
     /// reserved), and give the slot back.
-    #[inline]
+    #[inline(always)]
     fn fill(&self, slot: &Slot, block: HookBlock) {
         slot.fill(&block.id);
         let mut key = block.id.ptr;
@@ -396,13 +402,58 @@ impl HookIndex {
     /// `take`; with `keep`, the emptied slot (when in the first segment)
     /// becomes the caller's reserved slot instead of an empty one, and the
     /// slot `keep` held before, if any, becomes empty.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn take_keeping(&self, ptr: u64, keep: Option<&Reservation>) -> Option<HookBlock> {
+        let taken = self.take_with(ptr, keep, |id, used_on| {
+            Ok::<_, std::convert::Infallible>(HookBlock { id: *id, used_on: used_on.to_vec() })
+        });
+        taken.map(|r| r.unwrap_or_else(|never| match never {}))
+    }
+
+    /// Run `free` on the block at `ptr` and its uses while owning its
+    /// entry, and take the block out only if `free` succeeds (as
+    /// `take_keeping`, reservation included). `None` when the index does not
+    /// hold `ptr`. When `free` fails (or panics) the entry stays exactly as
+    /// it was, so a failed free changes nothing here either; a second
+    /// thread taking the same pointer meanwhile waits for the outcome (and
+    /// finds the block gone, or takes it itself).
+    ///
+    /// Why a closure rather than `take` and an `insert` on failure: the
+    /// block's handle is read out of the slot straight into what `free`
+    /// borrows, with no `HookBlock` (handle and `Vec`) built and moved
+    /// through the callers' frames, and no window in which a racing free
+    /// of the same pointer is told the block is not the hooks'.
+    #[inline]
+    pub(crate) fn take_with<T, E>(
+        &self,
+        ptr: u64,
+        keep: Option<&Reservation>,
+        free: impl FnOnce(&BlockId, &[StreamId]) -> Result<T, E>,
+    ) -> Option<Result<T, E>> {
         let Some((slot, first_index, key)) = self.own(ptr) else {
-            return self.take_overflowed(ptr);
+            return self.take_overflowed_with(ptr, free);
         };
+        /// Gives the slot back as it was, unless disarmed: on a failed or
+        /// panicking `free`.
+        struct Unchanged<'a> {
+            slot: &'a Slot,
+            key: u64,
+        }
+        impl Drop for Unchanged<'_> {
+            fn drop(&mut self) {
+                self.slot.key.store(self.key, Ordering::Release);
+            }
+        }
+        let unchanged = Unchanged { slot, key };
         let id = slot.block_id(ptr);
-        let used_on = if key & HAS_USES != 0 { self.take_uses(ptr) } else { Vec::new() };
+        let result = if key & HAS_USES != 0 { self.free_with_uses(ptr, &id, free) } else { free(&id, &[]) };
+        if result.is_err() {
+            return Some(result);
+        }
+        std::mem::forget(unchanged);
+        if key & HAS_USES != 0 {
+            self.forget_uses(ptr);
+        }
         match (keep, first_index) {
             (Some(keep), Some(i)) if keep.index_is(self.unique) => {
                 if let Some(old) = keep.slot.replace(Some((self.unique, i))) {
@@ -412,7 +463,20 @@ impl HookIndex {
             }
             _ => slot.key.store(EMPTY, Ordering::Release),
         }
-        Some(HookBlock { id, used_on })
+        Some(result)
+    }
+
+    /// `free` with the uses of the block at `ptr`, whose slot the caller
+    /// owns (so no one changes them meanwhile).
+    #[cold]
+    fn free_with_uses<T, E>(
+        &self,
+        ptr: u64,
+        id: &BlockId,
+        free: impl FnOnce(&BlockId, &[StreamId]) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let used_on = lock(&self.uses).get(&ptr).cloned().unwrap_or_default();
+        free(id, &used_on)
     }
 
     /// Give back the slot `keep` holds in this index, if any.
@@ -426,19 +490,29 @@ impl HookIndex {
     }
 
     #[cold]
-    fn take_uses(&self, ptr: u64) -> Vec<StreamId> {
-        lock(&self.uses).remove(&ptr).unwrap_or_default()
+    fn forget_uses(&self, ptr: u64) {
+        lock(&self.uses).remove(&ptr);
     }
 
+    /// `take_with` for a block in the overflow map: `free` runs under the
+    /// map's lock (the overflow is far beyond what frameworks hold live).
     #[cold]
-    fn take_overflowed(&self, ptr: u64) -> Option<HookBlock> {
+    fn take_overflowed_with<T, E>(
+        &self,
+        ptr: u64,
+        free: impl FnOnce(&BlockId, &[StreamId]) -> Result<T, E>,
+    ) -> Option<Result<T, E>> {
         if self.overflowed.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut overflow = lock(&self.overflow);
-        let block = overflow.remove(&ptr)?;
-        self.overflowed.store(overflow.len(), Ordering::Release);
-        Some(block)
+        let block = overflow.get(&ptr)?;
+        let result = free(&block.id, &block.used_on);
+        if result.is_ok() {
+            overflow.remove(&ptr);
+            self.overflowed.store(overflow.len(), Ordering::Release);
+        }
+        Some(result)
     }
 
     pub(crate) fn add_use(&self, ptr: u64, stream: StreamId) -> bool {
@@ -536,6 +610,45 @@ mod tests {
         // A block that never had uses gets none from an earlier one.
         index.insert(block(b.id.ptr, 2));
         assert_eq!(index.take(b.id.ptr).unwrap().used_on, Vec::new());
+    }
+
+    #[test]
+    fn take_with_keeps_the_entry_when_the_free_fails_or_panics() {
+        let index = HookIndex::default();
+        let keep = Reservation::new();
+        let b = block(0x20_0000, 5);
+        index.insert(b.clone());
+        assert!(index.add_use(b.id.ptr, StreamId(9)));
+        let failed = index.take_with(b.id.ptr, Some(&keep), |id, used_on| {
+            assert_eq!((*id, used_on), (b.id, &[StreamId(9)][..]), "the handle and its uses");
+            Err::<(), _>("refused")
+        });
+        assert_eq!(failed, Some(Err("refused")));
+        assert_eq!(keep.slot.get(), None, "a failed free reserves nothing");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            index.take_with(b.id.ptr, Some(&keep), |_, _| -> Result<(), ()> { panic!("deliberate") })
+        }));
+        assert!(panicked.is_err());
+        assert!(index.contains(b.id.ptr) && index.len() == 1, "still there, unlocked");
+        assert_eq!(index.take_with(b.id.ptr, Some(&keep), |_, _| Ok::<_, ()>(7)), Some(Ok(7)));
+        assert!(!index.contains(b.id.ptr) && lock(&index.uses).is_empty());
+        assert_eq!(index.take_with(b.id.ptr, Some(&keep), |_, _| Ok::<_, ()>(8)), None, "taken once");
+        index.release(&keep);
+
+        // The same for a block in the overflow map.
+        let small = HookIndex::with_first_segment(WINDOW);
+        let ptrs: Vec<u64> = (1..=3000u64).map(|i| i << 8).collect();
+        for (i, &p) in ptrs.iter().enumerate() {
+            small.insert(block(p, i as u64 + 1));
+        }
+        let overflowed = small.overflowed.load(Ordering::Relaxed);
+        assert!(overflowed > 0);
+        let in_overflow = *ptrs.iter().rev().find(|p| lock(&small.overflow).contains_key(p)).unwrap();
+        assert_eq!(small.take_with(in_overflow, None, |_, _| Err::<(), _>(())), Some(Err(())));
+        assert_eq!(small.len(), 3000);
+        assert_eq!(small.take_with(in_overflow, None, |id, _| Ok::<_, ()>(id.ptr)), Some(Ok(in_overflow)));
+        assert_eq!(small.len(), 2999);
+        assert!(!small.contains(in_overflow));
     }
 
     #[test]

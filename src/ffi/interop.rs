@@ -123,6 +123,7 @@ impl HookThread {
 
 /// `f` applied to this thread's copy of the open hooks of `device`, if
 /// that copy is still current (borrowed: no reference count touched).
+#[inline]
 fn with_cached_hooks<T>(thread: &HookThread, device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
     let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
     match thread.last.borrow().as_ref() {
@@ -179,6 +180,7 @@ fn with_hooks<T>(
 }
 
 /// `with_hooks` through `thread`, this thread's hook state.
+#[inline]
 fn with_hooks_in<T>(
     thread: &HookThread,
     device: i32,
@@ -232,6 +234,7 @@ fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
     ))
 }
 
+#[inline]
 fn hook_allocate(
     thread: &HookThread,
     size: usize,
@@ -247,26 +250,24 @@ fn hook_allocate(
     })
 }
 
+#[inline]
 fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
     if ptr.is_null() {
         return Ok(());
     }
     with_hooks_in(thread, device, false, || not_a_hook_block(ptr, device), |h| {
-        let entry =
-            h.blocks.take_keeping(ptr as u64, Some(&thread.reserved)).ok_or_else(|| not_a_hook_block(ptr, device))?;
-        // Fence every stream that used the block: the free then waits for
-        // the work queued on them so far (the contract of record_stream).
-        for &stream in &entry.used_on {
-            if let Err(e) = h.runtime.finish(&entry.id, stream, Access::Read) {
-                h.blocks.insert(entry);
-                return Err(e);
+        // The index keeps the block until the free succeeds: an error
+        // leaves it the hooks' to free later, nothing changed.
+        let freed = h.blocks.take_with(ptr as u64, Some(&thread.reserved), |id, used_on| {
+            // Fence every stream that used the block: the free then waits
+            // for the work queued on them so far (the contract of
+            // record_stream).
+            for &stream in used_on {
+                h.runtime.finish(id, stream, Access::Read)?;
             }
-        }
-        if let Err(e) = h.runtime.deallocate(&entry.id) {
-            // Nothing changed: the block stays the hooks' to free later.
-            h.blocks.insert(entry);
-            return Err(e);
-        }
+            h.runtime.deallocate(id).map(|_| ())
+        });
+        freed.ok_or_else(|| not_a_hook_block(ptr, device))??;
         if thread.count_free(device) {
             let _ = h.runtime.reap();
         }
