@@ -109,7 +109,8 @@ fn pairs(rt: &Runtime, n: u64) -> f64 {
 /// The same pair through the C ABI (xlog_allocate / xlog_deallocate) on a
 /// sim runtime: after the first, every allocation is a cache hit, so no
 /// device work is timed either.
-fn c_abi_pairs(n: u64) -> f64 {
+/// A C-ABI config for the sim backend with a 1 GiB budget.
+fn sim_config() -> xlog_cuda::ffi::types::xlog_config {
     use xlog_cuda::ffi::api::*;
     use xlog_cuda::ffi::types::*;
     let mut cfg = std::mem::MaybeUninit::<xlog_config>::uninit();
@@ -120,6 +121,13 @@ fn c_abi_pairs(n: u64) -> f64 {
     };
     cfg.backend = XLOG_BACKEND_SIM;
     cfg.budget_bytes = 1 << 30;
+    cfg
+}
+
+fn c_abi_pairs(n: u64) -> f64 {
+    use xlog_cuda::ffi::api::*;
+    use xlog_cuda::ffi::types::*;
+    let cfg = sim_config();
     let mut rt = std::ptr::null_mut();
     // SAFETY: valid pointers to locals.
     assert_eq!(unsafe { xlog_runtime_open(0, &cfg, &mut rt) }, XLOG_OK);
@@ -164,14 +172,7 @@ fn hook_vs_abi_pairs(per_round: u64, rounds: usize) -> (f64, f64) {
     use xlog_cuda::ffi::api::*;
     use xlog_cuda::ffi::interop::*;
     use xlog_cuda::ffi::types::*;
-    let mut cfg = std::mem::MaybeUninit::<xlog_config>::uninit();
-    // SAFETY: xlog_config_init fills the whole struct.
-    let mut cfg = unsafe {
-        xlog_config_init(cfg.as_mut_ptr());
-        cfg.assume_init()
-    };
-    cfg.backend = XLOG_BACKEND_SIM;
-    cfg.budget_bytes = 1 << 30;
+    let mut cfg = sim_config();
     cfg.wait_on_pressure = 1;
     // SAFETY: a valid config pointer. (Fails, harmlessly, once the hooks
     // of device 0 are in use: the second call of this function.)
