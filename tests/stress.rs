@@ -235,18 +235,26 @@ fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
                 let id = held[k].0;
                 if rng.below(2) == 0 && id.size >= 8 {
                     // A write kernel: store a value the readers will check.
-                    let value = (thread_no << 56) | op;
-                    rt.prepare(&id, s, Access::Write).unwrap();
-                    let (d, w) = (world.data.clone(), world.clone());
-                    let write = move || {
-                        if let Err(e) = d.write_u64(id.ptr, value) {
-                            w.data_error(format!("thread {thread_no}: write at {:#x}: {e}", id.ptr));
-                        }
-                    };
-                    rt.enqueue_host(s, Box::new(write)).unwrap();
-                    rt.finish(&id, s, Access::Write).unwrap();
+                    // Up to three in a row: the repeats are the launch
+                    // cache's, whose finishes owe their event records
+                    // (src/resources/deferred_record.rs), made later by
+                    // this thread's next other launch or by a reader on
+                    // another thread.
+                    let mut value = 0;
+                    for repeat in 0..1 + rng.below(3) {
+                        value = (thread_no << 56) | (op << 2) | repeat;
+                        rt.prepare(&id, s, Access::Write).unwrap();
+                        let (d, w) = (world.data.clone(), world.clone());
+                        let write = move || {
+                            if let Err(e) = d.write_u64(id.ptr, value) {
+                                w.data_error(format!("thread {thread_no}: write at {:#x}: {e}", id.ptr));
+                            }
+                        };
+                        rt.enqueue_host(s, Box::new(write)).unwrap();
+                        rt.finish(&id, s, Access::Write).unwrap();
+                        c.writes += 1;
+                    }
                     held[k].1 = Some(value);
-                    c.writes += 1;
                 } else {
                     let access = [Access::Read, Access::Write, Access::ReadWrite][rng.below(3) as usize];
                     // A write use changes what the block holds (as far as
