@@ -20,11 +20,12 @@
 //!   is recorded on `stream` then. A record made later than the launch is
 //!   still correct (it completes only after the launch did); it can only
 //!   make the waiter also wait for work queued on `stream` after the
-//!   launch. To keep that rare, the thread that deferred settles at its
-//!   next launch call that is not the same launch again
-//!   (`AsyncPool::cached_prepare`), before that launch's work is queued: a
+//!   launch. To keep that rare, the thread that deferred settles right
+//!   after the successful prepare of its next launch that is not the same
+//!   launch again (`AsyncPool::prepare_with`), before that launch's work
+//!   is queued (after its prepare, so a refused call records nothing): a
 //!   thread that queues all its work through prepare/finish gets the
-//!   record at exactly the point the launch ended.
+//!   record where the launch ended, behind at most the new launch's waits.
 //! - When the event's last holder lets go (every block moved on to a newer
 //!   use, or was freed), the slot is cleared: nobody can wait on it any
 //!   more, and the free event may be taken by an unrelated use, which a

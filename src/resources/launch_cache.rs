@@ -37,8 +37,8 @@
 //!   Since `deferred_record.rs`, that record is owed rather than made: the
 //!   finish marks it owed in the shard's slab (no driver call), and this
 //!   thread remembers that it owes it (`owes`). Its next prepare that is
-//!   not this launch again settles it (`Seen::Other::owed_in`) before that
-//!   launch's work is queued.
+//!   not this launch again settles it once that prepare succeeded
+//!   (`Seen::Other::owed_in`), before that launch's work is queued.
 //! - `finish` of the same blocks, every use a write, on another stream
 //!   (after its `prepare` waited for the remembered event): the blocks'
 //!   last write moves to that stream with the same event, whose record
