@@ -16,6 +16,32 @@
 
 
 /*
+ Mapping granularity of the sim device (Hopper's).
+ */
+#define SIM_VM_GRANULARITY (2 << 20)
+
+/*
+ Address space the arena reserves per stream region on sim: small, since
+ the host backs it (lazily); larger requests get a region of their own.
+ */
+#define SIM_VM_REGION_BYTES (64 << 20)
+
+/*
+ Every block's size is a multiple of this (and so is its address).
+ */
+#define BLOCK_ALIGN 512
+
+/*
+ `xlog_config.memory`: xlog's own arena (the default).
+ */
+#define XLOG_MEMORY_ARENA 0
+
+/*
+ `xlog_config.memory`: the driver's stream-ordered pool.
+ */
+#define XLOG_MEMORY_POOL 1
+
+/*
  Version of this header; `xlog_version()` gives the library's at run time.
  */
 #define XLOG_VERSION_MAJOR 0
@@ -112,6 +138,15 @@ typedef struct xlog_config {
    XLOG_ERR_NO_DEVICE. Ignored on CUDA.
    */
   uint32_t sim_devices;
+  /*
+   Where the async allocator's memory comes from (env `XLOG_MEMORY`,
+   `arena` or `pool`): XLOG_MEMORY_ARENA (0, the default), xlog's own
+   arena on CUDA's virtual-memory API, where the budget charges the
+   physical pages the device holds; XLOG_MEMORY_POOL (1), the driver's
+   stream-ordered pool with per-stream caches. Devices without virtual
+   memory management use the pool.
+   */
+  uint8_t memory;
 } xlog_config;
 
 /*

@@ -32,6 +32,11 @@ pub struct Config {
     /// Cache freed blocks per stream (async allocator only; DESIGN.md
     /// "Stream-ordered caching"). Off restores free-to-driver.
     pub cache: bool,
+    /// Where the async allocator's memory comes from (`XLOG_MEMORY`):
+    /// xlog's own arena on the virtual-memory API (`arena`, the default,
+    /// where the device supports it) or the driver's stream-ordered pool
+    /// (`pool`). DESIGN.md "Physical memory".
+    pub arena: bool,
     /// Bytes of freed memory xlog's driver pool keeps mapped at
     /// synchronisation points; `u64::MAX` keeps all (the default: the
     /// budget and `trim` bound it).
@@ -56,6 +61,7 @@ impl Default for Config {
             sim_capacity_bytes: DEFAULT_SIM_CAPACITY,
             wait_on_pressure: false,
             cache: true,
+            arena: true,
             pool_release_threshold: u64::MAX,
             track_call_sites: false,
             sim_devices: crate::device::sim_platform::DEFAULT_SIM_DEVICES,
@@ -65,10 +71,9 @@ impl Default for Config {
 
 impl Config {
     /// Defaults overridden by `XLOG_BACKEND`, `XLOG_BUDGET_BYTES`,
-    /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and
-    /// `XLOG_TRACK_CALLSITES`. A malformed value is an error naming the variable
-    /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_POOL_RELEASE_THRESHOLD` and `XLOG_SIM_DEVICES`. A malformed value is an error naming the variable
-    /// and the value, never a silent default.
+    /// `XLOG_LOG_PATH`, `XLOG_CACHE`, `XLOG_MEMORY`, `XLOG_POOL_RELEASE_THRESHOLD`,
+    /// `XLOG_TRACK_CALLSITES` and `XLOG_SIM_DEVICES`. A malformed value is an
+    /// error naming the variable and the value, never a silent default.
     pub fn from_env() -> Result<Config, ResourceError> {
         let mut cfg = Config::default();
         cfg.apply_env(|name| std::env::var_os(name))?;
@@ -99,6 +104,14 @@ impl Config {
                 "1" => true,
                 "0" => false,
                 _ => return Err(env_error("XLOG_CACHE", &v, "expected 0 or 1")),
+            };
+        }
+        if let Some(v) = get("XLOG_MEMORY") {
+            let v = utf8_value("XLOG_MEMORY", v.into())?;
+            self.arena = match v.trim() {
+                "arena" => true,
+                "pool" => false,
+                _ => return Err(env_error("XLOG_MEMORY", &v, "expected arena or pool")),
             };
         }
         if let Some(v) = get("XLOG_TRACK_CALLSITES") {
@@ -346,14 +359,16 @@ mod tests {
         cfg.apply_env(|n| match n {
             "XLOG_CACHE" => Some("0".to_string()),
             "XLOG_POOL_RELEASE_THRESHOLD" => Some("256MiB".to_string()),
+            "XLOG_MEMORY" => Some("pool".to_string()),
             _ => None,
         })
         .unwrap();
         assert!(!cfg.cache);
+        assert!(!cfg.arena);
         assert_eq!(cfg.pool_release_threshold, 256 << 20);
         cfg.apply_env(|n| (n == "XLOG_POOL_RELEASE_THRESHOLD").then(|| "MAX".to_string())).unwrap();
         assert_eq!(cfg.pool_release_threshold, u64::MAX);
-        for (name, bad) in [("XLOG_CACHE", "yes"), ("XLOG_CACHE", "2"), ("XLOG_POOL_RELEASE_THRESHOLD", "lots")] {
+        for (name, bad) in [("XLOG_CACHE", "yes"), ("XLOG_CACHE", "2"), ("XLOG_MEMORY", "vmm"), ("XLOG_POOL_RELEASE_THRESHOLD", "lots")] {
             let err = Config::default().apply_env(|n| (n == name).then(|| bad.to_string())).unwrap_err();
             let msg = err.to_string();
             assert!(msg.contains(name) && msg.contains(bad), "{msg}");

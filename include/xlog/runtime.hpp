@@ -136,6 +136,10 @@ class Config {
   Config& wait_on_pressure(bool value) noexcept { config_.wait_on_pressure = value ? 1 : 0; return *this; }
   /// Devices the sim backend simulates (default 1, env XLOG_SIM_DEVICES).
   Config& sim_devices(std::uint32_t value) noexcept { config_.sim_devices = value; return *this; }
+  /// Where the async allocator's memory comes from: XLOG_MEMORY_ARENA (the
+  /// default, xlog's own arena on the virtual-memory API) or
+  /// XLOG_MEMORY_POOL (the driver's stream-ordered pool).
+  Config& memory(std::uint8_t value) noexcept { config_.memory = value; return *this; }
   /// Keep freed blocks in per-stream caches for reuse (the default); false
   /// frees every block to the driver.
   Config& cache(bool value) noexcept { config_.cache = value ? 1 : 0; return *this; }

@@ -160,6 +160,11 @@ def _enum_value(name: str, kind: type, value) -> int:
     raise _errors.InvalidArgumentError(f"{name} {value!r} is not a valid {kind.__name__}")
 
 
+
+# `xlog_config.memory` (XLOG_MEMORY_ARENA, XLOG_MEMORY_POOL).
+_MEMORY_CODES = {"arena": 0, "pool": 1}
+_MEMORY_NAMES = {v: k for k, v in _MEMORY_CODES.items()}
+
 @dataclasses.dataclass
 class Config:
     """Runtime configuration (the fields of `xlog_config`).
@@ -179,6 +184,9 @@ class Config:
     from Python); off by default.
     `sim_devices` is how many devices the sim backend simulates (env
     `XLOG_SIM_DEVICES`, default 1); ignored on CUDA.
+    `memory` is where the async allocator's memory comes from (env
+    `XLOG_MEMORY`): "arena" (default), xlog's own memory on the
+    virtual-memory API, or "pool", the driver's stream-ordered pool.
     """
 
     backend: Union[str, Backend] = "auto"
@@ -192,6 +200,7 @@ class Config:
     pool_release_threshold: SizeLike = U64_MAX
     track_call_sites: bool = False
     sim_devices: int = 1
+    memory: str = "arena"
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -224,6 +233,7 @@ class Config:
             pool_release_threshold=raw.pool_release_threshold,
             track_call_sites=bool(raw.track_call_sites),
             sim_devices=raw.sim_devices,
+            memory=_MEMORY_NAMES.get(raw.memory, raw.memory),
         )
 
     def to_c(self) -> _library.XlogConfig:
@@ -241,6 +251,8 @@ class Config:
         sim_devices = self.sim_devices
         if isinstance(sim_devices, bool) or not isinstance(sim_devices, int) or not 0 <= sim_devices <= U32_MAX:
             raise _errors.InvalidArgumentError(f"sim_devices {sim_devices!r} is not a uint32")
+        if self.memory not in _MEMORY_CODES:
+            raise _errors.InvalidArgumentError(f"memory {self.memory!r} is not one of {sorted(_MEMORY_CODES)}")
         log_bytes = None
         if self.log_path is not None:
             log_bytes = os.fsencode(self.log_path)
@@ -259,6 +271,7 @@ class Config:
             pool_release_threshold=_threshold_value("pool_release_threshold", self.pool_release_threshold),
             track_call_sites=track_call_sites,
             sim_devices=sim_devices,
+            memory=_MEMORY_CODES[self.memory],
         )
         raw._log_path_bytes = log_bytes  # keeps the C string alive
         return raw

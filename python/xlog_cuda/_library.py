@@ -68,6 +68,7 @@ class XlogConfig(ctypes.Structure):
         ("pool_release_threshold", ctypes.c_uint64),
         ("track_call_sites", ctypes.c_uint8),
         ("sim_devices", ctypes.c_uint32),
+        ("memory", ctypes.c_uint8),
     ]
 
 

@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::faults::{FaultKind, Faults};
-use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
+use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, PhysHandle, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// Every driver entry point this file calls. They are looked up once,
@@ -255,6 +255,11 @@ pub struct CudaDevice {
     /// xlog's own memory pool (`CUmemoryPool` value), once
     /// `use_private_pool` made it; `alloc_async` draws from it.
     pool: OnceLock<u64>,
+    /// Virtual memory management: the mapping granularity, 0 where the
+    /// device does not support it.
+    vm_granularity: u64,
+    /// Total device memory (the size of one stream's arena region).
+    total_bytes: u64,
 }
 
 // Compile-time proof of the `Send + Sync` requirement of the `Device` trait.
@@ -283,6 +288,8 @@ impl CudaDevice {
         let device = get_device(ordinal)?;
         let name = device_name(device)?;
         let pools_supported = pools_supported(device)?;
+        let vm_granularity = vm_granularity(device, ordinal)?;
+        let total_bytes = total_memory(device)?;
         let context = retain_primary(device)?;
         Ok(Arc::new(CudaDevice {
             ordinal,
@@ -292,6 +299,8 @@ impl CudaDevice {
             pools_supported,
             faults: Faults::default(),
             pool: OnceLock::new(),
+            vm_granularity,
+            total_bytes,
         }))
     }
 
@@ -383,6 +392,45 @@ fn pools_supported(device: sys::CUdevice) -> DeviceResult<bool> {
     // SAFETY: `value` is a local out-parameter; `device` came from cuDeviceGet.
     check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut value, attr, device) })?;
     Ok(value != 0)
+}
+
+/// Pinned device memory on `ordinal`: the properties of every physical
+/// allocation the arena makes.
+fn device_allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: CUmemAllocationProp is plain data (enums, ints, a null
+    // pointer, flag bytes); all-zero is its documented default, which we
+    // then fill in.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    prop
+}
+
+/// The mapping granularity of `device`, 0 when it has no virtual memory
+/// management.
+fn vm_granularity(device: sys::CUdevice, ordinal: i32) -> DeviceResult<u64> {
+    let mut value: c_int = 0;
+    let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED;
+    // SAFETY: `value` is a local out-parameter; `device` came from cuDeviceGet.
+    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut value, attr, device) })?;
+    if value == 0 {
+        return Ok(0);
+    }
+    let prop = device_allocation_prop(ordinal);
+    let mut granularity: usize = 0;
+    let flag = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+    // SAFETY: `granularity` is a local out-parameter, `prop` a fully
+    // initialised local.
+    check("cuMemGetAllocationGranularity", unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, flag) })?;
+    Ok(granularity as u64)
+}
+
+fn total_memory(device: sys::CUdevice) -> DeviceResult<u64> {
+    let mut bytes: usize = 0;
+    // SAFETY: `bytes` is a local out-parameter; `device` came from cuDeviceGet.
+    check("cuDeviceTotalMem_v2", unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, device) })?;
+    Ok(bytes as u64)
 }
 
 fn retain_primary(device: sys::CUdevice) -> DeviceResult<u64> {
@@ -695,6 +743,114 @@ impl Device for CudaDevice {
         // SAFETY: `ptr` is an address from `alloc_sync` not yet freed; the
         // driver validates it and touches no host memory.
         check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    // The virtual-memory calls are synchronous and not stream-ordered: they
+    // run relaxed, so a capture on another thread is never broken by them
+    // (see RelaxedCapture). The arena never unmaps while a capture is active.
+
+    fn supports_vm(&self) -> bool {
+        self.vm_granularity > 0
+    }
+
+    fn vm_granularity(&self) -> u64 {
+        self.vm_granularity
+    }
+
+    fn vm_region_bytes(&self) -> u64 {
+        match self.vm_granularity {
+            0 => 0,
+            g => self.total_bytes.div_ceil(g) * g,
+        }
+    }
+
+    fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        let size = to_usize(bytes)?;
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: `base` is a local out-parameter; our context is current;
+        // the alignment is the device's granularity.
+        let r = unsafe { sys::cuMemAddressReserve(&mut base, size, self.vm_granularity as usize, 0, 0) };
+        self.alloc_result("cuMemAddressReserve", r, bytes)?;
+        Ok(base)
+    }
+
+    fn vm_free(&self, base: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        let size = to_usize(bytes)?;
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        // SAFETY: `base`/`bytes` name a reservation of ours with nothing
+        // mapped (the arena unmaps first); the driver checks the range.
+        check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, size) })
+    }
+
+    fn vm_create(&self, bytes: u64) -> DeviceResult<PhysHandle> {
+        let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Alloc) {
+            return Err(DeviceError::InjectedFault(format!("cuda physical allocation of {bytes} bytes (cuMemCreate)")));
+        }
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        let prop = device_allocation_prop(self.ordinal);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a local out-parameter and `prop` a fully
+        // initialised local; our context is current.
+        let r = unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) };
+        self.alloc_result("cuMemCreate", r, bytes)?;
+        Ok(handle)
+    }
+
+    fn vm_release(&self, handle: PhysHandle) -> DeviceResult<()> {
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        // SAFETY: `handle` came from cuMemCreate and is no longer mapped
+        // (the arena unmaps first); it is released once.
+        check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
+    }
+
+    fn vm_map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> DeviceResult<()> {
+        let size = to_usize(bytes)?;
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        // SAFETY: `va` is a granularity-aligned, unmapped address inside one
+        // of our reservations and `handle` an unmapped allocation of exactly
+        // `bytes`; the driver validates both and touches no host memory.
+        check("cuMemMap", unsafe { sys::cuMemMap(va, size, 0, handle, 0) })
+    }
+
+    fn vm_set_access(&self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        let size = to_usize(bytes)?;
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `[va, va + bytes)` is mapped (the arena maps first) and
+        // `desc` is one fully initialised local descriptor.
+        check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(va, size, &desc, 1) })
+    }
+
+    fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        let size = to_usize(bytes)?;
+        let _relaxed = RelaxedCapture::enter();
+        self.bind()?;
+        // SAFETY: the range covers whole mappings of ours, and the arena
+        // unmaps only once the GPU has finished every use of it.
+        check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size) })
+    }
+
+    fn stream_query(&self, stream: RawStream) -> DeviceResult<bool> {
+        let _relaxed = RelaxedCapture::enter();
+        self.bind_for(stream)?;
+        // SAFETY: `stream` is a stream of our context (or a default-stream
+        // handle); the query only reads its state.
+        match unsafe { sys::cuStreamQuery(as_stream(stream)) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuStreamQuery", r).map(|()| false),
+        }
     }
 
     fn create_event(&self) -> DeviceResult<RawEvent> {

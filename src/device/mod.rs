@@ -13,8 +13,13 @@ pub mod faults;
 pub mod sim;
 pub(crate) mod sim_capture;
 pub mod sim_platform;
+pub(crate) mod sim_vm;
 
 pub use crate::ids::{DevicePtr, RawEvent, RawStream};
+
+/// A physical memory allocation of the virtual-memory API
+/// (`CUmemGenericAllocationHandle` on CUDA, an id on sim).
+pub type PhysHandle = u64;
 pub use faults::{FaultKind, Faults};
 
 /// How a capture restricts other threads' calls (CUDA's
@@ -161,6 +166,91 @@ pub trait Device: Send + Sync {
     /// Ask the driver's pool to unmap the free memory it keeps
     /// (`cuMemPoolTrimTo(pool, 0)`); no-op without a pool.
     fn trim_pool(&self) {}
+
+    // ----- virtual memory (the arena, `resources/arena/`) -----
+
+    /// Whether the virtual-memory calls below work on this device
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+    fn supports_vm(&self) -> bool {
+        false
+    }
+
+    /// The mapping granularity: the size of every physical allocation and
+    /// mapping (`cuMemGetAllocationGranularity`, minimum; 2 MiB on Hopper).
+    fn vm_granularity(&self) -> u64 {
+        0
+    }
+
+    /// How much address space the arena reserves for one stream's region
+    /// (a multiple of the granularity; a larger request gets a region of
+    /// its own size). Address space costs no memory.
+    fn vm_region_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Reserve `bytes` of address space, aligned to the granularity
+    /// (`cuMemAddressReserve`). Nothing is mapped.
+    fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        let _ = bytes;
+        Err(self.vm_unsupported("cuMemAddressReserve"))
+    }
+
+    /// Give back a reservation made by `vm_reserve`, unmapped
+    /// (`cuMemAddressFree`).
+    fn vm_free(&self, base: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        let _ = (base, bytes);
+        Err(self.vm_unsupported("cuMemAddressFree"))
+    }
+
+    /// Create `bytes` (a multiple of the granularity) of physical device
+    /// memory (`cuMemCreate`): from here on the device holds it.
+    fn vm_create(&self, bytes: u64) -> DeviceResult<PhysHandle> {
+        let _ = bytes;
+        Err(self.vm_unsupported("cuMemCreate"))
+    }
+
+    /// Release physical memory no longer mapped anywhere (`cuMemRelease`).
+    fn vm_release(&self, handle: PhysHandle) -> DeviceResult<()> {
+        let _ = handle;
+        Err(self.vm_unsupported("cuMemRelease"))
+    }
+
+    /// Map all of `handle` (`bytes`) at `va`, inside a reservation
+    /// (`cuMemMap`). Not accessible until `vm_set_access`.
+    fn vm_map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> DeviceResult<()> {
+        let _ = (va, bytes, handle);
+        Err(self.vm_unsupported("cuMemMap"))
+    }
+
+    /// Let work on device `ordinal` read and write the mapped range
+    /// (`cuMemSetAccess`); this device, and each peer that uses the memory.
+    fn vm_set_access(&self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        let _ = (va, bytes, ordinal);
+        Err(self.vm_unsupported("cuMemSetAccess"))
+    }
+
+    /// Unmap whole mappings covering `[va, va + bytes)` (`cuMemUnmap`).
+    /// Synchronous: no work queued on the device may still use the range.
+    fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        let _ = (va, bytes);
+        Err(self.vm_unsupported("cuMemUnmap"))
+    }
+
+    /// Whether every piece of work queued on `stream` so far has completed
+    /// (`cuStreamQuery`). Never blocks; `false` when it cannot tell.
+    fn stream_query(&self, stream: RawStream) -> DeviceResult<bool> {
+        let _ = stream;
+        Ok(false)
+    }
+
+    /// The error of a virtual-memory call this device does not support.
+    fn vm_unsupported(&self, call: &str) -> DeviceError {
+        DeviceError::Invalid(format!(
+            "the {} device {} does not support virtual memory management ({call})",
+            self.backend().name(),
+            self.ordinal()
+        ))
+    }
 
     /// Create an event with timing disabled (cheap to record and query).
     fn create_event(&self) -> DeviceResult<RawEvent>;

@@ -25,7 +25,8 @@ use std::thread::{self, JoinHandle, ThreadId};
 use super::faults::Faults;
 use super::sim_platform;
 use super::sim_capture::{SimCaptures, WaitKind};
-use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, RawEvent, RawStream};
+use super::sim_vm::{SimVm, SIM_VM_GRANULARITY, SIM_VM_REGION_BYTES};
+use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, PhysHandle, RawEvent, RawStream};
 use crate::error::DeviceError;
 
 /// The fault kinds (kept at this path for existing users such as the C ABI's
@@ -194,6 +195,8 @@ enum Task {
 #[derive(Default)]
 struct Queue {
     tasks: VecDeque<Task>,
+    /// The worker is running a task it took out (for `stream_query`).
+    busy: bool,
 }
 
 struct SimStream {
@@ -218,8 +221,10 @@ fn run_worker(stream: Arc<SimStream>, shared: Arc<Shared>) {
     loop {
         let task = {
             let mut q = lock(&stream.queue);
+            q.busy = false;
             loop {
                 if let Some(t) = q.tasks.pop_front() {
+                    q.busy = true;
                     break t;
                 }
                 q = stream.ready.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -271,6 +276,8 @@ pub struct SimDevice {
     foreign_stream_limit: std::sync::atomic::AtomicU32,
     /// Stream capture (`sim_capture.rs`).
     captures: Mutex<SimCaptures>,
+    /// The virtual-memory model (`sim_vm.rs`). Lock order: the heap, then this.
+    vm: Mutex<SimVm>,
 }
 
 impl SimDevice {
@@ -310,6 +317,7 @@ impl SimDevice {
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
             captures: Mutex::new(SimCaptures::default()),
+            vm: Mutex::new(SimVm::default()),
         });
         sim_platform::register(&device);
         Ok(device)
@@ -340,10 +348,23 @@ impl SimDevice {
         lock(&self.streams).imported.len()
     }
 
-    /// Bytes of the arena currently allocated (freed ranges count until
-    /// their stream reaches the free).
+    /// Device memory in use: the heap's allocations (freed ranges count
+    /// until their stream reaches the free) and every physical allocation
+    /// of the virtual-memory model.
     pub fn bytes_in_use(&self) -> u64 {
-        lock(&self.shared.heap).used
+        let heap = lock(&self.shared.heap);
+        heap.used + lock(&self.vm).physical
+    }
+
+    /// Physical memory created through the virtual-memory calls and not
+    /// released (what `cuMemCreate` holds on a GPU).
+    pub fn physical_bytes(&self) -> u64 {
+        lock(&self.vm).physical
+    }
+
+    /// Bytes mapped through `vm_map` now.
+    pub fn mapped_bytes(&self) -> u64 {
+        lock(&self.vm).mapped_bytes()
     }
 
     /// Fail the `nth` call of `kind` from now (1 = the next one). 0 disarms.
@@ -356,10 +377,16 @@ impl SimDevice {
         self.arena.as_ptr() as u64 + self.align_pad
     }
 
-    fn range(&self, ptr: DevicePtr, len: u64) -> DeviceResult<std::ops::Range<usize>> {
+    /// Run `f` over the cells behind `[ptr, ptr + len)`: the heap's arena
+    /// or a mapped part of a virtual-memory reservation.
+    fn with_cells<R>(&self, ptr: DevicePtr, len: u64, f: impl FnOnce(&[AtomicU8]) -> R) -> DeviceResult<R> {
         let base = self.base();
+        if let Some(found) = lock(&self.vm).cells(ptr, len) {
+            let (cells, start) = found?;
+            return Ok(f(&cells[start..start + len as usize]));
+        }
         let bad = || DeviceError::Invalid(format!(
-            "sim access of {len} bytes at {ptr:#x} is outside the arena [{base:#x}, {:#x})",
+            "sim access of {len} bytes at {ptr:#x} is outside the arena [{base:#x}, {:#x}) and every reservation",
             base + self.capacity
         ));
         let offset = ptr.checked_sub(base).ok_or_else(bad)?;
@@ -368,31 +395,30 @@ impl SimDevice {
             return Err(bad());
         }
         let start = (offset + self.align_pad) as usize;
-        Ok(start..start + len as usize)
+        Ok(f(&self.arena[start..start + len as usize]))
     }
 
     /// Copy `data` into device memory at `ptr` (as a kernel would write).
     pub fn write(&self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
-        let r = self.range(ptr, data.len() as u64)?;
-        for (cell, &b) in self.arena[r].iter().zip(data) {
-            cell.store(b, Ordering::Relaxed);
-        }
-        Ok(())
+        self.with_cells(ptr, data.len() as u64, |cells| {
+            for (cell, &b) in cells.iter().zip(data) {
+                cell.store(b, Ordering::Relaxed);
+            }
+        })
     }
 
     /// Copy `len` bytes of device memory at `ptr` out.
     pub fn read(&self, ptr: DevicePtr, len: u64) -> DeviceResult<Vec<u8>> {
-        let r = self.range(ptr, len)?;
-        Ok(self.arena[r].iter().map(|c| c.load(Ordering::Relaxed)).collect())
+        self.with_cells(ptr, len, |cells| cells.iter().map(|c| c.load(Ordering::Relaxed)).collect())
     }
 
     /// Fill `len` bytes at `ptr` with `value`.
     pub fn fill(&self, ptr: DevicePtr, len: u64, value: u8) -> DeviceResult<()> {
-        let r = self.range(ptr, len)?;
-        for cell in &self.arena[r] {
-            cell.store(value, Ordering::Relaxed);
-        }
-        Ok(())
+        self.with_cells(ptr, len, |cells| {
+            for cell in cells {
+                cell.store(value, Ordering::Relaxed);
+            }
+        })
     }
 
     pub fn write_u64(&self, ptr: DevicePtr, value: u64) -> DeviceResult<()> {
@@ -507,7 +533,7 @@ impl Device for SimDevice {
     }
 
     fn mem_info(&self) -> DeviceResult<(u64, u64)> {
-        Ok((self.capacity - self.bytes_in_use(), self.capacity))
+        Ok((self.capacity.saturating_sub(self.bytes_in_use()), self.capacity))
     }
 
     fn create_stream(&self) -> DeviceResult<RawStream> {
@@ -633,14 +659,19 @@ impl Device for SimDevice {
             return Err(DeviceError::InjectedFault(format!("sim allocation of {bytes} bytes")));
         }
         let mut heap = lock(&self.shared.heap);
-        match heap.alloc(bytes) {
+        // Physical memory of the virtual-memory model takes capacity too.
+        let physical = lock(&self.vm).physical;
+        let fits = bytes.checked_add(heap.used).and_then(|t| t.checked_add(physical)).is_some_and(|t| t <= self.capacity);
+        let offset = if fits { heap.alloc(bytes) } else { None };
+        match offset {
             Some(offset) => Ok(self.base() + offset),
             None => Err(DeviceError::OutOfMemory {
                 requested: bytes,
                 detail: format!(
-                    "sim capacity {} bytes, {} in use, largest free range {} bytes",
+                    "sim capacity {} bytes, {} in use, {} physical, largest free range {} bytes",
                     self.capacity,
                     heap.used,
+                    physical,
                     heap.largest_free()
                 ),
             }),
@@ -654,6 +685,58 @@ impl Device for SimDevice {
         }
         lock(&self.shared.heap).free(offset);
         Ok(())
+    }
+
+    fn supports_vm(&self) -> bool {
+        true
+    }
+
+    fn vm_granularity(&self) -> u64 {
+        SIM_VM_GRANULARITY
+    }
+
+    fn vm_region_bytes(&self) -> u64 {
+        SIM_VM_REGION_BYTES
+    }
+
+    fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        lock(&self.vm).reserve(bytes)
+    }
+
+    fn vm_free(&self, base: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        lock(&self.vm).free(base, bytes)
+    }
+
+    fn vm_create(&self, bytes: u64) -> DeviceResult<PhysHandle> {
+        if self.faults.hit(FaultKind::Alloc) {
+            return Err(DeviceError::InjectedFault(format!("sim physical allocation of {bytes} bytes")));
+        }
+        let heap = lock(&self.shared.heap);
+        let mut vm = lock(&self.vm);
+        let room = self.capacity.saturating_sub(heap.used).saturating_sub(vm.physical);
+        vm.create(bytes, room)
+    }
+
+    fn vm_release(&self, handle: PhysHandle) -> DeviceResult<()> {
+        lock(&self.vm).release(handle)
+    }
+
+    fn vm_map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> DeviceResult<()> {
+        lock(&self.vm).map(va, bytes, handle)
+    }
+
+    fn vm_set_access(&self, va: DevicePtr, bytes: u64, _ordinal: i32) -> DeviceResult<()> {
+        lock(&self.vm).set_access(va, bytes)
+    }
+
+    fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        lock(&self.vm).unmap(va, bytes)
+    }
+
+    fn stream_query(&self, raw: RawStream) -> DeviceResult<bool> {
+        let stream = self.stream(raw)?;
+        let q = lock(&stream.queue);
+        Ok(q.tasks.is_empty() && !q.busy)
     }
 
     fn create_event(&self) -> DeviceResult<RawEvent> {

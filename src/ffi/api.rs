@@ -173,6 +173,7 @@ fn fill_config(out: &mut xlog_config, cfg: &Config) {
         pool_release_threshold: cfg.pool_release_threshold,
         track_call_sites: cfg.track_call_sites as u8,
         sim_devices: cfg.sim_devices,
+        memory: if cfg.arena { XLOG_MEMORY_ARENA } else { XLOG_MEMORY_POOL },
     };
 }
 
@@ -204,6 +205,12 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
     if c.cache > 1 {
         return Err(invalid(format!("cache is {} (must be 0 or 1)", c.cache)));
     }
+    if c.memory > XLOG_MEMORY_POOL {
+        return Err(invalid(format!(
+            "memory is {} (must be XLOG_MEMORY_ARENA {XLOG_MEMORY_ARENA} or XLOG_MEMORY_POOL {XLOG_MEMORY_POOL})",
+            c.memory
+        )));
+    }
     if c.track_call_sites > 1 {
         return Err(invalid(format!("track_call_sites is {} (must be 0 or 1)", c.track_call_sites)));
     }
@@ -231,6 +238,7 @@ pub(crate) fn config_of(cfg: *const xlog_config) -> Result<Config, ResourceError
         pool_release_threshold: c.pool_release_threshold,
         track_call_sites: c.track_call_sites == 1,
         sim_devices: c.sim_devices,
+        arena: c.memory == XLOG_MEMORY_ARENA,
     };
     config.validate()?;
     Ok(config)
@@ -369,6 +377,7 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
             pool_release_threshold: 0,
             track_call_sites: 0,
             sim_devices: 0,
+            memory: 0,
         };
         let mut config = Config::default();
         let env = config.apply_env(|name| std::env::var_os(name));

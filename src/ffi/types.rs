@@ -119,7 +119,19 @@ pub struct xlog_config {
     /// `XLOG_SIM_DEVICES`): opening a sim ordinal at or past it fails with
     /// XLOG_ERR_NO_DEVICE. Ignored on CUDA.
     pub sim_devices: u32,
+    /// Where the async allocator's memory comes from (env `XLOG_MEMORY`,
+    /// `arena` or `pool`): XLOG_MEMORY_ARENA (0, the default), xlog's own
+    /// arena on CUDA's virtual-memory API, where the budget charges the
+    /// physical pages the device holds; XLOG_MEMORY_POOL (1), the driver's
+    /// stream-ordered pool with per-stream caches. Devices without virtual
+    /// memory management use the pool.
+    pub memory: u8,
 }
+
+/// `xlog_config.memory`: xlog's own arena (the default).
+pub const XLOG_MEMORY_ARENA: u8 = 0;
+/// `xlog_config.memory`: the driver's stream-ordered pool.
+pub const XLOG_MEMORY_POOL: u8 = 1;
 
 /// Runtime statistics. Byte counts are device bytes (sizes rounded up to
 /// what the allocator really hands out).

@@ -42,6 +42,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::arena::{Arena, HeldBytes};
 use super::deferred_record::DeferredRecord;
 use super::launch_cache::{self, Remembered, Seen};
 use super::logging::CsvLog;
@@ -493,11 +494,16 @@ pub struct PoolOptions {
     /// When the driver refuses memory: after giving the cache back, also
     /// wait for pending frees before failing.
     pub wait_on_pressure: bool,
+    /// Take memory from xlog's own arena on the virtual-memory API
+    /// (`arena/`, DESIGN.md "Physical memory") where the device supports
+    /// it; off = the driver's pool with per-stream caches. Needs `cache`
+    /// (off restores the seed's free-to-driver behaviour exactly).
+    pub arena: bool,
 }
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions { cache: true, wait_on_pressure: false }
+        PoolOptions { cache: true, wait_on_pressure: false, arena: true }
     }
 }
 
@@ -527,10 +533,14 @@ pub struct AsyncPool {
     /// sealed batches of pending frees.
     events: Mutex<Events>,
     pending: Mutex<PendingFrees>,
-    /// live + cached + pending.
-    held: AtomicU64,
+    /// live + cached + pending: the arena's pages, capture memory, and the
+    /// driver pool's blocks (shared with the arena).
+    held: Arc<HeldBytes>,
     pending_bytes: AtomicU64,
-    peak_held: AtomicU64,
+    /// xlog's own device memory (`arena/`), where the device supports it
+    /// and `PoolOptions::arena` asks for it; else the driver's pool with the
+    /// stream caches.
+    arena: Option<Arena>,
     /// Highest live total seen at a miss (the hoarding bound's base).
     peak_live: AtomicU64,
     waits: AtomicU64,
@@ -558,6 +568,12 @@ impl AsyncPool {
 
     pub fn with_options(device: Arc<dyn Device>, options: PoolOptions) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
+        let held = Arc::new(HeldBytes::default());
+        let arena = if options.arena && options.cache {
+            Arena::new(device.clone(), held.clone(), options.wait_on_pressure)
+        } else {
+            None
+        };
         AsyncPool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             device,
@@ -567,9 +583,9 @@ impl AsyncPool {
             shard_live: (0..TABLE_SHARDS).map(|_| ShardLive::default()).collect(),
             events: Mutex::default(),
             pending: Mutex::default(),
-            held: AtomicU64::new(0),
+            held,
             pending_bytes: AtomicU64::new(0),
-            peak_held: AtomicU64::new(0),
+            arena,
             peak_live: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             log: None,
@@ -862,13 +878,23 @@ impl AsyncPool {
             for (ptr, bytes) in blocks {
                 // A failed free leaves the bytes held (and charged): a
                 // leak xlog reports in the stats rather than a double free.
-                if self.device.free_sync(ptr).is_ok() {
-                    released += bytes;
-                }
+                released += self.give_back_captured(ptr, bytes).unwrap_or(0);
             }
         }
-        self.held.fetch_sub(released, Ordering::AcqRel);
         released
+    }
+
+    /// Memory of a capture pool no graph uses any more: an arena block goes
+    /// back to its region (still held), a capture's own memory to the
+    /// driver. Returns the bytes the device no longer holds.
+    fn give_back_captured(&self, ptr: u64, bytes: u64) -> ResourceResult<u64> {
+        if let Some(arena) = self.arena.as_ref().filter(|a| a.contains(ptr)) {
+            arena.free(ptr, bytes);
+            return Ok(0);
+        }
+        self.device.free_sync(ptr)?;
+        self.held.sub(bytes);
+        Ok(bytes)
     }
 
     /// Apply the capture rules to the events a stream of capture `waiting`
@@ -941,8 +967,7 @@ impl AsyncPool {
                         other => other,
                     }
                 })?;
-                let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
-                self.peak_held.fetch_max(held, Ordering::Relaxed);
+                self.held.add(class);
                 self.captures.add_live(capture);
                 ptr
             }
@@ -1057,7 +1082,7 @@ impl AsyncPool {
         pending.streams.retain(|_, p| p.unsealed_blocks > 0 || !p.sealed.is_empty());
         pending.blocks -= blocks;
         self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        self.held.fetch_sub(bytes, Ordering::AcqRel);
+        self.held.sub(bytes);
         if bytes > 0 {
             if let Some(log) = &self.log {
                 log.retired(bytes, blocks);
@@ -1105,7 +1130,7 @@ impl AsyncPool {
         let peak_live = self.peak_live.fetch_max(want, Ordering::Relaxed).max(want);
         let soft_cap = peak_live.saturating_add(peak_live / HOARD_SLACK_DIV);
         let hard_cap = peak_live.saturating_mul(HOARD_HARD_FACTOR);
-        let held = self.held.load(Ordering::Acquire);
+        let held = self.held.now();
         let pending = self.pending_bytes.load(Ordering::Acquire);
         let in_use = held.saturating_sub(pending).saturating_add(class);
         if in_use <= hard_cap {
@@ -1168,8 +1193,7 @@ impl AsyncPool {
             gate.uncharge(class);
             ResourceError::from(e)
         })?;
-        let held = self.held.fetch_add(class, Ordering::AcqRel) + class;
-        self.peak_held.fetch_max(held, Ordering::Relaxed);
+        self.held.add(class);
         if let Some(log) = &self.log {
             log.reserved(ptr, class, stream_id.0);
         }
@@ -1367,6 +1391,14 @@ impl DeviceMemoryResource for AsyncPool {
         if capture != 0 {
             return self.allocate_in_capture(bytes, class, stream, tag, gate, capture);
         }
+        if let Some(arena) = &self.arena {
+            let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
+            let ptr = arena.allocate(len, stream.raw, gate, !self.captures.any_active()).map_err(|e| match e {
+                ResourceError::OutOfMemory { detail, .. } => ResourceError::OutOfMemory { requested: bytes, detail },
+                other => other,
+            })?;
+            return Ok(self.register_in(&mut self.shard(stream.id), ptr, bytes, len, stream, tag));
+        }
         if self.options.cache {
             // The hot path: one lock for the cache and the block record.
             let mut shard = self.shard(stream.id);
@@ -1409,7 +1441,7 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn bytes_outstanding(&self) -> u64 {
-        self.held.load(Ordering::Acquire)
+        self.held.now()
     }
 
     fn usage(&self) -> Usage {
@@ -1430,9 +1462,20 @@ impl DeviceMemoryResource for AsyncPool {
         // pending is always exactly the held bytes the budget charges).
         // (A block moving from the cache to pending between the two reads
         // would be seen twice: cached is capped by what held leaves.)
-        let held = self.held.load(Ordering::Acquire);
+        let held = self.held.now();
         let pending = self.pending_bytes.load(Ordering::Acquire).min(held);
-        let cached = (cache.bytes + self.captures.free_bytes()).min(held - pending);
+        let (mut hits, mut misses) = (cache.hits, cache.misses);
+        let cached = match &self.arena {
+            // Everything held that no live block uses: free space of mapped
+            // pages, spare pages and the captures' free memory.
+            Some(arena) => {
+                let a = arena.usage();
+                hits += a.hits;
+                misses += a.misses;
+                held - pending - self.live_now().min(held - pending)
+            }
+            None => (cache.bytes + self.captures.free_bytes()).min(held - pending),
+        };
         Usage {
             live_bytes: held - pending - cached,
             pending_bytes: pending,
@@ -1440,9 +1483,9 @@ impl DeviceMemoryResource for AsyncPool {
             pending_blocks,
             cached_bytes: cached,
             cached_blocks: cache.blocks,
-            cache_hits: cache.hits,
-            cache_misses: cache.misses,
-            peak_outstanding_bytes: self.peak_held.load(Ordering::Relaxed),
+            cache_hits: hits,
+            cache_misses: misses,
+            peak_outstanding_bytes: self.held.peak(),
             cross_stream_waits: self.waits.load(Ordering::Relaxed),
             events_recorded: recorded,
             allocations,
@@ -1482,7 +1525,10 @@ impl DeviceMemoryResource for AsyncPool {
         for shard in self.table.iter() {
             lock(shard).counters.reset_peak();
         }
-        self.peak_held.store(self.held.load(Ordering::Acquire), Ordering::Relaxed);
+        self.held.reset_peak();
+        if let Some(arena) = &self.arena {
+            arena.reset_peak();
+        }
     }
 
     fn count_tags(&self, out: &mut CountSummary) {
@@ -1530,6 +1576,11 @@ impl DeviceMemoryResource for AsyncPool {
     /// while waiting), those stay pending: still counted and charged, and
     /// retired by a later reap; the rest stays cached.
     fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
+        if let Some(arena) = &self.arena {
+            let orphans = self.release_ready_orphans();
+            let released = arena.trim(keep_bytes, !self.captures.any_active());
+            return Ok(Trimmed { released, retired: released + orphans });
+        }
         let cached = self.cache_totals().bytes;
         let released = self.release_largest(cached.saturating_sub(keep_bytes))?;
         if released > 0 {
@@ -1541,6 +1592,9 @@ impl DeviceMemoryResource for AsyncPool {
     }
 
     fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
+        if let Some(arena) = &self.arena {
+            return Ok(arena.relieve(need, wait, !self.captures.any_active()) + self.release_ready_orphans());
+        }
         // A failed release is the caller's error (the block stays cached);
         // a reap that fails only retires less, and the refusal says so.
         self.release_largest(need)?;
@@ -1552,6 +1606,11 @@ impl DeviceMemoryResource for AsyncPool {
 
     fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
         let mut first_error = None;
+        if let Some(arena) = &self.arena {
+            if let Err(e) = arena.retire_stream(stream) {
+                first_error = Some(e);
+            }
+        }
         for home in 0..TABLE_SHARDS {
             let mut shard = lock(&self.table[home]);
             // A record owed on this stream is made while the stream exists.
@@ -1648,14 +1707,13 @@ impl DeviceMemoryResource for AsyncPool {
         let mut released = 0;
         let mut first_error = None;
         for (ptr, bytes) in blocks {
-            match self.device.free_sync(ptr) {
-                Ok(()) => released += bytes,
+            match self.give_back_captured(ptr, bytes) {
+                Ok(n) => released += n,
                 Err(e) => {
-                    first_error.get_or_insert(ResourceError::from(e));
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        self.held.fetch_sub(released, Ordering::AcqRel);
         match first_error {
             Some(e) if released == 0 => Err(e),
             _ => Ok(released),
@@ -1900,7 +1958,7 @@ impl AsyncPool {
                 self.admit_waits(capture, &mut waits)?;
                 self.wait_all(stream, waits.as_slice())?;
             }
-            if !self.options.cache && parked_in == 0 {
+            if !self.options.cache && parked_in == 0 && self.arena.is_none() {
                 self.free_to_driver(stream, ptr, held)?;
             }
         }
@@ -1919,6 +1977,10 @@ impl AsyncPool {
         } else if parked_in != 0 {
             *orphan_ready = self.captures.put(parked_in, stream, ptr, held, own_capture != 0);
             BlockState::Cached
+        } else if let Some(arena) = &self.arena {
+            drop(guard);
+            arena.free(ptr, held);
+            return Ok(DeviceBlock { id: *id, tag, state: BlockState::Cached, held });
         } else if self.options.cache {
             shard.cache.put(stream, ptr, held);
             BlockState::Cached

@@ -1,6 +1,7 @@
 //! Resources, one per file. Decorators wrap an inner resource.
 
 pub mod announced_pools;
+pub mod arena;
 pub mod async_pool;
 pub mod budget;
 pub(crate) mod capture_pool;

@@ -150,6 +150,7 @@ impl Runtime {
             || mine.budget_bytes != config.budget_bytes
             || mine.log_path != config.log_path
             || mine.cache != config.cache
+            || mine.arena != config.arena
         {
             return Err(ResourceError::InvalidArgument(format!(
                 "device {} already has an open runtime (allocator {:?}, budget {} bytes, log {:?}, \
@@ -179,8 +180,11 @@ impl Runtime {
         };
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
+                // The driver's pool serves the pool memory (and the arena's
+                // fallback where the device has no virtual memory API).
                 device.use_private_pool(config.pool_release_threshold)?;
-                let options = PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure };
+                let options =
+                    PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure, arena: config.arena };
                 Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
             }
             AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),

@@ -180,6 +180,7 @@ impl Stack {
             pool_release_threshold: u64::MAX,
             track_call_sites: false,
             sim_devices: 1,
+            arena: true,
         }
     }
 

@@ -1,0 +1,547 @@
+//! `Arena`: xlog's own device memory on CUDA's virtual-memory API, the
+//! default memory of the async allocator (DESIGN.md "Physical memory").
+//!
+//! Contract:
+//! - **Regions.** Each stream allocates from address space of its own
+//!   (`region.rs`): a reservation the size of the device, more when one
+//!   fills up. Blocks are carved best fit from the region's free ranges and
+//!   coalesce back into them when freed (`ranges.rs`), so memory freed in
+//!   one shape serves the next shape: sizes that change do not leave
+//!   blocks of every size behind. Block sizes are rounded to 512 bytes.
+//! - **Hits.** A block whose granules are all mapped already is a hit: no
+//!   driver call, no event, no wait (stream order fences the reuse).
+//! - **Physical pages.** The device holds exactly the pages the arena
+//!   created and has not released: `held` is their bytes, and the budget
+//!   (the `ChargeGate`) is charged a page's bytes right before `cuMemCreate`
+//!   and uncharged when it is released. Nothing else xlog does on this
+//!   path holds device memory, so the charge is the device's number.
+//! - **Recycling.** A page no live block overlaps is idle. Before the
+//!   arena creates a page while it holds more than its live peak plus
+//!   1/16 (at least two pages), and before any refusal, it takes idle pages
+//!   whose frees are complete on the GPU, unmaps them and maps them where
+//!   they are needed (GMLake's stitching, in page units): what the call
+//!   frees serves the call. Completion is known without a host wait: an
+//!   event recorded after the frees has completed, or the stream has nothing
+//!   left to run (`cuStreamQuery`). With `wait_on_pressure`, a refusal first
+//!   synchronises the streams whose idle pages are still in use.
+//! - **Captures.** While a capture is active nothing is unmapped (the
+//!   caller says so with `may_unmap`); new pages can still be mapped (the
+//!   calls run in relaxed capture mode).
+//! - **Trim** releases idle pages (synchronising their streams) until at
+//!   most `keep` bytes are held beyond the live blocks; close releases
+//!   everything.
+//!
+//! Locks: `streams` or `regions` (read, write only to add a region) → one
+//! region; `spare` alone. No two region locks are ever held together, and
+//! the gate is called with no lock held (a refusal reads every lock's
+//! state for its message).
+
+mod ranges;
+mod region;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use region::{runs, Region};
+
+use crate::device::{Device, PhysHandle, RawEvent, RawStream};
+use crate::fast_hash::FastMap;
+use crate::resource::{ChargeGate, ResourceError, ResourceResult};
+
+/// Every block's size is a multiple of this (and so is its address).
+pub(crate) const BLOCK_ALIGN: u64 = 512;
+/// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
+/// `MIN_SLACK_PAGES` pages) before idle pages are recycled instead of new
+/// ones created.
+const SLACK_DIV: u64 = 16;
+const MIN_SLACK_PAGES: u64 = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Held device bytes and their peak, shared with the pool (whose capture
+/// memory counts too).
+#[derive(Default)]
+pub struct HeldBytes {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl HeldBytes {
+    pub fn add(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn sub(&self, bytes: u64) {
+        self.now.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Acquire)
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    pub fn reset_peak(&self) {
+        self.peak.store(self.now(), Ordering::Relaxed);
+    }
+}
+
+/// How sure recycling must be that an idle page's frees are complete.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Completion {
+    /// Completed events and idle streams only: never a host wait.
+    Query,
+    /// Synchronise the stream when that is what it takes (trim, and a
+    /// refusal with `wait_on_pressure`).
+    Wait,
+}
+
+/// What the arena counts, for the pool's `usage`.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct ArenaUsage {
+    /// Bytes of live blocks (rounded).
+    pub live: u64,
+    pub peak_live: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Pages unmapped from one place and mapped in another.
+    pub recycled_pages: u64,
+}
+
+pub struct Arena {
+    device: Arc<dyn Device>,
+    granularity: u64,
+    region_bytes: u64,
+    wait_on_pressure: bool,
+    held: Arc<HeldBytes>,
+    /// Each stream's regions, newest last.
+    streams: RwLock<FastMap<RawStream, Vec<Arc<Mutex<Region>>>>>,
+    /// Every region by base address, with its length.
+    regions: RwLock<BTreeMap<u64, (u64, Arc<Mutex<Region>>)>>,
+    /// Physical pages created and not mapped anywhere (charged, held).
+    spare: Mutex<Spare>,
+    live: AtomicU64,
+    peak_live: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    recycled: AtomicU64,
+    /// Other devices that use this memory: every mapping grants them access.
+    peers: Mutex<Vec<i32>>,
+}
+
+#[derive(Default)]
+struct Spare {
+    pages: Vec<PhysHandle>,
+    events: Vec<RawEvent>,
+}
+
+impl Arena {
+    /// An arena on `device`, or `None` where it has no virtual memory
+    /// management.
+    pub fn new(device: Arc<dyn Device>, held: Arc<HeldBytes>, wait_on_pressure: bool) -> Option<Arena> {
+        if !device.supports_vm() {
+            return None;
+        }
+        let granularity = device.vm_granularity();
+        let region_bytes = device.vm_region_bytes().max(granularity);
+        Some(Arena {
+            device,
+            granularity,
+            region_bytes,
+            wait_on_pressure,
+            held,
+            streams: RwLock::default(),
+            regions: RwLock::default(),
+            spare: Mutex::default(),
+            live: AtomicU64::new(0),
+            peak_live: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            recycled: AtomicU64::new(0),
+            peers: Mutex::default(),
+        })
+    }
+
+    pub fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// The bytes a request of `bytes` takes (`None` on overflow).
+    pub fn block_bytes(bytes: u64) -> Option<u64> {
+        bytes.checked_add(BLOCK_ALIGN - 1).map(|b| b / BLOCK_ALIGN * BLOCK_ALIGN)
+    }
+
+    pub fn usage(&self) -> ArenaUsage {
+        ArenaUsage {
+            live: self.live.load(Ordering::Acquire),
+            peak_live: self.peak_live.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            recycled_pages: self.recycled.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn reset_peak(&self) {
+        self.peak_live.store(self.live.load(Ordering::Acquire), Ordering::Relaxed);
+    }
+
+    /// Whether `ptr` lies in one of the arena's regions.
+    pub fn contains(&self, ptr: u64) -> bool {
+        self.region_of(ptr).is_some()
+    }
+
+    fn region_of(&self, ptr: u64) -> Option<Arc<Mutex<Region>>> {
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let (&base, (len, r)) = regions.range(..=ptr).next_back()?;
+        (ptr < base + len).then(|| r.clone())
+    }
+
+    /// A block of `len` bytes (a multiple of `BLOCK_ALIGN`) on `stream`:
+    /// its address. `may_unmap` is false while a capture is active.
+    pub fn allocate(&self, len: u64, stream: RawStream, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
+        debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
+        let (region, addr, freed, missing) = match self.carve(stream, len) {
+            Some(found) => found,
+            None => self.carve_in_new_region(stream, len)?,
+        };
+        let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
+        self.peak_live.fetch_max(live, Ordering::Relaxed);
+        if missing.is_empty() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(addr);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let mapped = self
+            .obtain(missing.len(), gate, may_unmap)
+            .and_then(|handles| self.map_pages(&region, &missing, handles));
+        if let Err(e) = mapped {
+            lock(&region).unreserve(addr, len, freed);
+            self.live.fetch_sub(len, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(addr)
+    }
+
+    /// The memory of a block freed on its stream (every use of it was made
+    /// to happen before this point of that stream).
+    pub fn free(&self, ptr: u64, len: u64) {
+        let region = self.region_of(ptr).expect("an arena block's region outlives the block");
+        lock(&region).release(ptr, len);
+        self.live.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    /// A fitting free range in one of `stream`'s regions: the region, the
+    /// address, the range's free sequence, and the granules to map.
+    fn carve(&self, stream: RawStream, len: u64) -> Option<(Arc<Mutex<Region>>, u64, u64, Vec<usize>)> {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        for region in streams.get(&stream)? {
+            let mut r = lock(region);
+            if let Some((addr, freed)) = r.free.take(len) {
+                let missing = if r.all_mapped(addr, len) { Vec::new() } else { r.unmapped_in(addr, len) };
+                drop(r);
+                return Some((region.clone(), addr, freed, missing));
+            }
+        }
+        None
+    }
+
+    fn carve_in_new_region(&self, stream: RawStream, len: u64) -> ResourceResult<(Arc<Mutex<Region>>, u64, u64, Vec<usize>)> {
+        let bytes = len
+            .checked_add(self.granularity - 1)
+            .map(|b| b / self.granularity * self.granularity)
+            .map(|b| b.max(self.region_bytes))
+            .ok_or_else(|| ResourceError::OutOfMemory { requested: len, detail: "the request is larger than any device can hold".into() })?;
+        let base = self.device.vm_reserve(bytes)?;
+        let mut region = Region::new(stream, base, bytes, self.granularity);
+        let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
+        let missing = region.unmapped_in(addr, len);
+        let region = Arc::new(Mutex::new(region));
+        self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, region.clone()));
+        self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push(region.clone());
+        Ok((region, addr, freed, missing))
+    }
+
+    /// Map `handles` at the granules `pages` of `region` (those another
+    /// thread has not mapped meanwhile) and grant access; handles left over,
+    /// or not mapped because of an error, go to the spare list.
+    fn map_pages(&self, region: &Mutex<Region>, pages: &[usize], handles: Vec<PhysHandle>) -> ResourceResult<()> {
+        let mut r = lock(region);
+        let mut handles = handles.into_iter();
+        let mut newly = Vec::with_capacity(pages.len());
+        let mut result = Ok(());
+        for &page in pages {
+            if r.is_mapped(page) {
+                continue;
+            }
+            let handle = handles.next().expect("one handle per missing page");
+            if let Err(e) = self.device.vm_map(r.page_addr(page), self.granularity, handle) {
+                lock(&self.spare).pages.push(handle);
+                result = Err(e.into());
+                break;
+            }
+            r.install(page, handle);
+            newly.push(page);
+        }
+        lock(&self.spare).pages.extend(handles);
+        let peers = lock(&self.peers).clone();
+        let ordinal = self.device.ordinal();
+        for (first, count) in runs(&newly) {
+            let (va, bytes) = (r.page_addr(first), count as u64 * self.granularity);
+            for &device in std::iter::once(&ordinal).chain(peers.iter()) {
+                if let Err(e) = self.device.vm_set_access(va, bytes, device) {
+                    result = result.and(Err(e.into()));
+                }
+            }
+        }
+        result
+    }
+
+    /// `count` physical pages: spare ones first; then, past the soft cap,
+    /// recycled idle ones; then new ones charged to `gate`. Under pressure
+    /// (the gate or the device refuses) idle pages are recycled before the
+    /// refusal stands.
+    fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<Vec<PhysHandle>> {
+        let mut got = {
+            let mut spare = lock(&self.spare);
+            let keep = spare.pages.len().saturating_sub(count);
+            spare.pages.split_off(keep)
+        };
+        if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
+            got.extend(self.recycle(count - got.len(), Completion::Query));
+        }
+        while got.len() < count {
+            match self.create(gate) {
+                Ok(handle) => got.push(handle),
+                Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
+                    let mut more = self.recycle(count - got.len(), Completion::Query);
+                    if more.is_empty() && self.wait_on_pressure {
+                        more = self.recycle(count - got.len(), Completion::Wait);
+                    }
+                    if more.is_empty() {
+                        lock(&self.spare).pages.extend(got);
+                        return Err(refused);
+                    }
+                    got.extend(more);
+                }
+                Err(e) => {
+                    lock(&self.spare).pages.extend(got);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(got)
+    }
+
+    /// Whether `pages` more would take the held bytes past the live peak
+    /// plus the slack.
+    fn over_soft_cap(&self, pages: usize) -> bool {
+        let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.granularity);
+        let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.granularity;
+        self.held.now() + pages as u64 * self.granularity > cap
+    }
+
+    /// One new physical page, charged first.
+    fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
+        gate.try_charge(self.granularity)?;
+        match self.device.vm_create(self.granularity) {
+            Ok(handle) => {
+                self.held.add(self.granularity);
+                Ok(handle)
+            }
+            Err(e) => {
+                gate.uncharge(self.granularity);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
+        self.regions.read().unwrap_or_else(|p| p.into_inner()).values().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// Up to `count` idle pages whose frees are complete (as sure as
+    /// `completion` asks), unmapped and taken out of their regions.
+    fn recycle(&self, count: usize, completion: Completion) -> Vec<PhysHandle> {
+        let mut got = Vec::new();
+        for region in self.every_region() {
+            if got.len() >= count {
+                break;
+            }
+            let mut r = lock(&region);
+            self.refresh(&mut r, completion);
+            let idle = r.idle_pages(count - got.len());
+            for (first, n) in runs(&idle) {
+                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
+                    got.extend((first..first + n).map(|p| r.uninstall(p)));
+                }
+            }
+        }
+        self.recycled.fetch_add(got.len() as u64, Ordering::Relaxed);
+        got
+    }
+
+    /// Learn how far the GPU got through `region`'s frees: completed seal
+    /// events, an idle stream, or (with `Completion::Wait`) a synchronise.
+    /// Frees still running get a seal, so a later call can tell.
+    fn refresh(&self, r: &mut Region, completion: Completion) {
+        while let Some(&(event, seq)) = r.seals.front() {
+            if self.device.event_query(event) != Ok(true) {
+                break;
+            }
+            r.done = r.done.max(seq);
+            r.seals.pop_front();
+            lock(&self.spare).events.push(event);
+        }
+        if r.done == r.frees() {
+            return;
+        }
+        let finished = match completion {
+            Completion::Query => self.device.stream_query(r.stream) == Ok(true),
+            Completion::Wait => self.device.synchronize_stream(r.stream).is_ok(),
+        };
+        if finished {
+            r.all_done();
+            return;
+        }
+        if r.seals.back().is_none_or(|&(_, seq)| seq < r.frees()) {
+            let event = lock(&self.spare).events.pop().map_or_else(|| self.device.create_event(), Ok);
+            if let Ok(event) = event {
+                match self.device.record_event(event, r.stream) {
+                    Ok(()) => r.seals.push_back((event, r.frees())),
+                    Err(_) => lock(&self.spare).events.push(event),
+                }
+            }
+        }
+    }
+
+    /// Release idle pages and spare ones to the device until at most `keep`
+    /// bytes are held beyond the live blocks (synchronising streams as
+    /// needed, unless a capture is active). Returns the bytes released.
+    pub fn trim(&self, keep: u64, may_unmap: bool) -> u64 {
+        let excess = || self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
+        let mut released = self.release_spare(excess().div_ceil(self.granularity) as usize);
+        if may_unmap && excess() > 0 {
+            let pages = self.recycle(excess().div_ceil(self.granularity) as usize, Completion::Wait);
+            lock(&self.spare).pages.extend(pages);
+            released += self.release_spare(usize::MAX);
+        }
+        released
+    }
+
+    /// Give idle memory back for a caller outside the arena that needs
+    /// `need` bytes under the same budget (`wait`: synchronise streams).
+    pub fn relieve(&self, need: u64, wait: bool, may_unmap: bool) -> u64 {
+        let pages = need.div_ceil(self.granularity) as usize;
+        let mut released = self.release_spare(pages);
+        if may_unmap && released < need {
+            let completion = if wait { Completion::Wait } else { Completion::Query };
+            let more = self.recycle(pages.saturating_sub((released / self.granularity) as usize), completion);
+            lock(&self.spare).pages.extend(more);
+            released += self.release_spare(usize::MAX);
+        }
+        released
+    }
+
+    /// Release up to `count` spare pages; the bytes released.
+    fn release_spare(&self, count: usize) -> u64 {
+        let pages = {
+            let mut spare = lock(&self.spare);
+            let keep = spare.pages.len().saturating_sub(count);
+            spare.pages.split_off(keep)
+        };
+        let mut released = 0;
+        for handle in pages {
+            match self.device.vm_release(handle) {
+                Ok(()) => {
+                    self.held.sub(self.granularity);
+                    released += self.granularity;
+                }
+                Err(_) => lock(&self.spare).pages.push(handle),
+            }
+        }
+        released
+    }
+
+    /// `stream` is going away: every free into its regions must be known
+    /// complete while the stream still exists (the regions stay, all their
+    /// memory reusable by whatever stream later gets the same handle).
+    pub fn retire_stream(&self, stream: RawStream) -> ResourceResult<()> {
+        let regions = self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&stream).cloned().unwrap_or_default();
+        if regions.is_empty() {
+            return Ok(());
+        }
+        self.device.synchronize_stream(stream)?;
+        for region in regions {
+            let mut r = lock(&region);
+            r.all_done();
+            let seals: Vec<RawEvent> = r.seals.drain(..).map(|(e, _)| e).collect();
+            lock(&self.spare).events.extend(seals);
+        }
+        Ok(())
+    }
+
+    /// Let device `ordinal` use every mapping, present and future.
+    pub fn grant_peer(&self, ordinal: i32) -> ResourceResult<()> {
+        {
+            let mut peers = lock(&self.peers);
+            if peers.contains(&ordinal) {
+                return Ok(());
+            }
+            peers.push(ordinal);
+        }
+        for region in self.every_region() {
+            let r = lock(&region);
+            for (first, n) in runs(&r.mapped_pages()) {
+                self.device.vm_set_access(r.page_addr(first), n as u64 * self.granularity, ordinal)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes mapped in regions plus spare pages: what the arena holds.
+    pub fn held_pages_bytes(&self) -> u64 {
+        let mapped: usize = self.every_region().iter().map(|r| lock(r).mapped_pages().len()).sum();
+        (mapped + lock(&self.spare).pages.len()) as u64 * self.granularity
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // Close waited for every stream; unmap and release everything.
+        let regions = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
+        let mut released = 0;
+        for (_, (_, region)) in regions {
+            let mut r = lock(&region);
+            for (first, n) in runs(&r.mapped_pages()) {
+                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
+                    for p in first..first + n {
+                        let handle = r.uninstall(p);
+                        if self.device.vm_release(handle).is_ok() {
+                            released += self.granularity;
+                        }
+                    }
+                }
+            }
+            let _ = self.device.vm_free(r.base, r.len);
+            for (event, _) in r.seals.drain(..) {
+                self.device.destroy_event(event);
+            }
+        }
+        let spare = std::mem::take(&mut *lock(&self.spare));
+        for handle in spare.pages {
+            if self.device.vm_release(handle).is_ok() {
+                released += self.granularity;
+            }
+        }
+        for event in spare.events {
+            self.device.destroy_event(event);
+        }
+        self.held.sub(released.min(self.held.now()));
+    }
+}

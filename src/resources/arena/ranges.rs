@@ -1,0 +1,165 @@
+//! `FreeRanges`: the free address ranges of one arena region, best fit with
+//! coalescing.
+//!
+//! Contract:
+//! - Ranges never overlap; two adjacent ranges are always merged into one,
+//!   so a freed block joins its free neighbours at once and the region's
+//!   free space is as contiguous as its live blocks allow.
+//! - `take(len)` hands out the start of the smallest range of at least
+//!   `len` bytes (the lowest address among equals); the rest stays free.
+//! - Each range carries `freed`: the region's sequence number of the latest
+//!   free merged into it (0: never used). The arena unmaps a page only when
+//!   the free that made it idle is known complete on the GPU, and a merged
+//!   range takes the newest of its parts, so the check stays conservative.
+//!
+//! Both lookups are `BTreeMap`/`BTreeSet` searches: O(log n) in the number
+//! of free ranges, no allocation on a take that splits or a free that
+//! merges (beyond the trees' own nodes).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub len: u64,
+    pub freed: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct FreeRanges {
+    by_addr: BTreeMap<u64, Span>,
+    by_size: BTreeSet<(u64, u64)>,
+    total: u64,
+}
+
+impl FreeRanges {
+    fn insert_raw(&mut self, addr: u64, span: Span) {
+        self.by_addr.insert(addr, span);
+        self.by_size.insert((span.len, addr));
+        self.total += span.len;
+    }
+
+    fn remove_raw(&mut self, addr: u64) -> Span {
+        let span = self.by_addr.remove(&addr).expect("a listed free range");
+        self.by_size.remove(&(span.len, addr));
+        self.total -= span.len;
+        span
+    }
+
+    /// Add `[addr, addr + len)` (freed as free number `freed`), merged with
+    /// the ranges it touches.
+    pub fn insert(&mut self, addr: u64, len: u64, freed: u64) {
+        debug_assert!(len > 0);
+        let (mut start, mut end, mut seq) = (addr, addr + len, freed);
+        if let Some((&prev, &span)) = self.by_addr.range(..addr).next_back() {
+            debug_assert!(prev + span.len <= addr, "free range [{prev:#x}, +{}) overlaps {addr:#x}", span.len);
+            if prev + span.len == addr {
+                self.remove_raw(prev);
+                start = prev;
+                seq = seq.max(span.freed);
+            }
+        }
+        if let Some(&next) = self.by_addr.get(&end) {
+            self.remove_raw(end);
+            end += next.len;
+            seq = seq.max(next.freed);
+        }
+        debug_assert!(self.by_addr.range(addr..addr + len).next().is_none(), "free range at {addr:#x} freed twice");
+        self.insert_raw(start, Span { len: end - start, freed: seq });
+    }
+
+    /// The smallest range of at least `len` bytes: its start is taken out
+    /// and returned with the range's `freed`.
+    pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
+        let &(_, addr) = self.by_size.range((len, 0)..).next()?;
+        let span = self.remove_raw(addr);
+        if span.len > len {
+            self.insert_raw(addr + len, Span { len: span.len - len, freed: span.freed });
+        }
+        Some((addr, span.freed))
+    }
+
+    /// Take out exactly `[addr, addr + len)`, which must lie inside one free
+    /// range (the rest of that range stays free).
+    pub fn take_at(&mut self, addr: u64, len: u64) -> bool {
+        let Some((&start, &span)) = self.by_addr.range(..=addr).next_back() else { return false };
+        if start + span.len < addr + len {
+            return false;
+        }
+        self.remove_raw(start);
+        if addr > start {
+            self.insert_raw(start, Span { len: addr - start, freed: span.freed });
+        }
+        let end = start + span.len;
+        if end > addr + len {
+            self.insert_raw(addr + len, Span { len: end - addr - len, freed: span.freed });
+        }
+        true
+    }
+
+    /// Free bytes in all ranges.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The largest free range's length (0 when none).
+    pub fn largest(&self) -> u64 {
+        self.by_size.iter().next_back().map_or(0, |&(len, _)| len)
+    }
+
+    pub fn count(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    /// Every range, in address order: (start, span).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Span)> + '_ {
+        self.by_addr.iter().map(|(&a, &s)| (a, s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_takes_the_smallest_fitting_range() {
+        let mut r = FreeRanges::default();
+        r.insert(0, 100, 0);
+        r.insert(1000, 40, 0);
+        r.insert(2000, 60, 0);
+        assert_eq!(r.take(50), Some((2000, 0)), "60 is the smallest range of at least 50");
+        assert_eq!(r.take(40), Some((1000, 0)));
+        assert_eq!(r.take(101), None);
+        assert_eq!(r.take(100), Some((0, 0)));
+        assert_eq!(r.total(), 10, "the 10 bytes left of the 60-byte range");
+    }
+
+    #[test]
+    fn frees_coalesce_with_both_neighbours_and_keep_the_newest_sequence() {
+        let mut r = FreeRanges::default();
+        r.insert(0, 300, 0);
+        let a = r.take(100).unwrap().0;
+        let b = r.take(100).unwrap().0;
+        let c = r.take(100).unwrap().0;
+        assert_eq!((a, b, c), (0, 100, 200));
+        assert_eq!(r.count(), 0);
+        r.insert(a, 100, 1);
+        r.insert(c, 100, 3);
+        assert_eq!(r.count(), 2);
+        r.insert(b, 100, 2);
+        assert_eq!(r.count(), 1, "the middle free joins both sides");
+        assert_eq!(r.iter().next(), Some((0, Span { len: 300, freed: 3 })));
+        assert_eq!(r.largest(), 300);
+    }
+
+    #[test]
+    fn take_at_carves_the_middle() {
+        let mut r = FreeRanges::default();
+        r.insert(0, 100, 7);
+        assert!(r.take_at(40, 20));
+        assert!(!r.take_at(50, 20), "already taken");
+        let ranges: Vec<_> = r.iter().collect();
+        assert_eq!(ranges, vec![(0, Span { len: 40, freed: 7 }), (60, Span { len: 40, freed: 7 })]);
+        r.insert(40, 20, 9);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(0, Span { len: 100, freed: 9 })]);
+    }
+}

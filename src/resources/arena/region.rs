@@ -1,0 +1,174 @@
+//! `Region`: one stream's reserved address range in the arena, its free
+//! ranges and the physical page mapped at each granule.
+//!
+//! Contract:
+//! - Every block carved from a region was allocated on the region's
+//!   stream and is freed back into it: stream order alone fences a reuse
+//!   of its addresses on that stream, so a hit needs no event and no wait.
+//! - A granule (page) is mapped while any live block overlaps it, and may
+//!   stay mapped while free; it is *idle* when a free range covers it whole.
+//!   An idle page may be unmapped (and its physical memory mapped elsewhere
+//!   or released) only once the frees that made it idle are complete on the
+//!   GPU: `freed <= done` for its range. `done` advances when an event
+//!   recorded after those frees completes, or when the stream has nothing
+//!   left to run.
+//! - The region does no driver call itself: the arena maps, unmaps and
+//!   queries, holding the region's lock.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use super::ranges::FreeRanges;
+use crate::device::{PhysHandle, RawEvent, RawStream};
+
+pub(crate) struct Region {
+    pub stream: RawStream,
+    pub base: u64,
+    pub len: u64,
+    granularity: u64,
+    pub free: FreeRanges,
+    /// The physical page mapped at each granule; `None` where unmapped.
+    pages: Vec<Option<PhysHandle>>,
+    /// Frees into this region so far: each gets the next number.
+    frees: u64,
+    /// Frees known complete on the GPU.
+    pub done: u64,
+    /// Events recorded on the stream after free number `.1`, oldest first.
+    pub seals: VecDeque<(RawEvent, u64)>,
+}
+
+impl Region {
+    pub fn new(stream: RawStream, base: u64, len: u64, granularity: u64) -> Region {
+        let mut free = FreeRanges::default();
+        free.insert(base, len, 0);
+        let pages = vec![None; (len / granularity) as usize];
+        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new() }
+    }
+
+    /// The granules `[addr, addr + len)` touches.
+    pub fn pages_of(&self, addr: u64, len: u64) -> Range<usize> {
+        let first = (addr - self.base) / self.granularity;
+        let last = (addr + len - 1 - self.base) / self.granularity;
+        first as usize..last as usize + 1
+    }
+
+    pub fn page_addr(&self, page: usize) -> u64 {
+        self.base + page as u64 * self.granularity
+    }
+
+    pub fn is_mapped(&self, page: usize) -> bool {
+        self.pages[page].is_some()
+    }
+
+    /// The granules of `[addr, addr + len)` with nothing mapped.
+    pub fn unmapped_in(&self, addr: u64, len: u64) -> Vec<usize> {
+        self.pages_of(addr, len).filter(|&p| self.pages[p].is_none()).collect()
+    }
+
+    /// Whether every granule of `[addr, addr + len)` is mapped.
+    pub fn all_mapped(&self, addr: u64, len: u64) -> bool {
+        self.pages[self.pages_of(addr, len)].iter().all(Option::is_some)
+    }
+
+    pub fn install(&mut self, page: usize, handle: PhysHandle) {
+        debug_assert!(self.pages[page].is_none());
+        self.pages[page] = Some(handle);
+    }
+
+    /// The handle of an unmapped page taken out of the table.
+    pub fn uninstall(&mut self, page: usize) -> PhysHandle {
+        self.pages[page].take().expect("a mapped page")
+    }
+
+    /// A block's memory back, as the next free.
+    pub fn release(&mut self, addr: u64, len: u64) {
+        self.frees += 1;
+        self.free.insert(addr, len, self.frees);
+    }
+
+    /// Memory carved for an allocation that then failed: back as it was
+    /// (never used, so no new free).
+    pub fn unreserve(&mut self, addr: u64, len: u64, freed: u64) {
+        self.free.insert(addr, len, freed);
+    }
+
+    pub fn frees(&self) -> u64 {
+        self.frees
+    }
+
+    /// Every free so far is complete on the GPU.
+    pub fn all_done(&mut self) {
+        self.done = self.frees;
+    }
+
+    /// Mapped pages that free ranges cover whole and whose frees are
+    /// complete: at most `max`, in address order.
+    pub fn idle_pages(&self, max: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (start, span) in self.free.iter() {
+            if out.len() >= max {
+                break;
+            }
+            if span.freed > self.done {
+                continue;
+            }
+            let first = (start - self.base).div_ceil(self.granularity) as usize;
+            let end = ((start + span.len - self.base) / self.granularity) as usize;
+            out.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - out.len()));
+        }
+        out
+    }
+
+    /// Every mapped page, in address order (close).
+    pub fn mapped_pages(&self) -> Vec<usize> {
+        (0..self.pages.len()).filter(|&p| self.pages[p].is_some()).collect()
+    }
+}
+
+/// Consecutive runs of sorted page indices: (first, count).
+pub(crate) fn runs(pages: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some((first, count)) if *first + *count == p => *count += 1,
+            _ => out.push((p, 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 21;
+
+    #[test]
+    fn idle_pages_need_whole_free_granules_and_completed_frees() {
+        let mut r = Region::new(1, 0x1000_0000, 8 * G, G);
+        let (a, _) = r.free.take(3 * G).unwrap();
+        for p in r.unmapped_in(a, 3 * G) {
+            r.install(p, p as u64 + 100);
+        }
+        let (b, _) = r.free.take(G / 2).unwrap();
+        assert_eq!(b, a + 3 * G);
+        for p in r.unmapped_in(b, G / 2) {
+            r.install(p, p as u64 + 100);
+        }
+        r.release(a, 3 * G);
+        assert!(r.idle_pages(10).is_empty(), "the free is not known complete yet");
+        r.all_done();
+        assert_eq!(r.idle_pages(10), vec![0, 1, 2], "page 3 still holds the live half-page block");
+        assert_eq!(r.idle_pages(2), vec![0, 1]);
+        r.release(b, G / 2);
+        assert!(r.idle_pages(10).is_empty(), "the merged range takes the newer, incomplete free");
+        r.all_done();
+        assert_eq!(r.idle_pages(10), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn runs_group_consecutive_pages() {
+        assert_eq!(runs(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
+        assert!(runs(&[]).is_empty());
+    }
+}
