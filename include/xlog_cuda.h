@@ -16,22 +16,6 @@
 
 
 /*
- Mapping granularity of the sim device (Hopper's).
- */
-#define SIM_VM_GRANULARITY (2 << 20)
-
-/*
- Address space the arena reserves per stream region on sim: small, since
- the host backs it (lazily); larger requests get a region of their own.
- */
-#define SIM_VM_REGION_BYTES (64 << 20)
-
-/*
- Every block's size is a multiple of this (and so is its address).
- */
-#define BLOCK_ALIGN 512
-
-/*
  `xlog_config.memory`: xlog's own arena (the default).
  */
 #define XLOG_MEMORY_ARENA 0

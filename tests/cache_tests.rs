@@ -273,7 +273,7 @@ fn cache_off_frees_to_the_driver_as_the_seed_did() {
 fn a_failing_pool_creation_fails_the_open_and_leaves_nothing_behind() {
     let device = SimDevice::new(0, 4 * MIB).unwrap();
     device.inject_fault(FaultKind::PoolCreate, 1);
-    let cfg = Config { backend: xlog_cuda::Backend::Sim, budget_bytes: MIB, ..Config::default() };
+    let cfg = Config { backend: xlog_cuda::Backend::Sim, budget_bytes: MIB, arena: false, ..Config::default() };
     match Runtime::build(device.clone(), &cfg) {
         Err(ResourceError::Driver(m)) => assert!(m.contains("memory pool creation"), "{m}"),
         Err(e) => panic!("unexpected {e}"),

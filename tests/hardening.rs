@@ -30,7 +30,7 @@ fn last_error() -> String {
 }
 
 fn sim_config() -> Config {
-    Config { backend: Backend::Sim, sim_capacity_bytes: 16 << 20, stream_pool_size: 4, ..Config::default() }
+    Config { backend: Backend::Sim, sim_capacity_bytes: 16 << 20, stream_pool_size: 4, arena: false, ..Config::default() }
 }
 
 fn c_config(pool: u32, log: Option<&CString>) -> xlog_config {
@@ -44,7 +44,7 @@ fn c_config(pool: u32, log: Option<&CString>) -> xlog_config {
     cfg.backend = XLOG_BACKEND_SIM;
     cfg.budget_bytes = 0;
     cfg.stream_pool_size = pool;
-    cfg.sim_capacity_bytes = 1 << 20;
+    cfg.sim_capacity_bytes = 8 << 20;
     cfg.log_path = log.map_or(std::ptr::null(), |c| c.as_ptr());
     cfg
 }

@@ -39,7 +39,7 @@ fn open(pool: u32) -> (xlog_status, *mut xlog_runtime) {
     cfg.budget_bytes = 0;
     cfg.log_path = std::ptr::null();
     cfg.stream_pool_size = pool;
-    cfg.sim_capacity_bytes = 1 << 20;
+    cfg.sim_capacity_bytes = 8 << 20;
     let mut rt = std::ptr::null_mut();
     // SAFETY: valid config and out-pointer.
     let st = unsafe { xlog_runtime_open(0, &cfg, &mut rt) };

@@ -505,7 +505,8 @@ const CHILD_ENV: &str = "XLOG_LIFETIME_LEAK_CHILD_LOG";
 fn leak_report_child() {
     let Some(log) = std::env::var_os(CHILD_ENV) else { return };
     let log = CString::new(log.to_str().unwrap()).unwrap();
-    let mut cfg = sim_config(XLOG_ALLOCATOR_ASYNC, 1 << 20, 4);
+    // Room for a 2 MiB page on each of the two streams.
+    let mut cfg = sim_config(XLOG_ALLOCATOR_ASYNC, 8 << 20, 4);
     cfg.log_path = log.as_ptr();
     let h = open(&cfg);
     let (s, t) = (acquire(h), acquire(h));

@@ -24,7 +24,7 @@ fn config(log: &Path, budget: u64, cache: bool, allocator: AllocatorKind) -> Con
         sim_capacity_bytes: 64 * MIB,
         // The two-runtime test opens sim devices 0 and 1.
         sim_devices: 2,
-        arena: true,
+        arena: false,
         ..Config::default()
     }
 }

@@ -24,7 +24,7 @@ fn config(devices: u32, budget: u64) -> Config {
         sim_capacity_bytes: 64 * MIB,
         budget_bytes: budget,
         sim_devices: devices,
-        arena: true,
+        arena: false,
         ..Config::default()
     }
 }

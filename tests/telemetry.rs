@@ -17,6 +17,7 @@ fn open(allocator: AllocatorKind, cache: bool, track_call_sites: bool) -> Arc<Ru
         cache,
         track_call_sites,
         sim_capacity_bytes: 64 << 20,
+        arena: false,
         ..Config::default()
     };
     Runtime::open(0, &config).unwrap()
@@ -199,7 +200,7 @@ fn summary_shows_the_totals_the_tags_and_the_largest_blocks() {
     assert_eq!(text.lines().skip_while(|l| !l.starts_with("largest")).count(), 2 + 5);
 
     // With a budget the limit is there too.
-    let budgeted = Runtime::open(0, &Config { backend: Backend::Sim, budget_bytes: 7 << 20, ..Config::default() }).unwrap();
+    let budgeted = Runtime::open(0, &Config { backend: Backend::Sim, budget_bytes: 7 << 20, arena: false, ..Config::default() }).unwrap();
     let text = budgeted.memory_summary(10).unwrap();
     assert!(text.contains(&format!("budget     {:>16} B", 7u64 << 20)), "{text}");
     budgeted.close().unwrap();
@@ -347,7 +348,7 @@ fn blocks_leaked_at_close_are_counted_as_freed() {
 fn retries_after_relieving_pressure_are_counted() {
     // wait_on_pressure: the retry waits for the cache's free to complete
     // (without it, whether the retry fits depends on how far the stream got).
-    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, wait_on_pressure: true, ..Config::default() };
+    let config = Config { backend: Backend::Sim, budget_bytes: 1 << 20, wait_on_pressure: true, arena: false, ..Config::default() };
     let rt = Runtime::open(0, &config).unwrap();
     let s = rt.acquire_stream().unwrap();
     let a = rt.allocate(600 << 10, s, "retry").unwrap();

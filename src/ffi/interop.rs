@@ -591,6 +591,8 @@ mod tests {
         cfg.budget_bytes = budget;
         cfg.sim_capacity_bytes = 1 << 26;
         cfg.wait_on_pressure = 1;
+        // These tests count bytes through the driver pool's mechanics.
+        cfg.memory = XLOG_MEMORY_POOL;
         // Each test keeps its hooks apart on a sim ordinal of its own.
         cfg.sim_devices = 8192;
         cfg

@@ -598,6 +598,9 @@ impl AsyncPool {
 
     /// Write the driver traffic (`reserve`, `release`, `retire`) into `log`.
     pub fn with_log(mut self, log: Option<Arc<CsvLog>>) -> AsyncPool {
+        if let Some(arena) = &mut self.arena {
+            arena.set_log(log.clone());
+        }
         self.log = log;
         self
     }
@@ -1393,7 +1396,7 @@ impl DeviceMemoryResource for AsyncPool {
         }
         if let Some(arena) = &self.arena {
             let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
-            let ptr = arena.allocate(len, stream.raw, gate, !self.captures.any_active()).map_err(|e| match e {
+            let ptr = arena.allocate(len, stream, gate, !self.captures.any_active()).map_err(|e| match e {
                 ResourceError::OutOfMemory { detail, .. } => ResourceError::OutOfMemory { requested: bytes, detail },
                 other => other,
             })?;

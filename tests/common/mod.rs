@@ -180,7 +180,10 @@ impl Stack {
             pool_release_threshold: u64::MAX,
             track_call_sites: false,
             sim_devices: 1,
-            arena: true,
+            // These stacks test the driver pool's mechanics (caches,
+            // pending frees, reap); the arena has its own suite
+            // (tests/arena.rs).
+            arena: false,
         }
     }
 

@@ -45,9 +45,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use region::{runs, Region};
 
+use super::logging::CsvLog;
 use crate::device::{Device, PhysHandle, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
-use crate::resource::{ChargeGate, ResourceError, ResourceResult};
+use crate::resource::{ChargeGate, ResourceError, ResourceResult, StreamRef};
 
 /// Every block's size is a multiple of this (and so is its address).
 pub(crate) const BLOCK_ALIGN: u64 = 512;
@@ -133,6 +134,9 @@ pub struct Arena {
     recycled: AtomicU64,
     /// Other devices that use this memory: every mapping grants them access.
     peers: Mutex<Vec<i32>>,
+    /// The runtime's CSV log: `reserve` rows for pages created, `release`
+    /// and `retire` rows for pages given back.
+    log: Option<Arc<CsvLog>>,
 }
 
 #[derive(Default)]
@@ -165,7 +169,12 @@ impl Arena {
             misses: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             peers: Mutex::default(),
+            log: None,
         })
+    }
+
+    pub fn set_log(&mut self, log: Option<Arc<CsvLog>>) {
+        self.log = log;
     }
 
     pub fn granularity(&self) -> u64 {
@@ -204,7 +213,8 @@ impl Arena {
 
     /// A block of `len` bytes (a multiple of `BLOCK_ALIGN`) on `stream`:
     /// its address. `may_unmap` is false while a capture is active.
-    pub fn allocate(&self, len: u64, stream: RawStream, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
+    pub fn allocate(&self, len: u64, stream: StreamRef, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
+        let (stream_id, stream) = (stream.id.0, stream.raw);
         debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
         let (region, addr, freed, missing) = match self.carve(stream, len) {
             Some(found) => found,
@@ -217,9 +227,13 @@ impl Arena {
             return Ok(addr);
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let mapped = self
-            .obtain(missing.len(), gate, may_unmap)
-            .and_then(|handles| self.map_pages(&region, &missing, handles));
+        let mapped = self.obtain(missing.len(), gate, may_unmap).and_then(|(handles, created)| {
+            self.map_pages(&region, &missing, handles)?;
+            if let (Some(log), true) = (&self.log, created > 0) {
+                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * self.granularity, stream_id);
+            }
+            Ok(())
+        });
         if let Err(e) = mapped {
             lock(&region).unreserve(addr, len, freed);
             self.live.fetch_sub(len, Ordering::AcqRel);
@@ -306,7 +320,8 @@ impl Arena {
     /// recycled idle ones; then new ones charged to `gate`. Under pressure
     /// (the gate or the device refuses) idle pages are recycled before the
     /// refusal stands.
-    fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<Vec<PhysHandle>> {
+    fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<(Vec<PhysHandle>, usize)> {
+        let mut created = 0;
         let mut got = {
             let mut spare = lock(&self.spare);
             let keep = spare.pages.len().saturating_sub(count);
@@ -317,7 +332,10 @@ impl Arena {
         }
         while got.len() < count {
             match self.create(gate) {
-                Ok(handle) => got.push(handle),
+                Ok(handle) => {
+                    got.push(handle);
+                    created += 1;
+                }
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let mut more = self.recycle(count - got.len(), Completion::Query);
                     if more.is_empty() && self.wait_on_pressure {
@@ -335,7 +353,7 @@ impl Arena {
                 }
             }
         }
-        Ok(got)
+        Ok((got, created))
     }
 
     /// Whether `pages` more would take the held bytes past the live peak
@@ -464,6 +482,11 @@ impl Arena {
                 }
                 Err(_) => lock(&self.spare).pages.push(handle),
             }
+        }
+        if let (Some(log), true) = (&self.log, released > 0) {
+            // Released at once: no pending time between the two rows.
+            log.released(0, released);
+            log.retired(released, released / self.granularity);
         }
         released
     }
