@@ -290,6 +290,10 @@ pub struct Usage {
     /// Driver refusals answered by giving the cache back (and, with
     /// wait_on_pressure, waiting) and trying again.
     pub alloc_retries: u64,
+    /// The highest live total, where the resource follows it exactly
+    /// across streams (the arena); 0 where it does not (the runtime then
+    /// bounds it from the per-shard counts).
+    pub peak_live_bytes: u64,
 }
 
 impl Usage {

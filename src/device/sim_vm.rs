@@ -35,10 +35,13 @@ pub(crate) const SIM_VM_REGION_BYTES: u64 = 64 << 20;
 /// offsets from it).
 const RESERVATION_ALIGN: u64 = 4096;
 
+/// Host memory standing for a reservation's addresses.
+pub(crate) type Backing = Arc<Box<[AtomicU8]>>;
+
 struct Reservation {
-    /// Host memory standing for the addresses, `RESERVATION_ALIGN` bytes
-    /// longer than the reservation so its base can be aligned.
-    cells: Arc<Box<[AtomicU8]>>,
+    /// `RESERVATION_ALIGN` bytes longer than the reservation so its base
+    /// can be aligned.
+    cells: Backing,
     /// Offset of the base inside `cells`.
     pad: u64,
     len: u64,
@@ -207,12 +210,12 @@ impl SimVm {
     /// The host cells behind `[ptr, ptr + len)` of a reservation, when `ptr`
     /// is in one: the backing and the offset of `ptr` in it. An unmapped
     /// granule is an error.
-    pub fn cells(&self, ptr: u64, len: u64) -> Option<DeviceResult<(Arc<Box<[AtomicU8]>>, usize)>> {
+    pub fn cells(&self, ptr: u64, len: u64) -> Option<DeviceResult<(Backing, usize)>> {
         let (&base, r) = self.reservations.range(..=ptr).next_back()?;
         if ptr >= base + r.len {
             return None;
         }
-        if ptr.checked_add(len).is_none_or(|end| end > base + r.len) {
+        if ptr.checked_add(len).map_or(true, |end| end > base + r.len) {
             return Some(Err(invalid(format!(
                 "sim access of {len} bytes at {ptr:#x} runs past the reservation [{base:#x}, {:#x})",
                 base + r.len

@@ -1467,7 +1467,7 @@ impl DeviceMemoryResource for AsyncPool {
         // would be seen twice: cached is capped by what held leaves.)
         let held = self.held.now();
         let pending = self.pending_bytes.load(Ordering::Acquire).min(held);
-        let (mut hits, mut misses) = (cache.hits, cache.misses);
+        let (mut hits, mut misses, mut peak_live) = (cache.hits, cache.misses, 0);
         let cached = match &self.arena {
             // Everything held that no live block uses: free space of mapped
             // pages, spare pages and the captures' free memory.
@@ -1475,6 +1475,7 @@ impl DeviceMemoryResource for AsyncPool {
                 let a = arena.usage();
                 hits += a.hits;
                 misses += a.misses;
+                peak_live = a.peak_live;
                 held - pending - self.live_now().min(held - pending)
             }
             None => (cache.bytes + self.captures.free_bytes()).min(held - pending),
@@ -1494,6 +1495,7 @@ impl DeviceMemoryResource for AsyncPool {
             allocations,
             deallocations,
             alloc_retries: self.retries.load(Ordering::Relaxed),
+            peak_live_bytes: peak_live,
         }
     }
 

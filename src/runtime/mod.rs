@@ -180,9 +180,12 @@ impl Runtime {
         };
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
-                // The driver's pool serves the pool memory (and the arena's
-                // fallback where the device has no virtual memory API).
-                device.use_private_pool(config.pool_release_threshold)?;
+                // The driver's pool serves the pool memory, and the arena's
+                // place where the device has no virtual memory API; with the
+                // arena it is not made (its reserved bytes would read 0).
+                if !(config.arena && config.cache && device.supports_vm()) {
+                    device.use_private_pool(config.pool_release_threshold)?;
+                }
                 let options =
                     PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure, arena: config.arena };
                 Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
@@ -708,7 +711,10 @@ impl Runtime {
             // The summed peak is an upper bound when several streams
             // allocate (`telemetry::counters`); live bytes never exceed the
             // held bytes, so their peak is capped by the held peak too.
-            peak_live_bytes: totals.peak_live_bytes.min(u.peak_outstanding_bytes.max(totals.live_bytes)),
+            peak_live_bytes: match u.peak_live_bytes {
+                0 => totals.peak_live_bytes.min(u.peak_outstanding_bytes.max(totals.live_bytes)),
+                exact => exact,
+            },
             peak_live_blocks: totals.peak_live_blocks,
             alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
         }

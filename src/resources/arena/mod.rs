@@ -62,6 +62,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+type SharedRegion = Arc<Mutex<Region>>;
+
+/// A range carved for a block: its region, address, the range's free
+/// sequence (to put it back as it was) and the granules still to map.
+type Carved = (SharedRegion, u64, u64, Vec<usize>);
+
 /// Held device bytes and their peak, shared with the pool (whose capture
 /// memory counts too).
 #[derive(Default)]
@@ -124,7 +130,7 @@ pub struct Arena {
     /// Each stream's regions, newest last.
     streams: RwLock<FastMap<RawStream, Vec<Arc<Mutex<Region>>>>>,
     /// Every region by base address, with its length.
-    regions: RwLock<BTreeMap<u64, (u64, Arc<Mutex<Region>>)>>,
+    regions: RwLock<BTreeMap<u64, (u64, SharedRegion)>>,
     /// Physical pages created and not mapped anywhere (charged, held).
     spare: Mutex<Spare>,
     live: AtomicU64,
@@ -252,7 +258,7 @@ impl Arena {
 
     /// A fitting free range in one of `stream`'s regions: the region, the
     /// address, the range's free sequence, and the granules to map.
-    fn carve(&self, stream: RawStream, len: u64) -> Option<(Arc<Mutex<Region>>, u64, u64, Vec<usize>)> {
+    fn carve(&self, stream: RawStream, len: u64) -> Option<Carved> {
         let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
         for region in streams.get(&stream)? {
             let mut r = lock(region);
@@ -265,7 +271,7 @@ impl Arena {
         None
     }
 
-    fn carve_in_new_region(&self, stream: RawStream, len: u64) -> ResourceResult<(Arc<Mutex<Region>>, u64, u64, Vec<usize>)> {
+    fn carve_in_new_region(&self, stream: RawStream, len: u64) -> ResourceResult<Carved> {
         let bytes = len
             .checked_add(self.granularity - 1)
             .map(|b| b / self.granularity * self.granularity)
@@ -427,7 +433,7 @@ impl Arena {
             r.all_done();
             return;
         }
-        if r.seals.back().is_none_or(|&(_, seq)| seq < r.frees()) {
+        if r.seals.back().map_or(true, |&(_, seq)| seq < r.frees()) {
             let event = lock(&self.spare).events.pop().map_or_else(|| self.device.create_event(), Ok);
             if let Ok(event) = event {
                 match self.device.record_event(event, r.stream) {

@@ -78,38 +78,6 @@ impl FreeRanges {
         Some((addr, span.freed))
     }
 
-    /// Take out exactly `[addr, addr + len)`, which must lie inside one free
-    /// range (the rest of that range stays free).
-    pub fn take_at(&mut self, addr: u64, len: u64) -> bool {
-        let Some((&start, &span)) = self.by_addr.range(..=addr).next_back() else { return false };
-        if start + span.len < addr + len {
-            return false;
-        }
-        self.remove_raw(start);
-        if addr > start {
-            self.insert_raw(start, Span { len: addr - start, freed: span.freed });
-        }
-        let end = start + span.len;
-        if end > addr + len {
-            self.insert_raw(addr + len, Span { len: end - addr - len, freed: span.freed });
-        }
-        true
-    }
-
-    /// Free bytes in all ranges.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// The largest free range's length (0 when none).
-    pub fn largest(&self) -> u64 {
-        self.by_size.iter().next_back().map_or(0, |&(len, _)| len)
-    }
-
-    pub fn count(&self) -> usize {
-        self.by_addr.len()
-    }
-
     /// Every range, in address order: (start, span).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Span)> + '_ {
         self.by_addr.iter().map(|(&a, &s)| (a, s))
@@ -130,7 +98,7 @@ mod tests {
         assert_eq!(r.take(40), Some((1000, 0)));
         assert_eq!(r.take(101), None);
         assert_eq!(r.take(100), Some((0, 0)));
-        assert_eq!(r.total(), 10, "the 10 bytes left of the 60-byte range");
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(2050, Span { len: 10, freed: 0 })], "the rest of the 60-byte range");
     }
 
     #[test]
@@ -141,25 +109,11 @@ mod tests {
         let b = r.take(100).unwrap().0;
         let c = r.take(100).unwrap().0;
         assert_eq!((a, b, c), (0, 100, 200));
-        assert_eq!(r.count(), 0);
+        assert_eq!(r.iter().count(), 0);
         r.insert(a, 100, 1);
         r.insert(c, 100, 3);
-        assert_eq!(r.count(), 2);
+        assert_eq!(r.iter().count(), 2);
         r.insert(b, 100, 2);
-        assert_eq!(r.count(), 1, "the middle free joins both sides");
-        assert_eq!(r.iter().next(), Some((0, Span { len: 300, freed: 3 })));
-        assert_eq!(r.largest(), 300);
-    }
-
-    #[test]
-    fn take_at_carves_the_middle() {
-        let mut r = FreeRanges::default();
-        r.insert(0, 100, 7);
-        assert!(r.take_at(40, 20));
-        assert!(!r.take_at(50, 20), "already taken");
-        let ranges: Vec<_> = r.iter().collect();
-        assert_eq!(ranges, vec![(0, Span { len: 40, freed: 7 }), (60, Span { len: 40, freed: 7 })]);
-        r.insert(40, 20, 9);
-        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(0, Span { len: 100, freed: 9 })]);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(0, Span { len: 300, freed: 3 })], "the middle free joins both sides");
     }
 }

@@ -1,0 +1,306 @@
+//! The arena (DESIGN.md "Physical memory"), the async allocator's default
+//! memory, on the sim backend's model of the virtual-memory API: exact
+//! accounting against what the device holds, coalescing, the footprint
+//! bound on changing sizes, the pressure path, completion before a page
+//! moves, stale handles on reused addresses, trim.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use xlog_cuda::{Access, Backend, Config, ResourceError, Runtime, StreamId};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+/// The sim's mapping granularity (Hopper's).
+const PAGE: u64 = 2 * MIB;
+
+fn open(budget: u64) -> Arc<Runtime> {
+    let config = Config { backend: Backend::Sim, budget_bytes: budget, sim_capacity_bytes: 512 * MIB, ..Config::default() };
+    assert!(config.arena, "the arena is the default");
+    Runtime::open(0, &config).unwrap()
+}
+
+/// The device's bytes for xlog (sim physical memory) equal what xlog
+/// charges and reports as held, and the budget, if any, is not passed.
+fn check_exact(rt: &Runtime, what: &str) {
+    let physical = rt.sim().unwrap().physical_bytes();
+    let u = rt.usage();
+    assert_eq!(u.outstanding_bytes(), physical, "{what}: held vs device");
+    assert_eq!(u.live_bytes + u.cached_bytes + u.pending_bytes, physical, "{what}: views add up");
+    assert_eq!(physical % PAGE, 0, "{what}: whole pages");
+    if let Some(budget) = rt.budget() {
+        assert_eq!(budget.reserved(), physical, "{what}: the charge is the device's number");
+        assert!(physical <= budget.limit(), "{what}: device {physical} above the limit {}", budget.limit());
+    }
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn the_charge_is_exactly_what_the_device_holds() {
+    let rt = open(256 * MIB);
+    let (s, t) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let mut rng = Rng(7);
+    let mut live = Vec::new();
+    for i in 0..400 {
+        if live.len() < 24 && rng.below(3) != 0 {
+            let bytes = 1 + rng.below(3 * MIB);
+            let stream = if rng.below(2) == 0 { s } else { t };
+            live.push(rt.allocate(bytes, stream, "x").unwrap());
+        } else if !live.is_empty() {
+            let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+            rt.deallocate(&b.id).unwrap();
+        }
+        check_exact(&rt, &format!("op {i}"));
+    }
+    for b in live {
+        rt.deallocate(&b.id).unwrap();
+    }
+    rt.trim(0).unwrap();
+    check_exact(&rt, "after trim");
+    assert_eq!(rt.sim().unwrap().physical_bytes(), 0, "trim gives every idle page back");
+}
+
+#[test]
+fn freed_blocks_coalesce_and_serve_another_shape_without_new_memory() {
+    let rt = open(0);
+    let s = rt.acquire_stream().unwrap();
+    let blocks: Vec<_> = (0..6).map(|_| rt.allocate(MIB, s, "small").unwrap()).collect();
+    let held = rt.usage().outstanding_bytes();
+    assert_eq!(held, 3 * PAGE, "six 1 MiB blocks pack into three pages");
+    for b in &blocks {
+        rt.deallocate(&b.id).unwrap();
+    }
+    let misses = rt.usage().cache_misses;
+    let big = rt.allocate(6 * MIB, s, "big").unwrap();
+    assert_eq!(big.id.ptr, blocks[0].id.ptr, "the coalesced range starts where the first block did");
+    assert_eq!(rt.usage().outstanding_bytes(), held, "no new memory for the new shape");
+    assert_eq!(rt.usage().cache_misses, misses, "a hit: every page was mapped");
+    rt.deallocate(&big.id).unwrap();
+}
+
+#[test]
+fn changing_sizes_stay_near_the_live_peak() {
+    // A training-like loop on one stream: each step allocates activations
+    // whose sizes scale with a new sequence length, frees them in reverse,
+    // with a few long-lived blocks in between.
+    let rt = open(0);
+    let s = rt.acquire_stream().unwrap();
+    let mut rng = Rng(11);
+    let weights: Vec<_> = (0..8).map(|i| rt.allocate(300 * KIB + i * 4 * KIB, s, "weights").unwrap()).collect();
+    let mut peak_held = 0;
+    for _step in 0..300 {
+        let len = 64 + rng.below(960);
+        let mut acts = Vec::new();
+        for layer in 0..12 {
+            acts.push(rt.allocate(len * (16 + layer) * KIB / 16, s, "act").unwrap());
+            if layer % 3 == 0 {
+                let tmp = rt.allocate(len * 3 * KIB, s, "tmp").unwrap();
+                rt.deallocate(&tmp.id).unwrap();
+            }
+        }
+        peak_held = peak_held.max(rt.usage().outstanding_bytes());
+        while let Some(b) = acts.pop() {
+            rt.deallocate(&b.id).unwrap();
+        }
+        check_exact(&rt, "step");
+    }
+    let stats = rt.stats().unwrap();
+    let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 17 / 16 + 2) * PAGE;
+    assert!(
+        stats.peak_outstanding_bytes <= bound,
+        "held peak {} vs live peak {} (bound {bound})",
+        stats.peak_outstanding_bytes,
+        stats.peak_live_bytes
+    );
+    for b in weights {
+        rt.deallocate(&b.id).unwrap();
+    }
+}
+
+#[test]
+fn idle_memory_is_never_refused_sizes_that_change_each_step() {
+    // Issue 24's first pressure case: three blocks of (step % 7 + 1) MiB,
+    // a pause, the frees; a 64 MiB budget; default config.
+    for attempt in 0..50 {
+        let rt = open(64 * MIB);
+        let s = rt.acquire_stream().unwrap();
+        for step in 0..10u64 {
+            let bytes = (step % 7 + 1) * MIB;
+            let blocks: Vec<_> = (0..3)
+                .map(|i| rt.allocate(bytes, s, "step").unwrap_or_else(|e| panic!("attempt {attempt} step {step} block {i}: {e}")))
+                .collect();
+            std::thread::sleep(Duration::from_micros(200));
+            for b in blocks {
+                rt.deallocate(&b.id).unwrap();
+            }
+            check_exact(&rt, "step");
+        }
+    }
+}
+
+#[test]
+fn a_refusal_never_stands_while_the_call_could_use_what_it_frees() {
+    // Issue 24's second pressure case: 8 MiB budget, 24 x 256 KiB allocated
+    // and freed, then 6 MiB.
+    for attempt in 0..50 {
+        let rt = open(8 * MIB);
+        let s = rt.acquire_stream().unwrap();
+        let blocks: Vec<_> = (0..24).map(|_| rt.allocate(256 * KIB, s, "small").unwrap()).collect();
+        for b in blocks {
+            rt.deallocate(&b.id).unwrap();
+        }
+        let big = rt.allocate(6 * MIB, s, "big").unwrap_or_else(|e| panic!("attempt {attempt}: {e}"));
+        check_exact(&rt, "after the big block");
+        rt.deallocate(&big.id).unwrap();
+    }
+}
+
+#[test]
+fn another_streams_idle_page_moves_only_once_its_work_is_done() {
+    // One page of budget. Stream a frees its block behind a host callback
+    // that holds the stream: the page is idle but may still be in use, so
+    // stream b is refused (no host wait without wait_on_pressure); once a
+    // has run, b gets the very page.
+    let rt = open(PAGE);
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x = rt.allocate(PAGE, a, "x").unwrap();
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    rt.enqueue_host(
+        a,
+        Box::new(move || {
+            while !g.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }),
+    )
+    .unwrap();
+    rt.deallocate(&x.id).unwrap();
+    match rt.allocate(PAGE, b, "y") {
+        Err(ResourceError::OutOfBudget { requested, .. }) => assert_eq!(requested, PAGE),
+        other => panic!("expected a refusal while stream a still runs, got {other:?}"),
+    }
+    check_exact(&rt, "after the refusal");
+    gate.store(true, Ordering::Release);
+    rt.synchronize(a).unwrap();
+    let y = rt.allocate(PAGE, b, "y").unwrap();
+    assert_ne!(y.id.ptr, x.id.ptr, "another stream's region");
+    assert_eq!(rt.usage().outstanding_bytes(), PAGE, "the same physical page, moved");
+    check_exact(&rt, "after the move");
+    rt.deallocate(&y.id).unwrap();
+}
+
+#[test]
+fn with_wait_on_pressure_the_refusal_waits_for_the_other_stream_instead() {
+    let config = Config {
+        backend: Backend::Sim,
+        budget_bytes: PAGE,
+        wait_on_pressure: true,
+        sim_capacity_bytes: 64 * MIB,
+        ..Config::default()
+    };
+    let rt = Runtime::open(0, &config).unwrap();
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x = rt.allocate(PAGE, a, "x").unwrap();
+    rt.enqueue_host(a, Box::new(|| std::thread::sleep(Duration::from_millis(30)))).unwrap();
+    rt.deallocate(&x.id).unwrap();
+    let y = rt.allocate(PAGE, b, "y").unwrap();
+    check_exact(&rt, "after the wait");
+    rt.deallocate(&y.id).unwrap();
+}
+
+#[test]
+fn a_stale_handle_to_a_reused_arena_address_is_rejected() {
+    let rt = open(0);
+    let (s, t) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let old = rt.allocate(4096, s, "old").unwrap();
+    rt.deallocate(&old.id).unwrap();
+    let new = rt.allocate(4096, s, "new").unwrap();
+    assert_eq!(new.id.ptr, old.id.ptr, "the address is reused at once");
+    assert_ne!(new.id.generation, old.id.generation);
+    for r in [rt.deallocate(&old.id).map(|_| ()), rt.prepare(&old.id, t, Access::Read)] {
+        assert!(matches!(r, Err(ResourceError::UseAfterFree { .. })), "{r:?}");
+    }
+    rt.sim().unwrap().fill(new.id.ptr, 4096, 7).unwrap();
+    assert_eq!(rt.sim().unwrap().read(new.id.ptr + 4095, 1).unwrap(), vec![7]);
+    rt.deallocate(&new.id).unwrap();
+}
+
+#[test]
+fn the_device_never_holds_more_than_the_budget_under_four_threads() {
+    let limit = 48 * MIB;
+    let rt = open(limit);
+    let handles: Vec<_> = (0..4u64)
+        .map(|k| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                let s: StreamId = rt.acquire_stream().unwrap();
+                let mut rng = Rng(100 + k);
+                let (mut live, mut refused) = (Vec::new(), 0);
+                for _ in 0..400 {
+                    if live.len() < 6 && rng.below(2) == 0 {
+                        match rt.allocate(1 + rng.below(4 * MIB), s, "t") {
+                            Ok(b) => live.push(b),
+                            Err(ResourceError::OutOfBudget { .. }) => refused += 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                    } else if let Some(b) = live.pop() {
+                        rt.deallocate(&b.id).unwrap();
+                    }
+                    assert!(rt.sim().unwrap().physical_bytes() <= limit);
+                }
+                for b in live {
+                    rt.deallocate(&b.id).unwrap();
+                }
+                refused
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    check_exact(&rt, "after the threads");
+}
+
+#[test]
+fn idle_pages_of_one_stream_serve_another_so_phases_share_memory() {
+    // Two streams that take turns (a query engine's stages, say): each
+    // peaks at about 40 MiB in its turn. Without moving idle pages the
+    // device would hold both peaks; with them, about one.
+    let rt = open(0);
+    let streams = [rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap()];
+    let mut rng = Rng(5);
+    for round in 0..40 {
+        let s = streams[round % 2];
+        let blocks: Vec<_> = (0..8).map(|_| rt.allocate(4 * MIB + rng.below(MIB), s, "stage").unwrap()).collect();
+        for b in blocks {
+            rt.deallocate(&b.id).unwrap();
+        }
+        check_exact(&rt, "round");
+    }
+    let stats = rt.stats().unwrap();
+    let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 17 / 16 + 2) * PAGE;
+    assert!(
+        stats.peak_outstanding_bytes <= bound,
+        "held peak {} vs live peak {} (bound {bound}): the streams' idle pages were not shared",
+        stats.peak_outstanding_bytes,
+        stats.peak_live_bytes
+    );
+    assert!(rt.usage().cache_misses > 2);
+}
