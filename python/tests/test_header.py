@@ -246,18 +246,19 @@ def test_struct_sizes_known_values_lp64():
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
     assert ctypes.sizeof(_library.XlogStats) == 168
-    assert ctypes.sizeof(_library.XlogConfig) == 72
+    assert ctypes.sizeof(_library.XlogConfig) == 80
     assert ctypes.sizeof(_library.XlogLiveBlock) == 88
     assert ctypes.sizeof(_library.XlogTagStat) == 56
     assert _library.XlogConfig.track_call_sites.offset == 64
     assert _library.XlogStats.peak_live_blocks.offset == 152
-    assert ctypes.sizeof(_library.XlogConfig) == 72
+    assert ctypes.sizeof(_library.XlogConfig) == 80
     assert _library.XlogUse.access.offset == 32
     assert _library.XlogConfig.log_path.offset == 32
     assert _library.XlogConfig.wait_on_pressure.offset == 48
     assert _library.XlogConfig.cache.offset == 49
     assert _library.XlogConfig.pool_release_threshold.offset == 56
     assert _library.XlogConfig.sim_devices.offset == 68
+    assert _library.XlogConfig.memory.offset == 72
     # struct_size leads (a u32, then padding), so later fields can be added.
     assert _library.XlogStats.struct_size.offset == 0
     assert _library.XlogStats.live_bytes.offset == 8

@@ -25,7 +25,7 @@ use std::thread::{self, JoinHandle, ThreadId};
 use super::faults::Faults;
 use super::sim_platform;
 use super::sim_capture::{SimCaptures, WaitKind};
-use super::sim_vm::{SimVm, SIM_VM_GRANULARITY, SIM_VM_REGION_BYTES};
+use super::sim_vm::{SimVm, SIM_VM_GRANULARITY, SIM_VM_REGION_BYTES, SIM_VM_REGION_MAX};
 use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, PhysHandle, RawEvent, RawStream};
 use crate::error::DeviceError;
 
@@ -35,6 +35,12 @@ pub use super::faults::FaultKind;
 
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
 pub const SIM_ALIGNMENT: u64 = 256;
+
+/// Most host memory the sim's heap (`alloc_sync`/`alloc_async`) reserves:
+/// a device larger than this (a replayed GPU trace) still counts its whole
+/// capacity for physical memory (`sim_vm.rs`), whose reservations the host
+/// backs lazily, region by region.
+const SIM_HEAP_MAX: u64 = 8 << 30;
 
 /// A sim stream's native handle is `NATIVE_TAG | instance << 16 | raw`:
 /// the 16-bit tag marks it as a sim handle, the 32-bit process-unique
@@ -264,6 +270,8 @@ pub struct SimDevice {
     /// Arena offset of the first 256-aligned byte.
     align_pad: u64,
     capacity: u64,
+    /// Bytes of the heap's arena: the capacity, at most `SIM_HEAP_MAX`.
+    heap_len: u64,
     shared: Arc<Shared>,
     streams: Mutex<Streams>,
     events: Mutex<Vec<Arc<SimEvent>>>,
@@ -284,7 +292,8 @@ impl SimDevice {
     /// A sim device with `capacity` bytes of memory. The arena is reserved
     /// up front and committed by the OS only as it is touched.
     pub fn new(ordinal: i32, capacity: u64) -> DeviceResult<Arc<SimDevice>> {
-        let len = usize::try_from(capacity)
+        let heap_len = capacity.min(SIM_HEAP_MAX);
+        let len = usize::try_from(heap_len)
             .ok()
             .and_then(|c| c.checked_add(SIM_ALIGNMENT as usize))
             .ok_or_else(|| DeviceError::Invalid(format!("sim capacity {capacity} bytes does not fit in memory")))?;
@@ -309,7 +318,8 @@ impl SimDevice {
             arena,
             align_pad,
             capacity,
-            shared: Arc::new(Shared { heap: Mutex::new(Heap::new(capacity)) }),
+            heap_len,
+            shared: Arc::new(Shared { heap: Mutex::new(Heap::new(heap_len)) }),
             streams: Mutex::new(Streams::default()),
             events: Mutex::new(Vec::new()),
             faults: Faults::default(),
@@ -387,11 +397,11 @@ impl SimDevice {
         }
         let bad = || DeviceError::Invalid(format!(
             "sim access of {len} bytes at {ptr:#x} is outside the arena [{base:#x}, {:#x}) and every reservation",
-            base + self.capacity
+            base + self.heap_len
         ));
         let offset = ptr.checked_sub(base).ok_or_else(bad)?;
         let end = offset.checked_add(len).ok_or_else(bad)?;
-        if end > self.capacity {
+        if end > self.heap_len {
             return Err(bad());
         }
         let start = (offset + self.align_pad) as usize;
@@ -696,7 +706,10 @@ impl Device for SimDevice {
     }
 
     fn vm_region_bytes(&self) -> u64 {
-        SIM_VM_REGION_BYTES
+        // An eighth of the device, within bounds: a region is host memory
+        // the OS commits as it is touched, and a stream's blocks should fit
+        // in few of them.
+        (self.capacity / 8).clamp(SIM_VM_REGION_BYTES, SIM_VM_REGION_MAX).div_ceil(SIM_VM_GRANULARITY) * SIM_VM_GRANULARITY
     }
 
     fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {
@@ -850,7 +863,7 @@ impl Device for SimDevice {
 
 impl SimDevice {
     fn offset_of_allocation(&self, ptr: DevicePtr) -> DeviceResult<u64> {
-        let offset = ptr.checked_sub(self.base()).filter(|o| *o < self.capacity);
+        let offset = ptr.checked_sub(self.base()).filter(|o| *o < self.heap_len);
         match offset {
             Some(o) if lock(&self.shared.heap).allocated.contains_key(&o) => Ok(o),
             _ => Err(DeviceError::Invalid(format!("{ptr:#x} is not a live sim allocation"))),
