@@ -5,7 +5,8 @@
 //!
 //!   cargo bench --bench overhead
 //!
-//! Prints ns per allocate+free pair (reap every 64 pairs, as W1), per
+//! Prints ns per allocate+free pair (reap every 64 pairs, as W1), the
+//! same pair with the CSV log on (`--logging-only`: that row alone), per
 //! same-stream and cross-stream prepare+finish (as W4), and the pair on
 //! 1/4/8 threads, each on its own stream (as W3), and W10's hook pair
 //! against the C ABI pair on the hook runtime (`--pairs-only`: the pairs
@@ -86,9 +87,36 @@ impl Device for NullDevice {
 }
 
 fn runtime() -> Arc<Runtime> {
+    runtime_with(Config { budget_bytes: 1 << 40, ..Config::default() })
+}
+
+fn runtime_with(config: Config) -> Arc<Runtime> {
     let device: Arc<dyn Device> = Arc::new(NullDevice { next: AtomicU64::new(1 << 20) });
-    let config = Config { budget_bytes: 1 << 40, ..Config::default() };
     Arc::new(Runtime::build(device, &config).expect("runtime"))
+}
+
+/// The W1 pair with the CSV log on (an `allocate` and a `free` row per
+/// pair), written to a fresh file under the temp directory: what a log
+/// that reaches the file before each call returns costs, next to the
+/// pair with logging off. Returns (logging off, logging on) ns per pair,
+/// the median of rounds that alternate the two.
+fn pairs_logging_off_on(per_round: u64, rounds: usize) -> (f64, f64) {
+    let path = std::env::temp_dir().join(format!("xlog-overhead-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let off = runtime();
+    let on = runtime_with(Config { budget_bytes: 1 << 40, log_path: Some(path.clone()), ..Config::default() });
+    let (mut off_ns, mut on_ns) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        off_ns.push(pairs(&off, per_round));
+        on_ns.push(pairs(&on, per_round));
+    }
+    drop(on);
+    let _ = std::fs::remove_file(&path);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    (median(&mut off_ns), median(&mut on_ns))
 }
 
 fn pairs(rt: &Runtime, n: u64) -> f64 {
@@ -264,6 +292,14 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--logging-only") {
+        // The pair with the log off and on, alone.
+        pairs_logging_off_on(n / 100, 3);
+        let (off, on) = pairs_logging_off_on(n / 20, 11);
+        println!("allocate+free pair, logging off: {off:7.1} ns");
+        println!("allocate+free pair, logging on:  {on:7.1} ns  (+{:.1} ns)", on - off);
+        return;
+    }
     if std::env::args().any(|a| a == "--replay") {
         let rt = runtime();
         replay(&rt, 20_000);
@@ -303,6 +339,9 @@ fn main() {
     }
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
+    pairs_logging_off_on(n / 100, 3);
+    let (off, on) = pairs_logging_off_on(n / 20, 11);
+    println!("pair, logging off / on:        {off:7.1} ns / {on:7.1} ns (log +{:.1} ns)", on - off);
     c_abi_pairs(n / 10);
     println!("pair through the C ABI:        {:7.1} ns", c_abi_pairs(n));
     hook_vs_abi_pairs(n / 20, 2);

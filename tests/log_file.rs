@@ -2,11 +2,16 @@
 //! (issue 18, item 4): runtimes sharing one path append and never truncate
 //! each other; refusals are rows with the reason; memory taken from and
 //! given back to the driver is logged, so live, cached and pending bytes
-//! rebuilt from the log equal the runtime's own stats.
+//! rebuilt from the log equal the runtime's own stats. And a record that
+//! survives a crash (issue 26, item 1): a process killed right after a
+//! refusal, never closing its runtime, leaves every row in the file.
 
 mod common;
 
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::process::{Command, Stdio};
 
 use common::*;
 use xlog_cuda::device::sim::FaultKind;
@@ -55,7 +60,7 @@ fn rows(path: &Path) -> (String, Vec<LogLine>) {
 }
 
 fn check_rebuild(rt: &Runtime, path: &Path, device: i32, what: &str) {
-    rt.reap().unwrap(); // flushes the log
+    rt.reap().unwrap(); // retires what completed (retire rows)
     let st = rt.stats().unwrap();
     let (_, lines) = rows(path);
     assert_eq!(rebuild(&lines, device), (st.live_bytes, st.cached_bytes, st.pending_bytes), "{what}: {st:?}");
@@ -149,12 +154,12 @@ fn two_runtimes_on_one_path_keep_both_their_rows() {
     let a = Runtime::open(0, &two_devices).unwrap();
     let sa = a.acquire_stream().unwrap();
     let x = a.allocate(4096, sa, "dev0").unwrap();
-    a.reap().unwrap(); // written before the second open
+    a.reap().unwrap();
     let b = Runtime::open(1, &two_devices).unwrap();
     let sb = b.acquire_stream().unwrap();
     let mut mine = vec![];
     for i in 0..200u64 {
-        // Interleaved rows from both, in batches flushed by reaps.
+        // Interleaved rows from both, each row written as it is made.
         let y = b.allocate(512 * (1 + i % 7), sb, "dev1").unwrap();
         let z = a.allocate(1024 * (1 + i % 5), sa, "dev0").unwrap();
         mine.push((y.id, z.id));
@@ -189,4 +194,91 @@ fn two_runtimes_on_one_path_keep_both_their_rows() {
         assert_eq!(rebuild(&lines, device), (0, 0, 0), "device {device}: closed");
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Set (to `MODE|PATH`) in the child process of the crash tests.
+const CRASH_CHILD: &str = "XLOG_LOG_FILE_CRASH_CHILD";
+
+/// The child half of the crash tests: three blocks, a refusal by the
+/// budget, then the end the parent asked for — `exit` leaves at once
+/// (no destructor runs, nothing is closed), `kill` says so on stdout and
+/// waits for the parent's SIGKILL.
+#[test]
+#[ignore = "run by the crash tests below in a child process"]
+fn crash_child() {
+    let Some(spec) = std::env::var_os(CRASH_CHILD) else { return };
+    let spec = spec.into_string().unwrap();
+    let (mode, path) = spec.split_once('|').unwrap();
+    let rt = Runtime::open(0, &config(Path::new(path), MIB, true, AllocatorKind::Async)).unwrap();
+    let s = rt.acquire_stream().unwrap();
+    let blocks: Vec<_> = (0..3).map(|i| rt.allocate(256 * KIB, s, &format!("kept {i}")).unwrap()).collect();
+    let err = rt.allocate(512 * KIB, s, "refused").unwrap_err();
+    assert!(matches!(err, ResourceError::OutOfBudget { .. }), "{err}");
+    if mode == "exit" {
+        std::process::exit(3);
+    }
+    println!("refused|{}", blocks.len());
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Run `crash_child` in `mode` and return the log it left and how it ended.
+fn crash_log(mode: &str) -> (String, std::process::ExitStatus) {
+    let path = temp_path(&format!("crash-{mode}"), "csv");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CRASH_CHILD, format!("{mode}|{}", path.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    if mode == "kill" {
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let ready = stdout.lines().map_while(Result::ok).any(|l| l.contains("refused|3"));
+        assert!(ready, "the child ended before its refusal");
+        // SIGKILL: nothing of the child's runs after this.
+        child.kill().unwrap();
+    }
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
+    (text, status)
+}
+
+/// What a crashed child's log must hold: the header, the three blocks'
+/// rows (their memory rebuilt from the log), the refusal with its numbers,
+/// and nothing of a close.
+fn check_crash_log(text: &str, what: &str) {
+    let (header, lines) = parse_log(text);
+    assert_eq!(header, HEADER, "{what}: {text}");
+    let allocated: Vec<&str> = lines.iter().filter(|l| l.action == "allocate").map(|l| l.tag.as_str()).collect();
+    assert_eq!(allocated, ["kept 0", "kept 1", "kept 2"], "{what}: {text}");
+    let refusals: Vec<&LogLine> = lines.iter().filter(|l| l.action == "allocate failure").collect();
+    assert_eq!(refusals.len(), 1, "{what}: the refusal row: {text}");
+    assert_eq!((refusals[0].size, refusals[0].tag.as_str()), (512 * KIB, "refused"), "{what}");
+    for needle in ["out of budget", "requested 524288", "live 786432", "limit 1048576"] {
+        assert!(refusals[0].detail.contains(needle), "{what}: {needle:?} not in {:?}", refusals[0].detail);
+    }
+    assert!(lines.iter().all(|l| l.action != "leak" && l.action != "free"), "{what}: the runtime was never closed");
+    let process = refusals[0].process;
+    let mine: Vec<LogLine> = lines.iter().filter(|l| l.process == process).cloned().collect();
+    let live: u64 = mine.iter().filter(|l| l.action == "allocate").map(|l| l.size).sum();
+    assert_eq!(live, 3 * 256 * KIB, "{what}");
+    let reserved: u64 = mine.iter().filter(|l| l.action == "reserve").map(|l| l.size).sum();
+    assert!(reserved >= live, "{what}: the driver memory under the blocks is logged: {text}");
+}
+
+#[test]
+fn the_log_survives_a_sigkill_right_after_a_refusal() {
+    let (text, status) = crash_log("kill");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    check_crash_log(&text, "SIGKILL");
+}
+
+#[test]
+fn the_log_survives_an_exit_without_close() {
+    let (text, status) = crash_log("exit");
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    check_crash_log(&text, "exit(3)");
 }

@@ -3,12 +3,13 @@
 #
 # Installs BUILD_DIR into a fresh prefix, moves the prefix elsewhere (the
 # .pc file's paths are relative to itself), then builds main.c the way a C
-# user without CMake does,
+# user without CMake does, with README's line,
 #
-#   cc main.c $(pkg-config --cflags --libs xlog-cuda)
+#   cc main.c $(pkg-config --cflags --libs xlog-cuda) -Wl,-rpath,$(pkg-config --variable=libdir xlog-cuda)
 #
-# and runs it. Exits 77 (skipped) where pkg-config is not installed; CI
-# installs it. CC overrides the compiler.
+# and runs it as a user would, with no LD_LIBRARY_PATH: the rpath must be
+# what finds libxlog_cuda.so.0. Exits 77 (skipped) where pkg-config is not
+# installed; CI installs it. CC overrides the compiler.
 set -euo pipefail
 build_dir=$1 work=$2 version=$3
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -42,9 +43,12 @@ echo "pkg-config --cflags --libs xlog-cuda: $(pkg-config --cflags --libs xlog-cu
 
 cd "$work"
 # shellcheck disable=SC2046 # word splitting of pkg-config's output is the point
-"${CC:-cc}" -std=c99 -Wall -Wextra -Werror "$here/main.c" $(pkg-config --cflags --libs xlog-cuda) -o consumer_pkgconfig
+"${CC:-cc}" -std=c99 -Wall -Wextra -Werror "$here/main.c" $(pkg-config --cflags --libs xlog-cuda) \
+  -Wl,-rpath,$(pkg-config --variable=libdir xlog-cuda) -o consumer_pkgconfig
 readelf -d consumer_pkgconfig | grep -q 'NEEDED.*\[libxlog_cuda.so.0\]' || fail "consumer has no DT_NEEDED libxlog_cuda.so.0"
-out=$(XLOG_BACKEND=sim LD_LIBRARY_PATH="$libdir" ./consumer_pkgconfig)
+readelf -d consumer_pkgconfig | grep -E 'RPATH|RUNPATH' | grep -qF "[$libdir]" || fail "consumer has no rpath $libdir"
+# As a user runs it: nothing in the environment points at the library.
+out=$(env -u LD_LIBRARY_PATH XLOG_BACKEND=sim ./consumer_pkgconfig)
 echo "$out"
 case "$out" in *"pkgconfig OK"*) ;; *) fail "the program did not report success" ;; esac
 echo "package_pkgconfig: OK"

@@ -1,6 +1,6 @@
-"""Run the ```python blocks of a Markdown file (ctest: readme_python_snippets).
+"""Run the ```python blocks of Markdown files (ctest: readme_python_snippets).
 
-    python3 run_python_snippets.py README.md [--min-run N]
+    python3 run_python_snippets.py README.md [docs/usage.md ...] [--min-run N]
 
 Every ```python block is compiled (a syntax error fails the test). A block is
 then executed, each in a fresh namespace, in file order, unless the line
@@ -11,7 +11,8 @@ just before its opening fence is a marker
 which Markdown renderers do not show; the reason is printed. Blocks that
 need hardware or packages this machine may not have (a GPU, PyTorch, CuPy)
 carry the marker. The test fails if a block raises, or fewer than N blocks
-(default 1) were executed, so removing the snippets cannot make it pass.
+(default 1) were executed in all the files together, so removing the
+snippets cannot make it pass.
 
 The blocks run in the environment ctest gives the test: the sim backend and
 XLOG_CUDA_LIBRARY pointing at the staged library (see CMakeLists.txt here).
@@ -52,39 +53,40 @@ def python_blocks(text: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("markdown")
+    parser.add_argument("markdown", nargs="+")
     parser.add_argument("--min-run", type=int, default=1)
     args = parser.parse_args()
 
-    with open(args.markdown, encoding="utf-8") as f:
-        text = f.read()
-
     ran = skipped = 0
     failed = []
-    for line, code, skip_reason in python_blocks(text):
-        where = f"{args.markdown}:{line}"
-        # Pad with newlines so tracebacks and syntax errors give README lines.
-        try:
-            compiled = compile("\n" * (line - 1) + code, args.markdown, "exec")
-        except SyntaxError as e:
-            print(f"{where}: FAILED: syntax error: {e}")
-            failed.append(where)
-            continue
-        if skip_reason is not None:
-            print(f"{where}: compiled, not run: {skip_reason}")
-            skipped += 1
-            continue
-        print(f"{where}: running")
-        sys.stdout.flush()
-        try:
-            exec(compiled, {"__name__": "__readme__"})
-        except BaseException:  # noqa: BLE001 - report anything, SystemExit included
-            traceback.print_exc(file=sys.stdout)
-            print(f"{where}: FAILED")
-            failed.append(where)
-            continue
-        ran += 1
-        print(f"{where}: ok")
+    for markdown in args.markdown:
+        with open(markdown, encoding="utf-8") as f:
+            text = f.read()
+        for line, code, skip_reason in python_blocks(text):
+            where = f"{markdown}:{line}"
+            # Pad with newlines so tracebacks and syntax errors give the
+            # document's lines.
+            try:
+                compiled = compile("\n" * (line - 1) + code, markdown, "exec")
+            except SyntaxError as e:
+                print(f"{where}: FAILED: syntax error: {e}")
+                failed.append(where)
+                continue
+            if skip_reason is not None:
+                print(f"{where}: compiled, not run: {skip_reason}")
+                skipped += 1
+                continue
+            print(f"{where}: running")
+            sys.stdout.flush()
+            try:
+                exec(compiled, {"__name__": "__readme__"})
+            except BaseException:  # noqa: BLE001 - report anything, SystemExit included
+                traceback.print_exc(file=sys.stdout)
+                print(f"{where}: FAILED")
+                failed.append(where)
+                continue
+            ran += 1
+            print(f"{where}: ok")
 
     print(f"{ran} ran, {skipped} not run (marked), {len(failed)} failed")
     if failed:

@@ -38,10 +38,29 @@ def test_error_for_maps_each_status(status):
 
 
 def test_python_exception_bases():
-    assert issubclass(xc.OutOfMemoryError, MemoryError)
+    # Both refusals are MemoryErrors (as CuPy's and PyTorch's are) and
+    # still XlogErrors.
+    for refusal in (xc.OutOfMemoryError, xc.OutOfBudgetError):
+        assert issubclass(refusal, MemoryError)
+        assert issubclass(refusal, xc.XlogError)
     assert issubclass(xc.InvalidArgumentError, ValueError)
     assert issubclass(xc.LibraryNotFoundError, ImportError)
-    assert not issubclass(xc.OutOfBudgetError, MemoryError)
+    # No other status is a MemoryError.
+    others = [cls for status, cls in EXPECTED_CLASSES.items()
+              if status not in (xc.Status.OUT_OF_BUDGET, xc.Status.OUT_OF_MEMORY)]
+    assert not [cls for cls in others if issubclass(cls, MemoryError)]
+
+
+def test_out_of_budget_is_caught_as_a_memory_error(make_runtime):
+    rt = make_runtime(budget_bytes=1 << 20)
+    with rt.acquire_stream() as s:
+        try:
+            rt.allocate(2 << 20, s, tag="too-much")
+        except MemoryError as e:
+            caught = e
+        assert isinstance(caught, xc.OutOfBudgetError)
+        assert caught.status == xc.Status.OUT_OF_BUDGET
+        assert "requested 2097152" in caught.message
 
 
 def test_unknown_status_keeps_its_number():

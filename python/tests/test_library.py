@@ -174,6 +174,24 @@ def test_main_prints_the_bundled_dirs(scratch):
         assert out.stdout.strip() == str(path), flag
 
 
+def test_main_help_is_whole(scratch):
+    """--help prints the whole description, not its first line cut off
+    mid-sentence, and the build lines with the run-time library path."""
+    out = _main(scratch / "python", "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    import xlog_cuda.__main__ as main_module
+
+    for paragraph in main_module.__doc__.strip().split("\n\n"):
+        words = " ".join(paragraph.split())
+        assert words in text, f"--help lacks {words!r}:\n{out.stdout}"
+        # Every paragraph ends a sentence (or is a command line).
+        assert words.endswith((".", ":", ")")), words
+    assert "where the installed library, headers, CMake package and pkg-config file are" in text
+    assert "-Wl,-rpath,$(python -m xlog_cuda --lib-dir)" in text
+    assert "LD_LIBRARY_PATH" in text
+
+
 def test_main_in_a_source_checkout_says_why_it_has_no_dirs(scratch):
     out = _main(scratch / "python", "--cmake-dir")
     assert out.returncode == 1 and out.stdout == ""

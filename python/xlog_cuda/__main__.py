@@ -1,11 +1,16 @@
-"""python -m xlog_cuda: where the installed library, headers and CMake
-package are, for builds against the copy this package loads.
+"""python -m xlog_cuda: where the installed library, headers, CMake package
+and pkg-config file are, for builds against the copy this package loads.
+
+Builds against it:
 
     cmake -DCMAKE_PREFIX_PATH=$(python -m xlog_cuda --cmake-dir) -S app -B build
-    cc app.c -I$(python -m xlog_cuda --include-dir) -L$(python -m xlog_cuda --lib-dir) -lxlog_cuda
+    cc app.c -I$(python -m xlog_cuda --include-dir) -L$(python -m xlog_cuda --lib-dir) -lxlog_cuda \\
+       -Wl,-rpath,$(python -m xlog_cuda --lib-dir)
 
-Without an option it prints a summary. Exit status 1 (with the reason on
-stderr) when this package has no bundled files (a source checkout).
+The -Wl,-rpath part lets the program find libxlog_cuda.so.0 when it runs
+(or set LD_LIBRARY_PATH to the --lib-dir directory instead). Without an
+option it prints a summary. Exit status 1 (with the reason on stderr) when
+this package has no bundled files (a source checkout).
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ from . import _paths
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m xlog_cuda", description=__doc__.splitlines()[0])
+    # The docstring is the help: its first paragraph the description, the
+    # rest (the build lines) the epilog, both printed as written. (Under
+    # python -OO there is no docstring: then the usage alone.)
+    summary, _, details = (__doc__ or "").strip().partition("\n\n")
+    ap = argparse.ArgumentParser(prog="python -m xlog_cuda", description=summary, epilog=details,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--cmake-dir", action="store_true", help="the directory of XlogCudaConfig.cmake")
     which.add_argument("--include-dir", action="store_true", help="the directory of xlog_cuda.h")

@@ -75,11 +75,22 @@ class InvalidArgumentError(XlogError, ValueError):
     status = Status.INVALID_ARGUMENT
 
 
-class OutOfBudgetError(XlogError):
+# Both refusals are MemoryErrors, as CuPy's and PyTorch's out-of-memory
+# errors are, so `except MemoryError:` code written for those frameworks
+# also catches xlog's; `except xc.XlogError:` still catches them too.
+
+
+class OutOfBudgetError(XlogError, MemoryError):
+    """The budget refused an allocation (the message names requested, live,
+    cached, pending and limit). A `MemoryError`."""
+
     status = Status.OUT_OF_BUDGET
 
 
 class OutOfMemoryError(XlogError, MemoryError):
+    """The device (or the sim's capacity) refused an allocation. A
+    `MemoryError`."""
+
     status = Status.OUT_OF_MEMORY
 
 

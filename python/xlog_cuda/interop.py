@@ -115,15 +115,15 @@ def stats(device: int = 0) -> Stats:
 
 
 def reap(device: int = 0) -> int:
-    """Retire the hook runtime's completed frees (never blocks) and flush
-    its log; returns the bytes released."""
+    """Retire the hook runtime's completed frees (never blocks); returns
+    the bytes released."""
     with runtime(device) as rt:
         return rt.reap()
 
 
 def drain(device: int = 0) -> int:
-    """Wait for every free the hooks of `device` queued so far, then reap
-    (and flush the log); returns the bytes released."""
+    """Wait for every free the hooks of `device` queued so far, then reap;
+    returns the bytes released."""
     with runtime(device) as rt:
         return rt.drain()
 
@@ -335,16 +335,16 @@ def setup_hooks(
             pool_release_threshold=raw.pool_release_threshold,
         )
         if not _atexit_registered:
-            atexit.register(_flush_logs_at_exit)
+            atexit.register(_reap_at_exit)
             _atexit_registered = True
         return config
 
 
-def _flush_logs_at_exit() -> None:
-    """Hook runtimes live until the process ends and are never closed, so
-    their CSV log is flushed only by reaps: reap once more at exit so the
-    log is complete up to here (frees that frameworks make later, while the
-    interpreter tears down, may still be missing)."""
+def _reap_at_exit() -> None:
+    """Hook runtimes live until the process ends and are never closed.
+    Their CSV log needs no flush (each row is written as it is made); reap
+    once more at exit so that it also has the `retire` rows of the frees
+    complete by then."""
     with _setup_lock:
         devices = list(_setups)
     for device in devices:

@@ -30,13 +30,22 @@
 //! `Stream` is xlog's stream id on allocate/free/failure/reserve/leak rows
 //! and 0 on release and retire rows.
 //!
+//! A log that survives a crash: every row is handed to the kernel (one
+//! `write(2)`) before the call that made it returns, nothing is held in a
+//! user-space buffer. A process that dies by SIGKILL, an abort or an
+//! uncaught exception right after a call therefore leaves that call's rows
+//! in the file, and a refusal's row is there before the refusal reaches the
+//! caller: the log is wanted most after a crash. (Written to the OS, not
+//! synced to the disk: the rows survive the process, not a power cut.) The
+//! price is one system call per row; `cargo bench --bench overhead --
+//! --logging-only` measures it.
+//!
 //! Sharing one file: the log is opened for appending and never truncated.
 //! The header is written by whoever creates the file (or finds it empty).
-//! Rows are written in batches of whole lines, each batch one `write(2)` on
-//! an `O_APPEND` descriptor, so several runtimes (devices, processes)
-//! appending to one path never cut each other's lines; their rows
-//! interleave by batch, not in time order (sort by Time, or group by
-//! Process and Device).
+//! Each row is one `write(2)` of a whole line on an `O_APPEND` descriptor,
+//! so several runtimes (devices, processes) appending to one path never cut
+//! each other's lines; their rows interleave by row, roughly in time order
+//! (sort by Time, or group by Process and Device, for an exact order).
 //!
 //! The log path may name a regular file, a character device (`/dev/null`,
 //! a terminal) or a FIFO that a reader already holds open. It is opened
@@ -47,6 +56,7 @@
 //! counted (`lines_lost`, `xlog_stats.log_lines_lost`), and the first such
 //! failure is reported once on stderr.
 
+use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -71,9 +81,9 @@ pub const RMM_ACTIONS: [&str; 3] = ["allocate", "free", "allocate failure"];
 /// The actions only xlog writes.
 pub const XLOG_ACTIONS: [&str; 4] = ["reserve", "release", "retire", "leak"];
 
-/// Lines are written in batches of about this many bytes (and at every
-/// reap and at close).
-const BUFFER_BYTES: usize = 8 << 10;
+/// Capacity kept for the line being formatted: a row with a long refusal
+/// reason fits without growing it.
+const LINE_BYTES: usize = 512;
 
 fn thread_number() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -81,20 +91,28 @@ fn thread_number() -> u64 {
     ID.with(|id| *id)
 }
 
-/// Wall-clock time of day (UTC) as `HH:MM:SS.micros`, like RMM's log.
-fn time_of_day() -> String {
+/// Append the wall-clock time of day (UTC) as `HH:MM:SS.micros`, like
+/// RMM's log.
+fn push_time_of_day(line: &mut String) {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = now.as_secs() % 86_400;
-    format!("{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, now.subsec_micros())
+    let _ = write!(line, "{:02}:{:02}:{:02}.{:06}", secs / 3600, secs / 60 % 60, secs % 60, now.subsec_micros());
 }
 
-/// Tags and details are free text: quote them when they hold CSV
+/// Append a free-text field (tag, detail), quoted when it holds CSV
 /// metacharacters.
-fn csv_field(text: &str) -> String {
+fn push_csv_field(line: &mut String, text: &str) {
     if text.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
+        line.push('"');
+        for part in text.split_inclusive('"') {
+            line.push_str(part);
+            if part.ends_with('"') {
+                line.push('"');
+            }
+        }
+        line.push('"');
     } else {
-        text.to_string()
+        line.push_str(text);
     }
 }
 
@@ -137,15 +155,14 @@ fn open_log(path: &Path) -> ResourceResult<(File, bool)> {
     }
 }
 
-/// Lines not yet written, and the file they go to.
+/// The file, and the line being formatted (kept to reuse its capacity).
 struct Sink {
     file: File,
-    buffer: Vec<u8>,
-    buffered_lines: u64,
+    line: String,
 }
 
-/// The CSV file of one runtime: rows are buffered and appended in batches
-/// of whole lines. Shared by the logging layer and the base resource (which
+/// The CSV file of one runtime: each row is appended with one `write(2)`
+/// as it is made. Shared by the logging layer and the base resource (which
 /// reports `reserve`, `release` and `retire`).
 pub struct CsvLog {
     path: PathBuf,
@@ -160,24 +177,24 @@ impl CsvLog {
     /// Open (or create) the log at `path` for the runtime of `device`.
     pub fn open(path: &Path, device: i32) -> ResourceResult<Arc<CsvLog>> {
         let (file, needs_header) = open_log(path)?;
-        let mut buffer = Vec::with_capacity(BUFFER_BYTES);
-        let mut buffered_lines = 0;
-        if needs_header {
-            buffer.extend_from_slice(CSV_HEADER.as_bytes());
-            buffer.push(b'\n');
-            buffered_lines = 1;
-        }
         let log = Arc::new(CsvLog {
             path: path.to_path_buf(),
             device,
             process: std::process::id(),
-            sink: Mutex::new(Sink { file, buffer, buffered_lines }),
+            sink: Mutex::new(Sink { file, line: String::with_capacity(LINE_BYTES) }),
             lines_lost: AtomicU64::new(0),
             failure_reported: AtomicBool::new(false),
         });
-        // The header at once: a log that cannot be written is reported now
-        // (once, and counted), not at the first reap.
-        log.flush();
+        if needs_header {
+            // At once: a log that cannot be written is reported now (once,
+            // and counted), not at the first row.
+            let mut sink = log.sink();
+            let Sink { file, line } = &mut *sink;
+            line.clear();
+            line.push_str(CSV_HEADER);
+            line.push('\n');
+            log.write_line(file, line);
+        }
         Ok(log)
     }
 
@@ -194,22 +211,19 @@ impl CsvLog {
         self.sink.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Format one row and hand it to the kernel before returning.
     fn row(&self, action: &str, ptr: u64, size: u64, stream: u32, tag: &str, detail: &str) {
-        let line = format!(
-            "{},{},{action},{ptr:#x},{size},{stream},{},{},{},{}\n",
-            thread_number(),
-            time_of_day(),
-            csv_field(tag),
-            self.device,
-            self.process,
-            csv_field(detail),
-        );
         let mut sink = self.sink();
-        sink.buffer.extend_from_slice(line.as_bytes());
-        sink.buffered_lines += 1;
-        if sink.buffer.len() >= BUFFER_BYTES {
-            self.write_out(&mut sink);
-        }
+        let Sink { file, line } = &mut *sink;
+        line.clear();
+        let _ = write!(line, "{},", thread_number());
+        push_time_of_day(line);
+        let _ = write!(line, ",{action},{ptr:#x},{size},{stream},");
+        push_csv_field(line, tag);
+        let _ = write!(line, ",{},{},", self.device, self.process);
+        push_csv_field(line, detail);
+        line.push('\n');
+        self.write_line(file, line);
     }
 
     /// Memory taken from the driver (`ptr`, `bytes` device bytes) for an
@@ -239,17 +253,13 @@ impl CsvLog {
         self.row("leak", block.id.ptr, block.id.size, block.id.alloc_stream.0, &block.tag, "");
     }
 
-    /// Write the buffered lines: one `write(2)` of whole lines on the
-    /// append descriptor. Telemetry must never fail an allocation: on a
-    /// write error they are dropped and counted, and the first failure is
-    /// reported once on stderr.
-    fn write_out(&self, sink: &mut Sink) {
-        if sink.buffer.is_empty() {
-            return;
-        }
-        let Sink { file, buffer, buffered_lines } = sink;
-        if let Err(e) = file.write_all(buffer) {
-            let lost = self.lines_lost.fetch_add(*buffered_lines, Ordering::Relaxed) + *buffered_lines;
+    /// Write one whole line with one `write(2)` on the append descriptor
+    /// (`write_all` loops only where a FIFO takes part of it). Telemetry
+    /// must never fail an allocation: on a write error the line is dropped
+    /// and counted, and the first failure is reported once on stderr.
+    fn write_line(&self, file: &mut File, line: &str) {
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            let lost = self.lines_lost.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.failure_reported.swap(true, Ordering::Relaxed) {
                 eprintln!(
                     "xlog: cannot write the log {}: {e}; {lost} line(s) lost so far, later losses are \
@@ -258,20 +268,14 @@ impl CsvLog {
                 );
             }
         }
-        buffer.clear();
-        *buffered_lines = 0;
     }
 
+    /// Nothing is buffered in user space (each row is written as it is
+    /// made), so this only asks the `File` to flush, which is a no-op;
+    /// kept so that callers that mark a point of completeness (reap,
+    /// close) say so.
     pub fn flush(&self) {
-        let mut sink = self.sink();
-        self.write_out(&mut sink);
-        let _ = sink.file.flush();
-    }
-}
-
-impl Drop for CsvLog {
-    fn drop(&mut self) {
-        self.flush();
+        let _ = self.sink().file.flush();
     }
 }
 
@@ -348,15 +352,11 @@ impl DeviceMemoryResource for LoggingResource {
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {
-        let r = self.inner.reap_pending();
-        self.log.flush();
-        r
+        self.inner.reap_pending()
     }
 
     fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
-        let r = self.inner.trim(keep_bytes);
-        self.log.flush();
-        r
+        self.inner.trim(keep_bytes)
     }
 
     fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
