@@ -18,7 +18,13 @@ from . import _paths
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m xlog_cuda", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m xlog_cuda",
+        description=__doc__.splitlines()[0],
+        epilog="Other commands: python -m xlog_cuda.report LOG (an HTML memory report of a log); "
+        "python -m xlog_cuda.replay LOG (replay an xlog or RMM log on sim: xlog's held peak against the "
+        "log's live peak).",
+    )
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--cmake-dir", action="store_true", help="the directory of XlogCudaConfig.cmake")
     which.add_argument("--include-dir", action="store_true", help="the directory of xlog_cuda.h")
