@@ -11,6 +11,10 @@ The -Wl,-rpath part lets the program find libxlog_cuda.so.0 when it runs
 (or set LD_LIBRARY_PATH to the --lib-dir directory instead). Without an
 option it prints a summary. Exit status 1 (with the reason on stderr) when
 this package has no bundled files (a source checkout).
+
+Other commands: python -m xlog_cuda.report LOG (an HTML memory report of a
+log); python -m xlog_cuda.replay LOG (replay an xlog or RMM log on sim:
+xlog's held peak against the log's live peak).
 """
 
 from __future__ import annotations
