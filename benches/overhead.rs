@@ -84,6 +84,40 @@ impl Device for NullDevice {
     fn event_synchronize(&self, _: RawEvent) -> DeviceResult<()> {
         Ok(())
     }
+    // The arena's calls: address space and pages that cost nothing.
+    fn supports_vm(&self) -> bool {
+        true
+    }
+    fn vm_granularity(&self) -> u64 {
+        2 << 20
+    }
+    fn vm_region_bytes(&self) -> u64 {
+        1 << 40
+    }
+    fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {
+        Ok(self.next.fetch_add(bytes, Ordering::Relaxed).next_multiple_of(2 << 20))
+    }
+    fn vm_free(&self, _: DevicePtr, _: u64) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn vm_create(&self, _: u64) -> DeviceResult<u64> {
+        Ok(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+    fn vm_release(&self, _: u64) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn vm_map(&self, _: DevicePtr, _: u64, _: u64) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn vm_set_access(&self, _: DevicePtr, _: u64, _: i32) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn vm_unmap(&self, _: DevicePtr, _: u64) -> DeviceResult<()> {
+        Ok(())
+    }
+    fn stream_query(&self, _: RawStream) -> DeviceResult<bool> {
+        Ok(true)
+    }
 }
 
 fn runtime() -> Arc<Runtime> {
@@ -292,6 +326,15 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--pairs-arena-pool") {
+        // W1's pair on the arena (the default) and on the driver pool.
+        let pool = runtime_with(Config { budget_bytes: 1 << 40, arena: false, ..Config::default() });
+        let arena = runtime();
+        for _ in 0..3 {
+            println!("allocate+free pair: arena {:7.1} ns, pool {:7.1} ns", pairs(&arena, n / 4), pairs(&pool, n / 4));
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--logging-only") {
         // The pair with the log off and on, alone.
         pairs_logging_off_on(n / 100, 3);
@@ -339,6 +382,9 @@ fn main() {
     }
     pairs(&rt, n / 10);
     println!("allocate+free pair:            {:7.1} ns", pairs(&rt, n));
+    let pool = runtime_with(Config { budget_bytes: 1 << 40, arena: false, ..Config::default() });
+    pairs(&pool, n / 10);
+    println!("  the same, XLOG_MEMORY=pool:  {:7.1} ns", pairs(&pool, n));
     pairs_logging_off_on(n / 100, 3);
     let (off, on) = pairs_logging_off_on(n / 20, 11);
     println!("pair, logging off / on:        {off:7.1} ns / {on:7.1} ns (log +{:.1} ns)", on - off);

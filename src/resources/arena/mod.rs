@@ -17,7 +17,7 @@
 //!   path holds device memory, so the charge is the device's number.
 //! - **Recycling.** A page no live block overlaps is idle. Before the
 //!   arena creates a page while it holds more than its live peak plus
-//!   1/16 (at least two pages), and before any refusal, it takes idle pages
+//!   1/64 (at least two pages), and before any refusal, it takes idle pages
 //!   whose frees are complete on the GPU, unmaps them and maps them where
 //!   they are needed (GMLake's stitching, in page units): what the call
 //!   frees serves the call. Completion is known without a host wait: an
@@ -55,7 +55,7 @@ pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
 /// `MIN_SLACK_PAGES` pages) before idle pages are recycled instead of new
 /// ones created.
-const SLACK_DIV: u64 = 16;
+const SLACK_DIV: u64 = 64;
 const MIN_SLACK_PAGES: u64 = 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,11 +260,24 @@ impl Arena {
     /// address, the range's free sequence, and the granules to map.
     fn carve(&self, stream: RawStream, len: u64) -> Option<Carved> {
         let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
-        for region in streams.get(&stream)? {
+        let regions = streams.get(&stream)?;
+        // A hit first: a recent free of the size or a mapped free range.
+        for region in regions {
             let mut r = lock(region);
-            if let Some((addr, freed)) = r.free.take(len) {
-                let missing = if r.all_mapped(addr, len) { Vec::new() } else { r.unmapped_in(addr, len) };
-                drop(r);
+            if let Some((addr, freed)) = r.take(len) {
+                if r.all_mapped(addr, len) {
+                    return Some((region.clone(), addr, freed, Vec::new()));
+                }
+                r.unreserve(addr, len, freed);
+            }
+        }
+        // Then with the recent frees merged (they may coalesce into room):
+        // the best fit, mapped or not.
+        for region in regions {
+            let mut r = lock(region);
+            r.settle_recent();
+            if let Some((addr, freed)) = r.take(len) {
+                let missing = r.unmapped_in(addr, len);
                 return Some((region.clone(), addr, freed, missing));
             }
         }
@@ -398,6 +411,7 @@ impl Arena {
                 break;
             }
             let mut r = lock(&region);
+            r.settle_recent();
             self.refresh(&mut r, completion);
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {

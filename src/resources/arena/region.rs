@@ -12,6 +12,12 @@
 //!   GPU: `freed <= done` for its range. `done` advances when an event
 //!   recorded after those frees completes, or when the stream has nothing
 //!   left to run.
+//! - The latest frees wait in a short list (`recent`) before they join the
+//!   free ranges: an allocation of the same size takes one back with no
+//!   tree search (the steady loop's case). Their pages stay mapped (they
+//!   are not idle), and the list is merged into the free ranges before
+//!   anything would map, unmap or count idle pages (`settle_recent`), so
+//!   it never costs memory.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -35,14 +41,20 @@ pub(crate) struct Region {
     pub done: u64,
     /// Events recorded on the stream after free number `.1`, oldest first.
     pub seals: VecDeque<(RawEvent, u64)>,
+    /// The latest frees not yet merged: (address, length, free number),
+    /// newest last, at most `RECENT_MAX`.
+    recent: Vec<(u64, u64, u64)>,
 }
+
+/// Frees kept unmerged for same-size reuse.
+const RECENT_MAX: usize = 32;
 
 impl Region {
     pub fn new(stream: RawStream, base: u64, len: u64, granularity: u64) -> Region {
         let mut free = FreeRanges::default();
         free.insert(base, len, 0);
         let pages = vec![None; (len / granularity) as usize];
-        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new() }
+        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new(), recent: Vec::new() }
     }
 
     /// The granules `[addr, addr + len)` touches.
@@ -83,7 +95,33 @@ impl Region {
     /// A block's memory back, as the next free.
     pub fn release(&mut self, addr: u64, len: u64) {
         self.frees += 1;
-        self.free.insert(addr, len, self.frees);
+        if self.recent.len() == RECENT_MAX {
+            let (a, l, seq) = self.recent.remove(0);
+            self.free.insert(a, l, seq);
+        }
+        self.recent.push((addr, len, self.frees));
+    }
+
+    /// `len` bytes: a recent free of exactly that size (newest first, all
+    /// its pages mapped), else the best fit of the free ranges. Returns
+    /// the address and the free sequence of where it came from.
+    pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
+        if let Some(i) = self.recent.iter().rposition(|&(_, l, _)| l == len) {
+            let (addr, _, seq) = self.recent.remove(i);
+            return Some((addr, seq));
+        }
+        self.free.take(len)
+    }
+
+    /// Merge the recent frees into the free ranges (before a miss, a
+    /// recycle or a trim: only merged free space can coalesce or be idle).
+    /// Whether there were any.
+    pub fn settle_recent(&mut self) -> bool {
+        let any = !self.recent.is_empty();
+        for (a, l, seq) in self.recent.drain(..) {
+            self.free.insert(a, l, seq);
+        }
+        any
     }
 
     /// Memory carved for an allocation that then failed: back as it was
@@ -156,14 +194,32 @@ mod tests {
             r.install(p, p as u64 + 100);
         }
         r.release(a, 3 * G);
+        assert!(r.idle_pages(10).is_empty(), "a recent free is not merged yet");
+        assert!(r.settle_recent());
         assert!(r.idle_pages(10).is_empty(), "the free is not known complete yet");
         r.all_done();
         assert_eq!(r.idle_pages(10), vec![0, 1, 2], "page 3 still holds the live half-page block");
         assert_eq!(r.idle_pages(2), vec![0, 1]);
         r.release(b, G / 2);
+        r.settle_recent();
         assert!(r.idle_pages(10).is_empty(), "the merged range takes the newer, incomplete free");
         r.all_done();
         assert_eq!(r.idle_pages(10), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_recent_free_serves_the_same_size_and_merges_before_anything_else() {
+        let mut r = Region::new(1, 0, 4 * G, G);
+        let (a, _) = r.take(1000).unwrap();
+        let (b, _) = r.take(1000).unwrap();
+        r.release(a, 1000);
+        assert_eq!(r.take(1000), Some((a, 1)), "the same size comes back from the recent list");
+        r.release(a, 1000);
+        r.release(b, 1000);
+        assert_eq!(r.take(2000).map(|t| t.0), Some(2000), "unmerged frees do not coalesce");
+        r.release(2000, 2000);
+        assert!(r.settle_recent());
+        assert_eq!(r.take(4000), Some((0, 4)), "merged, the three frees are one range from 0");
     }
 
     #[test]
