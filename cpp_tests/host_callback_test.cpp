@@ -188,6 +188,7 @@ xlog_config config(uint64_t budget, bool wait_on_pressure) {
   cfg.log_path = nullptr;
   cfg.sim_capacity_bytes = 64ull << 20;
   cfg.wait_on_pressure = wait_on_pressure ? 1 : 0;
+  cfg.memory = XLOG_MEMORY_POOL;  // the budgets and byte counts below are the pool's (byte-exact blocks)
   return cfg;
 }
 

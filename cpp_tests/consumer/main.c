@@ -39,6 +39,9 @@ int main(void) {
   cfg.backend = XLOG_BACKEND_SIM;
   cfg.budget_bytes = 1u << 20;
   cfg.cache = 1;
+  /* The byte counts below are the driver pool's (a block holds its own
+     size); the arena holds whole 2 MiB pages (tests/arena.rs). */
+  cfg.memory = XLOG_MEMORY_POOL;
 
   xlog_runtime *rt = NULL;
   if (!ok(xlog_runtime_open(0, &cfg, &rt), "xlog_runtime_open")) return 1;

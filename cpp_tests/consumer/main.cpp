@@ -22,7 +22,7 @@ void expect(bool condition, const char* what) {
 int main() {
   try {
     constexpr std::uint64_t kBudget = 1 << 20;
-    xlog::Runtime rt{xlog::Config().backend(XLOG_BACKEND_SIM).budget_bytes(kBudget).cache(true)};
+    xlog::Runtime rt{xlog::Config().backend(XLOG_BACKEND_SIM).budget_bytes(kBudget).cache(true).memory(XLOG_MEMORY_POOL)};
     expect(rt.backend() == XLOG_BACKEND_SIM, "backend is sim");
     {
       xlog::Stream stream = rt.acquire_stream();

@@ -362,6 +362,10 @@ void phase_cache() {
 
 int main() {
   skip_without_device();
+  // The byte counts checked here are the driver pool's (a block holds its
+  // own size, frees pend until reaped); the arena's are in tests/arena.rs
+  // and the W7/W8/W11/W12 benchmarks.
+  g_test_memory = XLOG_MEMORY_POOL;
   phase_refuse_and_release();
   phase_wait_on_pressure();
   phase_cache();

@@ -143,6 +143,10 @@ std::vector<size_t> run_pipeline(xlog_runtime* rt, const Streams& st, bool track
 
 int main() {
   skip_without_device();
+  // The byte counts checked here are the driver pool's (a block holds its
+  // own size, frees pend until reaped); the arena's are in tests/arena.rs
+  // and the W7/W8/W11/W12 benchmarks.
+  g_test_memory = XLOG_MEMORY_POOL;
   xlog_runtime* rt = open_cuda();
   Streams st{acquire(rt), acquire(rt), acquire(rt), acquire(rt)};
   const xlog_stats start = stats(rt);

@@ -191,6 +191,10 @@ inline void skip_without_device() {
 // free-to-driver behaviour, where a free is pending until a reap sees it
 // complete). Every field that matters is set explicitly, so XLOG_*
 // variables in the environment cannot change what a test runs against.
+// Where open_cuda's memory comes from: the arena (the default) unless a
+// test whose byte counts are the driver pool's says XLOG_MEMORY_POOL.
+inline uint8_t g_test_memory = XLOG_MEMORY_ARENA;
+
 inline xlog_runtime* open_cuda(uint64_t budget_bytes = 0, bool wait_on_pressure = false, bool cache = true) {
   xlog_config cfg;
   xlog_config_init(&cfg);
@@ -203,6 +207,7 @@ inline xlog_runtime* open_cuda(uint64_t budget_bytes = 0, bool wait_on_pressure 
   cfg.wait_on_pressure = wait_on_pressure ? 1 : 0;
   cfg.cache = cache ? 1 : 0;
   cfg.pool_release_threshold = UINT64_MAX;
+  cfg.memory = g_test_memory;
   xlog_runtime* rt = nullptr;
   XLOG_OR_DIE(xlog_runtime_open(0, &cfg, &rt));
   xlog_backend backend = 0;

@@ -10,6 +10,7 @@ int main(void) {
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
   cfg.budget_bytes = 1u << 20;
+  cfg.memory = XLOG_MEMORY_POOL; /* byte-exact blocks: the numbers below are the pool's */
   cfg.cache = 1; /* the default, whatever XLOG_CACHE says */
   xlog_runtime *rt = NULL;
   xlog_stream s = 0;

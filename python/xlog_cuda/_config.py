@@ -184,9 +184,10 @@ class Config:
     from Python); off by default.
     `sim_devices` is how many devices the sim backend simulates (env
     `XLOG_SIM_DEVICES`, default 1); ignored on CUDA.
-    `memory` is where the async allocator's memory comes from (env
-    `XLOG_MEMORY`): "arena" (default), xlog's own memory on the
-    virtual-memory API, or "pool", the driver's stream-ordered pool.
+    `memory` is where the async allocator's memory comes from: "arena"
+    (the default, xlog's own memory on the virtual-memory API) or "pool"
+    (the driver's stream-ordered pool); its default is the environment's
+    `XLOG_MEMORY` when set.
     """
 
     backend: Union[str, Backend] = "auto"
@@ -200,7 +201,9 @@ class Config:
     pool_release_threshold: SizeLike = U64_MAX
     track_call_sites: bool = False
     sim_devices: int = 1
-    memory: str = "arena"
+    # The environment's XLOG_MEMORY (as xlog_config_init reads it), else
+    # the arena.
+    memory: str = dataclasses.field(default_factory=lambda: os.environ.get("XLOG_MEMORY", "arena").strip() or "arena")
 
     @classmethod
     def from_env(cls) -> "Config":
