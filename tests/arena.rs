@@ -172,14 +172,16 @@ fn a_refusal_never_stands_while_the_call_could_use_what_it_frees() {
 }
 
 #[test]
-fn another_streams_idle_page_moves_only_once_its_work_is_done() {
-    // One page of budget. Stream a frees its block behind a host callback
-    // that holds the stream: the page is idle but may still be in use, so
-    // stream b is refused (no host wait without wait_on_pressure); once a
-    // has run, b gets the very page.
-    let rt = open(PAGE);
+fn another_streams_idle_pages_move_only_once_its_work_is_done() {
+    // Three pages of budget. Stream a frees two pages that are not
+    // adjacent (x and z, around y) behind a host callback that holds the
+    // stream. Stream b needs two contiguous pages: no mapped range anywhere
+    // fits, so pages must move, and a's may still be in use: b is refused
+    // (no host wait without wait_on_pressure). Once a has run, b gets them.
+    let rt = open(3 * PAGE);
     let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
-    let x = rt.allocate(PAGE, a, "x").unwrap();
+    let [x, y, z] = ["x", "y", "z"].map(|tag| rt.allocate(PAGE, a, tag).unwrap());
+    assert_eq!((y.id.ptr - x.id.ptr, z.id.ptr - y.id.ptr), (PAGE, PAGE));
     let gate = Arc::new(AtomicBool::new(false));
     let g = gate.clone();
     rt.enqueue_host(
@@ -192,17 +194,19 @@ fn another_streams_idle_page_moves_only_once_its_work_is_done() {
     )
     .unwrap();
     rt.deallocate(&x.id).unwrap();
-    match rt.allocate(PAGE, b, "y") {
-        Err(ResourceError::OutOfBudget { requested, .. }) => assert_eq!(requested, PAGE),
+    rt.deallocate(&z.id).unwrap();
+    let refused = rt.allocate(2 * PAGE, b, "w");
+    gate.store(true, Ordering::Release);
+    match refused {
+        Err(ResourceError::OutOfBudget { .. }) => {}
         other => panic!("expected a refusal while stream a still runs, got {other:?}"),
     }
     check_exact(&rt, "after the refusal");
-    gate.store(true, Ordering::Release);
     rt.synchronize(a).unwrap();
-    let y = rt.allocate(PAGE, b, "y").unwrap();
-    assert_ne!(y.id.ptr, x.id.ptr, "another stream's region");
-    assert_eq!(rt.usage().outstanding_bytes(), PAGE, "the same physical page, moved");
+    let w = rt.allocate(2 * PAGE, b, "w").unwrap();
+    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE, "a's two idle pages, moved");
     check_exact(&rt, "after the move");
+    rt.deallocate(&w.id).unwrap();
     rt.deallocate(&y.id).unwrap();
 }
 
@@ -303,4 +307,43 @@ fn idle_pages_of_one_stream_serve_another_so_phases_share_memory() {
         stats.peak_live_bytes
     );
     assert!(rt.usage().cache_misses > 2);
+}
+
+#[test]
+fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
+    // Stream a's block is freed behind slow work on a; stream b allocates
+    // the same size: it gets a's mapped memory (no new page, no host wait)
+    // and its work runs only after a's.
+    let rt = open(0);
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x = rt.allocate(4 * MIB, a, "x").unwrap();
+    let held = rt.usage().outstanding_bytes();
+    let done_on_a = Arc::new(AtomicBool::new(false));
+    let flag = done_on_a.clone();
+    rt.enqueue_host(
+        a,
+        Box::new(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            flag.store(true, Ordering::Release);
+        }),
+    )
+    .unwrap();
+    rt.deallocate(&x.id).unwrap();
+    let y = rt.allocate(4 * MIB, b, "y").unwrap();
+    assert_eq!(y.id.ptr, x.id.ptr, "b took a's mapped range");
+    assert_eq!(rt.usage().outstanding_bytes(), held, "no new memory");
+    let seen = Arc::new(AtomicBool::new(false));
+    let (flag, seen2) = (done_on_a.clone(), seen.clone());
+    rt.enqueue_host(b, Box::new(move || seen2.store(flag.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    rt.synchronize(b).unwrap();
+    assert!(seen.load(Ordering::Acquire), "b's work ran before a's finished: the hand-out was not fenced");
+    // Freed on b, the range goes back to a's region once b's free is
+    // complete: a reuses it without new memory.
+    rt.deallocate(&y.id).unwrap();
+    rt.synchronize(b).unwrap();
+    let z = rt.allocate(4 * MIB, a, "z").unwrap();
+    assert_eq!(z.id.ptr, x.id.ptr);
+    assert_eq!(rt.usage().outstanding_bytes(), held);
+    check_exact(&rt, "after the round trip");
+    rt.deallocate(&z.id).unwrap();
 }

@@ -892,7 +892,7 @@ impl AsyncPool {
     /// driver. Returns the bytes the device no longer holds.
     fn give_back_captured(&self, ptr: u64, bytes: u64) -> ResourceResult<u64> {
         if let Some(arena) = self.arena.as_ref().filter(|a| a.contains(ptr)) {
-            arena.free(ptr, bytes);
+            arena.free(ptr, bytes, None);
             return Ok(0);
         }
         self.device.free_sync(ptr)?;
@@ -1984,7 +1984,7 @@ impl AsyncPool {
             BlockState::Cached
         } else if let Some(arena) = &self.arena {
             drop(guard);
-            arena.free(ptr, held);
+            arena.free(ptr, held, Some(stream));
             return Ok(DeviceBlock { id: *id, tag, state: BlockState::Cached, held });
         } else if self.options.cache {
             shard.cache.put(stream, ptr, held);

@@ -10,6 +10,12 @@
 //!   blocks of every size behind. Block sizes are rounded to 512 bytes.
 //! - **Hits.** A block whose granules are all mapped already is a hit: no
 //!   driver call, no event, no wait (stream order fences the reuse).
+//! - **Across streams.** Before it maps anything, a stream takes a mapped
+//!   free range of another stream's region, made to wait on the GPU for
+//!   that stream's work (one event record and one stream wait, never a
+//!   host wait). Freed, the block goes back to that region once an event
+//!   recorded at the free has completed (`region.rs`, foreign frees), so
+//!   streams that take turns share their memory without unmapping it.
 //! - **Physical pages.** The device holds exactly the pages the arena
 //!   created and has not released: `held` is their bytes, and the budget
 //!   (the `ChargeGate`) is charged a page's bytes right before `cuMemCreate`
@@ -222,7 +228,20 @@ impl Arena {
     pub fn allocate(&self, len: u64, stream: StreamRef, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
         let (stream_id, stream) = (stream.id.0, stream.raw);
         debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
-        let (region, addr, freed, missing) = match self.carve(stream, len) {
+        let mut carved = self.carve(stream, len);
+        if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
+            // A miss here: a mapped range of another stream first.
+            if let Some(addr) = self.take_from_another_stream(stream, len) {
+                if let Some((region, addr, freed, _)) = carved {
+                    lock(&region).unreserve(addr, len, freed);
+                }
+                let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
+                self.peak_live.fetch_max(live, Ordering::Relaxed);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(addr);
+            }
+        }
+        let (region, addr, freed, missing) = match carved.take() {
             Some(found) => found,
             None => self.carve_in_new_region(stream, len)?,
         };
@@ -248,12 +267,100 @@ impl Arena {
         Ok(addr)
     }
 
-    /// The memory of a block freed on its stream (every use of it was made
-    /// to happen before this point of that stream).
-    pub fn free(&self, ptr: u64, len: u64) {
+    /// The memory of a block freed on `stream`, its allocation stream
+    /// (every use of it was made to happen before this point of that
+    /// stream); `None`: no work uses it any more (a released capture's).
+    pub fn free(&self, ptr: u64, len: u64, stream: Option<RawStream>) {
         let region = self.region_of(ptr).expect("an arena block's region outlives the block");
-        lock(&region).release(ptr, len);
+        let mut r = lock(&region);
+        match stream.filter(|&s| s != r.stream) {
+            None => r.release(ptr, len),
+            Some(other) => match self.record_on(other) {
+                Some(event) => r.foreign.push((ptr, len, event, other)),
+                // No event: wait for that stream instead (a failing
+                // driver); if even that fails, leave the range out.
+                None => {
+                    if self.device.synchronize_stream(other).is_ok() {
+                        r.unreserve(ptr, len, 0);
+                    }
+                }
+            },
+        }
+        drop(r);
         self.live.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    /// An event recorded on `stream` now (from the spare list).
+    fn record_on(&self, stream: RawStream) -> Option<RawEvent> {
+        let event = lock(&self.spare).events.pop().map_or_else(|| self.device.create_event(), Ok).ok()?;
+        match self.device.record_event(event, stream) {
+            Ok(()) => Some(event),
+            Err(_) => {
+                lock(&self.spare).events.push(event);
+                None
+            }
+        }
+    }
+
+    /// Foreign frees of `r` join its free ranges: those whose events have
+    /// completed (with `wait`, after waiting for them on the host); with
+    /// `owner_waits`, the rest too, `r`'s stream made to wait for each on
+    /// the GPU (they then count as frees at this point of that stream).
+    fn settle_foreign(&self, r: &mut Region, wait: bool, owner_waits: bool) {
+        let mut i = 0;
+        while i < r.foreign.len() {
+            let (addr, len, event, _) = r.foreign[i];
+            if wait {
+                let _ = self.device.event_synchronize(event);
+            }
+            if self.device.event_query(event) == Ok(true) {
+                r.unreserve(addr, len, 0);
+            } else if owner_waits && self.device.stream_wait_event(r.stream, event).is_ok() {
+                r.release_merged(addr, len);
+            } else {
+                i += 1;
+                continue;
+            }
+            r.foreign.swap_remove(i);
+            lock(&self.spare).events.push(event);
+        }
+    }
+
+    /// A fully mapped range of `len` bytes in another stream's region,
+    /// with `stream` made to wait (on the GPU) for that stream's work so
+    /// far: its address, or `None`.
+    fn take_from_another_stream(&self, stream: RawStream, len: u64) -> Option<u64> {
+        for region in self.every_region() {
+            let mut r = lock(&region);
+            if r.stream == stream {
+                continue;
+            }
+            // A block this stream took from here and freed, of the size:
+            // back to it as it is (its own stream order fences it).
+            if let Some(i) = r.foreign.iter().position(|f| f.3 == stream && f.1 == len) {
+                let (addr, _, event, _) = r.foreign.swap_remove(i);
+                lock(&self.spare).events.push(event);
+                return Some(addr);
+            }
+            r.settle_recent();
+            self.settle_foreign(&mut r, false, false);
+            let Some((addr, freed)) = r.take(len) else { continue };
+            if !r.all_mapped(addr, len) {
+                r.unreserve(addr, len, freed);
+                continue;
+            }
+            let fenced = self.record_on(r.stream).map(|event| {
+                let waited = self.device.stream_wait_event(stream, event);
+                lock(&self.spare).events.push(event);
+                waited.is_ok()
+            });
+            if fenced == Some(true) {
+                return Some(addr);
+            }
+            r.unreserve(addr, len, freed);
+            return None;
+        }
+        None
     }
 
     /// A fitting free range in one of `stream`'s regions: the region, the
@@ -276,6 +383,7 @@ impl Arena {
         for region in regions {
             let mut r = lock(region);
             r.settle_recent();
+            self.settle_foreign(&mut r, false, true);
             if let Some((addr, freed)) = r.take(len) {
                 let missing = r.unmapped_in(addr, len);
                 return Some((region.clone(), addr, freed, missing));
@@ -412,6 +520,7 @@ impl Arena {
             }
             let mut r = lock(&region);
             r.settle_recent();
+            self.settle_foreign(&mut r, completion == Completion::Wait, false);
             self.refresh(&mut r, completion);
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {
@@ -573,6 +682,9 @@ impl Drop for Arena {
             }
             let _ = self.device.vm_free(r.base, r.len);
             for (event, _) in r.seals.drain(..) {
+                self.device.destroy_event(event);
+            }
+            for (_, _, event, _) in r.foreign.drain(..) {
                 self.device.destroy_event(event);
             }
         }

@@ -18,6 +18,13 @@
 //!   are not idle), and the list is merged into the free ranges before
 //!   anything would map, unmap or count idle pages (`settle_recent`), so
 //!   it never costs memory.
+//! - Another stream may take a mapped range of this region (the arena
+//!   orders it after this stream's work with an event). Freed, such a
+//!   block is *foreign*: it waits, with an event recorded on its stream at
+//!   the free (`foreign`), since this region's stream order does not
+//!   cover it. It joins the free ranges once that event has completed, or
+//!   when this region's stream needs room and waits for the event on the
+//!   GPU; the stream that freed it may take it back as it is.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -44,6 +51,9 @@ pub(crate) struct Region {
     /// The latest frees not yet merged: (address, length, free number),
     /// newest last, at most `RECENT_MAX`.
     recent: Vec<(u64, u64, u64)>,
+    /// Blocks another stream took from here and freed: (address, length,
+    /// an event recorded on that stream after the free, that stream).
+    pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
 }
 
 /// Frees kept unmerged for same-size reuse.
@@ -54,7 +64,7 @@ impl Region {
         let mut free = FreeRanges::default();
         free.insert(base, len, 0);
         let pages = vec![None; (len / granularity) as usize];
-        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new(), recent: Vec::new() }
+        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new(), recent: Vec::new(), foreign: Vec::new() }
     }
 
     /// The granules `[addr, addr + len)` touches.
@@ -100,6 +110,13 @@ impl Region {
             self.free.insert(a, l, seq);
         }
         self.recent.push((addr, len, self.frees));
+    }
+
+    /// A block's memory back as the next free, merged at once (a foreign
+    /// free this stream now waits for).
+    pub fn release_merged(&mut self, addr: u64, len: u64) {
+        self.frees += 1;
+        self.free.insert(addr, len, self.frees);
     }
 
     /// `len` bytes: a recent free of exactly that size (newest first, all
