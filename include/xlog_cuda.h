@@ -423,8 +423,11 @@ xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, str
  already queued on its streams (host callbacks included), frees blocks
  still live (each reported on stderr and in the log as a leak), waits for
  pending frees and destroys its streams. The handle is invalid afterwards
- even if an error is returned, except when the close is refused from
- inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
+ even if an error is returned, except when the close is refused
+ (XLOG_ERR_STREAM_MISUSE, nothing changed, the handle stays open): from
+ inside a host callback, or, for the last close of a runtime, while one of
+ its streams takes part in a capture (close would wait for that stream,
+ which invalidates the capture): end the capture, then close.
  */
 xlog_status xlog_runtime_close(struct xlog_runtime *rt);
 
@@ -454,6 +457,10 @@ xlog_status xlog_stream_acquire(struct xlog_runtime *rt, xlog_stream *out);
 
 /*
  Give a stream back; its id is invalid afterwards. Queued work still runs.
+ Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
+ nothing, while the stream takes part in a capture (begun on it, or
+ joined by a wait on captured work): end the capture first. The pool
+ never hands out a stream that captures.
  */
 xlog_status xlog_stream_release(struct xlog_runtime *rt, xlog_stream stream);
 
@@ -473,7 +480,9 @@ xlog_status xlog_stream_import(struct xlog_runtime *rt, void *cuda_stream, xlog_
 xlog_status xlog_stream_native(struct xlog_runtime *rt, xlog_stream stream, void **out_cuda_stream);
 
 /*
- Block until all work queued on `stream` has completed.
+ Block until all work queued on `stream` has completed. Refused with
+ XLOG_ERR_STREAM_MISUSE, changing nothing, while the stream takes part in
+ a capture (a host wait there would invalidate the capture).
  */
 xlog_status xlog_stream_synchronize(struct xlog_runtime *rt, xlog_stream stream);
 

@@ -242,7 +242,8 @@ class Stream {
     owned.release();  // the trampoline owns it now
   }
 
-  /// Give the id back now; throws on failure (the id is kept then).
+  /// Give the id back now; throws on failure (the id is kept then), e.g.
+  /// XLOG_ERR_STREAM_MISUSE while the stream takes part in a capture.
   void reset() {
     if (rt_ == nullptr) return;
     check(xlog_stream_release(rt_, id_), "xlog_stream_release");
@@ -264,8 +265,10 @@ class Stream {
   }
 
   void release_quietly() noexcept {
-    // Destructors must not throw; a failure here means the runtime is
-    // already closed, and the close reclaimed the stream.
+    // Destructors must not throw. A failure here means the runtime is
+    // already closed (the close reclaimed the stream), or the stream takes
+    // part in a capture (the release is refused: the id stays acquired and
+    // the runtime's close names it as never released).
     if (rt_ != nullptr) (void)xlog_stream_release(rt_, id_);
     rt_ = nullptr;
     id_ = 0;
@@ -532,12 +535,16 @@ class Runtime {
   xlog_status validate(const Block& block) const noexcept { return validate(block.handle()); }
 
   /// Close now; returns what was still live (leaked). The handle is gone
-  /// afterwards even if this throws.
+  /// afterwards even if this throws, except when the library refuses the
+  /// close (XLOG_ERR_STREAM_MISUSE: from inside a host callback, or while a
+  /// stream of the runtime takes part in a capture): nothing changed then,
+  /// and this object still owns the open handle.
   CloseReport close() {
     CloseReport report;
     if (rt_ == nullptr) return report;
-    xlog_runtime* rt = std::exchange(rt_, nullptr);
-    check(xlog_runtime_close_report(rt, &report.leaked_blocks, &report.leaked_bytes), "xlog_runtime_close");
+    const xlog_status status = xlog_runtime_close_report(rt_, &report.leaked_blocks, &report.leaked_bytes);
+    if (status != XLOG_ERR_STREAM_MISUSE) rt_ = nullptr;
+    check(status, "xlog_runtime_close");
     return report;
   }
 

@@ -407,8 +407,11 @@ pub unsafe extern "C" fn xlog_runtime_open(
 /// already queued on its streams (host callbacks included), frees blocks
 /// still live (each reported on stderr and in the log as a leak), waits for
 /// pending frees and destroys its streams. The handle is invalid afterwards
-/// even if an error is returned, except when the close is refused from
-/// inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
+/// even if an error is returned, except when the close is refused
+/// (XLOG_ERR_STREAM_MISUSE, nothing changed, the handle stays open): from
+/// inside a host callback, or, for the last close of a runtime, while one of
+/// its streams takes part in a capture (close would wait for that stream,
+/// which invalidates the capture): end the capture, then close.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
     close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
@@ -434,8 +437,19 @@ fn close_runtime(
     leaked_bytes: *mut u64,
 ) -> xlog_status {
     boundary(name, || {
+        // A refusal (a stream captures) leaves the handle open: checked
+        // before the handle goes, and again by the close itself, which can
+        // only refuse before it changed anything (a capture begun in
+        // between): the handle then comes back.
+        super::runtime_of(rt)?.check_close_allowed()?;
         let runtime = unregister_runtime(rt)?;
-        let report = runtime.close()?;
+        let report = match runtime.close() {
+            Err(e) if !runtime.is_closed() => {
+                super::reregister_runtime(rt, runtime);
+                return Err(e);
+            }
+            other => other?,
+        };
         if !leaked_blocks.is_null() {
             write_out(leaked_blocks, report.leaked.len() as u64);
         }
@@ -487,6 +501,10 @@ pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stre
 }
 
 /// Give a stream back; its id is invalid afterwards. Queued work still runs.
+/// Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
+/// nothing, while the stream takes part in a capture (begun on it, or
+/// joined by a wait on captured work): end the capture first. The pool
+/// never hands out a stream that captures.
 #[no_mangle]
 pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
     boundary("xlog_stream_release", || with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))
@@ -530,7 +548,9 @@ pub extern "C" fn xlog_stream_native(
     })
 }
 
-/// Block until all work queued on `stream` has completed.
+/// Block until all work queued on `stream` has completed. Refused with
+/// XLOG_ERR_STREAM_MISUSE, changing nothing, while the stream takes part in
+/// a capture (a host wait there would invalidate the capture).
 #[no_mangle]
 pub extern "C" fn xlog_stream_synchronize(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
     boundary("xlog_stream_synchronize", || with_runtime(rt, |r| r.synchronize(stream_id(stream)?)))

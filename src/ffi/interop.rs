@@ -295,6 +295,12 @@ fn framework_tag(name: &'static str) -> AllocTag {
 pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
     let (hooks, _config) = {
         let mut t = table();
+        // A close that would be refused (a stream of the hook runtime
+        // captures) is refused before the hooks are forgotten: nothing
+        // changes.
+        if let Some(h) = t.hooks.get(&device).filter(|h| !h.runtime.is_closed()) {
+            h.runtime.check_close_allowed()?;
+        }
         HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };

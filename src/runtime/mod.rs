@@ -259,9 +259,15 @@ impl Runtime {
         self.streams.acquire()
     }
 
+    /// Give stream `id` back. Refused with `StreamMisuse`, changing
+    /// nothing, while the stream takes part in a capture: the pool would
+    /// hand a capturing stream out again, and the capture could never be
+    /// ended through its id.
     pub fn release_stream(&self, id: StreamId) -> ResourceResult<()> {
         let _g = self.enter()?;
         let s = self.streams.resolve(id)?;
+        // Before an imported stream is retired: that queues work on it.
+        self.streams.refuse_if_capturing(id, s.raw, "releasing it")?;
         if self.streams.is_imported(id) {
             // The owner may destroy an imported stream once we let go of it:
             // nothing of ours may stay queued for it.
@@ -286,6 +292,10 @@ impl Runtime {
         // meanwhile do not wait behind it (see `enter`).
         let _g = self.enter()?;
         let raw = self.streams.resolve(id)?.raw;
+        // A host wait on a capturing stream fails and invalidates the
+        // capture (CUDA's rule, modelled by the sim): refused first, so the
+        // failed call changes nothing.
+        self.streams.refuse_if_capturing(id, raw, "synchronizing it")?;
         Ok(self.device.synchronize_stream(raw)?)
     }
 
@@ -712,12 +722,42 @@ impl Runtime {
 
     // ----- lifetime -----
 
+    /// `StreamMisuse`, naming the stream and its capture, when the next
+    /// close would be the last one (it shuts the runtime down) and one of
+    /// the runtime's streams takes part in a capture. Nothing changes.
+    pub fn check_close_allowed(&self) -> ResourceResult<()> {
+        refuse_in_host_callback()?;
+        let _registry = registry_lock();
+        self.refuse_last_close_while_capturing()
+    }
+
+    /// `check_close_allowed` under the registry lock (which serialises
+    /// opens and closes, so the openers count is exact here).
+    fn refuse_last_close_while_capturing(&self) -> ResourceResult<()> {
+        if self.gate.is_closed() || self.openers.load(Ordering::Acquire) > 1 {
+            return Ok(());
+        }
+        match self.streams.first_capturing()? {
+            None => Ok(()),
+            Some((stream, capture)) => Err(ResourceError::StreamMisuse(format!(
+                "the runtime of device {} cannot close while {stream} takes part in capture {capture}: \
+                 close waits for the work queued on its streams, which would invalidate the capture, \
+                 and destroys them under it; end the capture first (xlog_capture_end, or the \
+                 framework's own end of capture); nothing was changed, the runtime stays open",
+                self.device.ordinal()
+            ))),
+        }
+    }
+
     /// Close one opener's reference. The last close waits for the work
     /// already queued on its streams (host callbacks included), then frees
     /// what is still live (reporting each block as a leak on stderr and in
-    /// the log), waits for pending frees, and destroys the pool's streams.
-    /// Calls made after it fail with an error; a close from inside a host
-    /// callback is refused and changes nothing.
+    /// the log), names the streams never released (stderr and the log),
+    /// waits for pending frees, and destroys the pool's streams. Calls made
+    /// after it fail with an error. Refused, changing nothing, from inside
+    /// a host callback, and (the last close) while a stream of the runtime
+    /// takes part in a capture: waiting for that stream would invalidate
+    /// the capture (`check_close_allowed`).
     pub fn close(self: &Arc<Self>) -> ResourceResult<CloseReport> {
         // From a host callback close would wait for the callback's own
         // stream (and on CUDA call the driver): refused, nothing changes.
@@ -729,6 +769,7 @@ impl Runtime {
             if self.gate.is_closed() {
                 return Err(closed_error());
             }
+            self.refuse_last_close_while_capturing()?;
             if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
                 return Ok(CloseReport { leaked: Vec::new(), still_shared: true });
             }

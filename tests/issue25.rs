@@ -1,0 +1,256 @@
+//! Defects found by trying to break stream capture, the framework hooks and
+//! the close report as a hostile caller would (issue 25), on the sim
+//! backend, through the C ABI:
+//!
+//! 1. a stream that captures is never released, closed under, or handed
+//!    out again by the pool (pooled, imported, the hook runtime's);
+//! 2. negative device ordinals are refused by every interop entry point
+//!    the same way `xlog_interop_runtime(-1)` refuses them;
+//! 3. unbalanced graph-pool calls (`end` without a `begin`, a release while
+//!    every user of the pool still captures) are refused;
+//! 5. error messages: a block of another device or another runtime, a
+//!    device ordinal past the sim's devices;
+//! 6. the close report names the streams never released.
+
+use std::ffi::{c_char, c_void};
+
+use xlog_cuda::ffi::api::*;
+use xlog_cuda::ffi::interop::*;
+use xlog_cuda::ffi::testing::*;
+use xlog_cuda::ffi::types::*;
+
+fn last_error() -> String {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` has 4096 writable bytes.
+    let n = unsafe { xlog_last_error_message(buf.as_mut_ptr() as *mut c_char, buf.len()) };
+    buf.truncate(n.min(4095));
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn sim_config(pool: u32) -> xlog_config {
+    let mut cfg = std::mem::MaybeUninit::<xlog_config>::zeroed();
+    // SAFETY: writable storage for one config, fully initialised after.
+    let mut cfg = unsafe {
+        xlog_config_init(cfg.as_mut_ptr());
+        cfg.assume_init()
+    };
+    cfg.backend = XLOG_BACKEND_SIM;
+    cfg.budget_bytes = 0;
+    cfg.stream_pool_size = pool;
+    cfg.sim_capacity_bytes = 16 << 20;
+    cfg.log_path = std::ptr::null();
+    // Each hook test keeps its hooks apart on a sim ordinal of its own.
+    cfg.sim_devices = 8192;
+    cfg
+}
+
+fn open(pool: u32) -> *mut xlog_runtime {
+    open_on(0, &sim_config(pool))
+}
+
+fn open_on(device: i32, cfg: &xlog_config) -> *mut xlog_runtime {
+    let mut rt = std::ptr::null_mut();
+    // SAFETY: a valid config and out-pointer.
+    let status = unsafe { xlog_runtime_open(device, cfg, &mut rt) };
+    assert_eq!(status, XLOG_OK, "{}", last_error());
+    rt
+}
+
+fn acquire(rt: *mut xlog_runtime) -> xlog_stream {
+    let mut s = 0;
+    assert_eq!(xlog_stream_acquire(rt, &mut s), XLOG_OK, "{}", last_error());
+    s
+}
+
+fn native(rt: *mut xlog_runtime, s: xlog_stream) -> *mut c_void {
+    let mut n = std::ptr::null_mut();
+    assert_eq!(xlog_stream_native(rt, s, &mut n), XLOG_OK, "{}", last_error());
+    n
+}
+
+/// End the capture begun on `s` through the runtime: its id.
+fn end_capture(rt: *mut xlog_runtime, s: xlog_stream) -> u64 {
+    let (mut graph, mut capture) = (std::ptr::null_mut(), 0u64);
+    assert_eq!(xlog_capture_end(rt, s, &mut graph, &mut capture), XLOG_OK, "{}", last_error());
+    capture
+}
+
+fn empty_block() -> xlog_block {
+    xlog_block { ptr: std::ptr::null_mut(), size: 0, generation: 0, stream: 0, device: 0 }
+}
+
+fn live_blocks(rt: *mut xlog_runtime) -> u64 {
+    let mut stats = xlog_stats { struct_size: std::mem::size_of::<xlog_stats>() as u32, ..Default::default() };
+    assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK, "{}", last_error());
+    stats.live_blocks
+}
+
+extern "C" fn set_flag(user: *mut c_void) {
+    // SAFETY: the tests pass a pointer to an AtomicBool that outlives the stream's work.
+    let flag = unsafe { &*(user as *const std::sync::atomic::AtomicBool) };
+    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+// ===================================================================== //
+// 1. Streams that capture                                                //
+// ===================================================================== //
+
+#[test]
+fn releasing_a_capturing_stream_is_refused_and_changes_nothing() {
+    // One pooled stream: a release that went through would hand the same
+    // native stream to the next acquire.
+    let rt = open(1);
+    let a = acquire(rt);
+    assert_eq!(xlog_capture_begin(rt, a, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_release(rt, a), XLOG_ERR_STREAM_MISUSE);
+    let refusal = last_error();
+    let mut b = 0;
+    assert_eq!(xlog_stream_acquire(rt, &mut b), XLOG_ERR_POOL_EXHAUSTED, "the stream is still acquired");
+    let capture = end_capture(rt, a);
+    assert!(
+        refusal.contains(&format!("stream {a} ")) && refusal.contains(&format!("capture {capture}")),
+        "the refusal names the stream and the capture: {refusal}"
+    );
+
+    // Ended, it goes back, and the next acquire gets a stream that runs work.
+    assert_eq!(xlog_stream_release(rt, a), XLOG_OK, "{}", last_error());
+    let b = acquire(rt);
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    assert_eq!(xlog_stream_enqueue_host(rt, b, Some(set_flag), &ran as *const _ as *mut c_void), XLOG_OK);
+    assert_eq!(xlog_stream_synchronize(rt, b), XLOG_OK, "{}", last_error());
+    assert!(ran.load(std::sync::atomic::Ordering::SeqCst), "the callback ran: b does not capture");
+    assert_eq!(xlog_capture_begin(rt, b, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    end_capture(rt, b);
+    assert_eq!(xlog_stream_release(rt, b), XLOG_OK);
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "{}", last_error());
+}
+
+#[test]
+fn a_stream_that_joined_a_capture_is_not_released_either() {
+    // b joins a's capture by waiting on work captured on a (a fork).
+    let rt = open(4);
+    let (a, b) = (acquire(rt), acquire(rt));
+    let mut block = empty_block();
+    // SAFETY: a valid tag and out-pointer.
+    assert_eq!(unsafe { xlog_allocate(rt, 4096, a, c"fork".as_ptr(), &mut block) }, XLOG_OK);
+    assert_eq!(xlog_capture_begin(rt, a, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_finish(rt, block, a, XLOG_ACCESS_WRITE), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_prepare(rt, block, b, XLOG_ACCESS_READ), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_release(rt, b), XLOG_ERR_STREAM_MISUSE, "b takes part in the capture");
+    assert!(last_error().contains("capture"), "{}", last_error());
+    assert_eq!(xlog_finish(rt, block, b, XLOG_ACCESS_READ), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_prepare(rt, block, a, XLOG_ACCESS_WRITE), XLOG_OK, "{}", last_error());
+    end_capture(rt, a);
+    assert_eq!(xlog_stream_release(rt, b), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_deallocate(rt, block), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_release(rt, a), XLOG_OK);
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "{}", last_error());
+}
+
+#[test]
+fn an_idle_stream_captured_behind_the_runtimes_back_is_never_handed_out() {
+    let rt = open(2);
+    let a = acquire(rt);
+    let idle = native(rt, a);
+    assert_eq!(xlog_stream_release(rt, a), XLOG_OK);
+    // A framework begins a capture on the native stream the pool now keeps
+    // idle (it imported that handle earlier, say).
+    let mut capture = 0;
+    assert_eq!(xlog_sim_stream_begin_capture(rt, idle, &mut capture), XLOG_OK, "{}", last_error());
+    let b = acquire(rt);
+    assert_ne!(native(rt, b), idle, "the pool handed out a stream that captures");
+    assert_eq!(xlog_capture_begin(rt, b, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    end_capture(rt, b);
+    assert_eq!(xlog_stream_release(rt, b), XLOG_OK);
+    let mut graph = 0;
+    assert_eq!(xlog_sim_stream_end_capture(rt, idle, &mut graph), XLOG_OK, "{}", last_error());
+    // Once it ended, the idle stream is handed out again.
+    let (c, d) = (acquire(rt), acquire(rt));
+    assert!([native(rt, c), native(rt, d)].contains(&idle), "the stream is back in use once it ended");
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "{}", last_error());
+}
+
+#[test]
+fn releasing_a_capturing_imported_stream_is_refused() {
+    let rt = open(2);
+    let foreign = 0x5100 as *mut c_void;
+    let mut f = 0;
+    assert_eq!(xlog_stream_import(rt, foreign, &mut f), XLOG_OK, "{}", last_error());
+    let mut capture = 0;
+    assert_eq!(xlog_sim_stream_begin_capture(rt, foreign, &mut capture), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_release(rt, f), XLOG_ERR_STREAM_MISUSE);
+    assert!(last_error().contains(&format!("capture {capture}")), "{}", last_error());
+    let mut again = 0;
+    assert_eq!(xlog_stream_import(rt, foreign, &mut again), XLOG_OK);
+    assert_eq!(again, f, "still imported under the same id: the release changed nothing");
+    let mut graph = 0;
+    assert_eq!(xlog_sim_stream_end_capture(rt, foreign, &mut graph), XLOG_OK, "the capture was not invalidated: {}", last_error());
+    assert_eq!(xlog_stream_release(rt, f), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "{}", last_error());
+}
+
+#[test]
+fn synchronizing_a_capturing_stream_is_refused_without_invalidating_the_capture() {
+    let rt = open(2);
+    let a = acquire(rt);
+    assert_eq!(xlog_capture_begin(rt, a, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_synchronize(rt, a), XLOG_ERR_STREAM_MISUSE);
+    assert!(last_error().contains("captur"), "{}", last_error());
+    end_capture(rt, a);
+    assert_eq!(xlog_stream_synchronize(rt, a), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_stream_release(rt, a), XLOG_OK);
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "{}", last_error());
+}
+
+#[test]
+fn closing_while_a_stream_captures_is_refused_and_the_handle_stays_open() {
+    let rt = open(2);
+    let a = acquire(rt);
+    let mut block = empty_block();
+    // SAFETY: a valid tag and out-pointer.
+    assert_eq!(unsafe { xlog_allocate(rt, 4096, a, c"kept".as_ptr(), &mut block) }, XLOG_OK);
+    assert_eq!(xlog_capture_begin(rt, a, XLOG_CAPTURE_GLOBAL), XLOG_OK, "{}", last_error());
+    let (mut blocks, mut bytes) = (u64::MAX, u64::MAX);
+    assert_eq!(xlog_runtime_close_report(rt, &mut blocks, &mut bytes), XLOG_ERR_STREAM_MISUSE);
+    let refusal = last_error();
+    assert_eq!((blocks, bytes), (u64::MAX, u64::MAX), "nothing reported: nothing was closed");
+    assert_eq!(live_blocks(rt), 1, "the handle is still open and nothing was freed");
+    let capture = end_capture(rt, a);
+    assert!(
+        refusal.contains(&format!("stream {a} ")) && refusal.contains(&format!("capture {capture}")),
+        "the refusal names the stream and its capture: {refusal}"
+    );
+    assert_eq!(xlog_deallocate(rt, block), XLOG_OK);
+    assert_eq!(xlog_stream_release(rt, a), XLOG_OK);
+    assert_eq!(xlog_runtime_close_report(rt, &mut blocks, &mut bytes), XLOG_OK, "{}", last_error());
+    assert_eq!((blocks, bytes), (0, 0));
+}
+
+#[test]
+fn the_hook_runtime_is_not_reset_while_a_framework_capture_runs() {
+    let device = 2501;
+    let cfg = sim_config(4);
+    // SAFETY: a valid config pointer.
+    assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK, "{}", last_error());
+    let capture_stream = 0x7c00 as *mut c_void;
+    let p = xlog_torch_malloc(4096, device, capture_stream);
+    assert!(!p.is_null(), "{}", last_error());
+    let mut rt = std::ptr::null_mut();
+    assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+    let mut capture = 0;
+    assert_eq!(xlog_sim_stream_begin_capture(rt, capture_stream, &mut capture), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK, "the hooks hold the runtime: only this handle goes");
+
+    let mut leaked = u64::MAX;
+    assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_ERR_STREAM_MISUSE);
+    assert!(last_error().contains(&format!("capture {capture}")), "{}", last_error());
+    assert_eq!(xlog_interop_live_blocks(device), 1, "the hooks are still there, with their block");
+
+    assert_eq!(xlog_interop_runtime(device, &mut rt), XLOG_OK);
+    let mut graph = 0;
+    assert_eq!(xlog_sim_stream_end_capture(rt, capture_stream, &mut graph), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+    assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK, "{}", last_error());
+    assert_eq!(leaked, 1);
+}
+
