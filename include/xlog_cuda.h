@@ -683,7 +683,10 @@ xlog_status xlog_set_call_site(const char *call_site);
  Configure the hook runtime of `device` before its first allocation
  (`cfg` as for `xlog_runtime_open`; NULL = environment, with
  wait_on_pressure on, as for hooks never configured). Fails once the
- hooks of that device have allocated.
+ hooks of that device have allocated. Like xlog_runtime_open, every hook
+ entry point that takes a device refuses a negative one
+ (XLOG_ERR_INVALID_ARGUMENT, "device ordinal -1 is negative"), changing
+ nothing.
  */
 xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg);
 
@@ -706,8 +709,9 @@ xlog_status xlog_interop_trim(int32_t device, uint64_t keep_bytes, uint64_t *rel
 
 /*
  Blocks the hooks of `device` currently hold (0 if never used, and 0
- with a message when called from inside a host callback, where it is
- refused as every xlog call is: see xlog_stream_enqueue_host).
+ with a message for a negative `device`, or when called from inside a
+ host callback, where it is refused as every xlog call is: see
+ xlog_stream_enqueue_host).
  */
 uint64_t xlog_interop_live_blocks(int32_t device);
 

@@ -254,3 +254,41 @@ fn the_hook_runtime_is_not_reset_while_a_framework_capture_runs() {
     assert_eq!(leaked, 1);
 }
 
+// ===================================================================== //
+// 2. Negative device ordinals                                            //
+// ===================================================================== //
+
+#[test]
+fn every_interop_entry_point_refuses_a_negative_ordinal_alike() {
+    let expect = |status: xlog_status, device: i32, call: &str| {
+        assert_eq!(status, XLOG_ERR_INVALID_ARGUMENT, "{call}({device}) returned {status}");
+        let message = last_error();
+        assert!(
+            message.starts_with(call) && message.contains(&format!("device ordinal {device} is negative")),
+            "{call}: {message}"
+        );
+    };
+    let mut rt = std::ptr::null_mut();
+    expect(xlog_interop_runtime(-1, &mut rt), -1, "xlog_interop_runtime");
+    let cfg = sim_config(2);
+    // SAFETY: a valid config pointer (and NULL, which means the environment).
+    expect(unsafe { xlog_interop_configure(-5, &cfg) }, -5, "xlog_interop_configure");
+    // SAFETY: as above.
+    expect(unsafe { xlog_interop_configure(-5, std::ptr::null()) }, -5, "xlog_interop_configure");
+    let mut released = 7;
+    expect(xlog_interop_trim(-1, 0, &mut released), -1, "xlog_interop_trim");
+    assert_eq!(released, 7, "nothing written");
+    let mut leaked = 7;
+    expect(xlog_testing_interop_reset(-1, &mut leaked), -1, "xlog_testing_interop_reset");
+    assert_eq!(leaked, 7, "nothing written");
+    expect(xlog_torch_begin_allocate_to_pool(-2, 1, 0, std::ptr::null_mut()), -2, "xlog_torch_begin_allocate_to_pool");
+    expect(xlog_torch_end_allocate_to_pool(-2, 1, 0), -2, "xlog_torch_end_allocate_to_pool");
+    expect(xlog_torch_release_pool(-2, 1, 0, std::ptr::null_mut()), -2, "xlog_torch_release_pool");
+    let p = 0x1000 as *mut c_void;
+    expect(xlog_torch_record_stream(p, -3, std::ptr::null_mut()), -3, "xlog_torch_record_stream");
+    // SAFETY: a valid config pointer.
+    expect(unsafe { xlog_runtime_open(-1, &cfg, &mut rt) }, -1, "xlog_runtime_open");
+    assert!(xlog_torch_malloc(64, -4, std::ptr::null_mut()).is_null());
+    assert!(last_error().contains("device ordinal -4 is negative"), "{}", last_error());
+}
+

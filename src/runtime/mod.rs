@@ -101,9 +101,7 @@ impl Runtime {
     pub fn open(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
         refuse_in_host_callback()?;
         config.validate()?;
-        if ordinal < 0 {
-            return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
-        }
+        check_ordinal(ordinal)?;
         let rt = match config.backend {
             Backend::Sim => Runtime::open_sim(ordinal, config),
             Backend::Cuda => Runtime::open_cuda(ordinal, config),
@@ -854,6 +852,17 @@ impl Runtime {
 fn refuse_in_host_callback() -> ResourceResult<()> {
     if crate::device::in_host_callback() {
         return Err(ResourceError::in_host_callback());
+    }
+    Ok(())
+}
+
+/// The one check of a device ordinal given by a caller: every entry point
+/// that takes one (open, and the framework hooks' calls, which name their
+/// device on every call) refuses a negative ordinal with the same message
+/// before anything opens or changes.
+pub fn check_ordinal(ordinal: i32) -> ResourceResult<()> {
+    if ordinal < 0 {
+        return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
     }
     Ok(())
 }
