@@ -766,8 +766,12 @@ xlog_status xlog_torch_begin_allocate_to_pool(int32_t device, uint64_t pool_id_0
 /*
  PyTorch's `endAllocateToPool`, after the capture into the pool ended:
  one announcement of the pool stops, and its capture ends for the hook
- runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
- pool never announced on `device`, changing nothing.
+ runtime (its memory stays the pool's). Each begin is ended once:
+ XLOG_ERR_INVALID_ARGUMENT, changing nothing, for a pool never announced
+ on `device`, or one with nothing left to end (every begin of it ended
+ already). The end of a begin whose capture failed and was swept by a
+ later begin (see xlog_torch_begin_allocate_to_pool) is XLOG_OK and ends
+ nothing.
  */
 xlog_status xlog_torch_end_allocate_to_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1);
 
@@ -778,9 +782,13 @@ xlog_status xlog_torch_end_allocate_to_pool(int32_t device, uint64_t pool_id_0, 
  blocks still live (a graph's output tensors) when the last of them is
  freed. `released_bytes` (may be NULL) receives the bytes given back by
  this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
- `device` (or released by its last user already),
- XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
- (not ended); both change nothing.
+ `device` (or released by its last user already);
+ XLOG_ERR_STREAM_MISUSE while every user of the pool is a capture still
+ announced (not ended), since no graph of the pool exists then: a user
+ whose capture ended may release while another capture into the pool
+ runs (PyTorch destroys one graph of a shared pool while it captures
+ another), the last user only once no capture into the pool is under
+ way. Both refusals change nothing.
  */
 xlog_status xlog_torch_release_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1, uint64_t *released_bytes);
 

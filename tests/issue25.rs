@@ -292,3 +292,73 @@ fn every_interop_entry_point_refuses_a_negative_ordinal_alike() {
     assert!(last_error().contains("device ordinal -4 is negative"), "{}", last_error());
 }
 
+// ===================================================================== //
+// 3. Unbalanced graph-pool calls                                         //
+// ===================================================================== //
+
+#[test]
+fn an_end_of_allocation_to_a_pool_with_nothing_left_to_end_is_refused() {
+    let device = 2502;
+    let cfg = sim_config(4);
+    // SAFETY: a valid config pointer.
+    assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+    assert_eq!(xlog_torch_begin_allocate_to_pool(device, 5, 5, std::ptr::null_mut()), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 5, 5), XLOG_OK, "{}", last_error());
+    for _ in 0..2 {
+        assert_eq!(xlog_torch_end_allocate_to_pool(device, 5, 5), XLOG_ERR_INVALID_ARGUMENT);
+        let m = last_error();
+        assert!(m.contains("pool (5, 5)") && m.contains(&format!("device {device}")) && m.contains("nothing"), "{m}");
+    }
+    // The refused ends changed nothing: the one user releases it.
+    assert_eq!(xlog_torch_release_pool(device, 5, 5, std::ptr::null_mut()), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_release_pool(device, 5, 5, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+    assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK);
+}
+
+#[test]
+fn the_end_owed_by_a_begin_swept_after_a_failed_capture_is_accepted_once() {
+    let device = 2504;
+    let cfg = sim_config(4);
+    // SAFETY: a valid config pointer.
+    assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+    let capture_stream = 0x7d00 as *mut c_void;
+    // A begin whose capture failed before it began: PyTorch never ends it.
+    // The next begin on that stream sweeps it.
+    assert_eq!(xlog_torch_begin_allocate_to_pool(device, 7, 0, capture_stream), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_begin_allocate_to_pool(device, 7, 0, capture_stream), XLOG_OK, "{}", last_error());
+    // Two begins, two ends (the swept one's may still come), no third.
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 7, 0), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 7, 0), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 7, 0), XLOG_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("nothing left to end"), "{}", last_error());
+    for _ in 0..2 {
+        assert_eq!(xlog_torch_release_pool(device, 7, 0, std::ptr::null_mut()), XLOG_OK, "{}", last_error());
+    }
+    assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK);
+}
+
+#[test]
+fn a_pool_release_while_every_user_still_captures_is_refused() {
+    let device = 2503;
+    let cfg = sim_config(4);
+    // SAFETY: a valid config pointer.
+    assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
+    // Two captures into one pool announced, neither ended: no graph of the
+    // pool exists yet, so no release can be one's.
+    assert_eq!(xlog_torch_begin_allocate_to_pool(device, 6, 0, std::ptr::null_mut()), XLOG_OK);
+    assert_eq!(xlog_torch_begin_allocate_to_pool(device, 6, 0, std::ptr::null_mut()), XLOG_OK);
+    assert_eq!(xlog_torch_release_pool(device, 6, 0, std::ptr::null_mut()), XLOG_ERR_STREAM_MISUSE);
+    let m = last_error();
+    assert!(m.contains("pool (6, 0)") && m.contains("2 capture(s) under way"), "{m}");
+    // One ends: the graph it made may go while the other still captures
+    // (PyTorch destroys a graph of a shared pool while another captures).
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 6, 0), XLOG_OK);
+    assert_eq!(xlog_torch_release_pool(device, 6, 0, std::ptr::null_mut()), XLOG_OK, "{}", last_error());
+    // Now the one user left still captures: refused again.
+    assert_eq!(xlog_torch_release_pool(device, 6, 0, std::ptr::null_mut()), XLOG_ERR_STREAM_MISUSE);
+    assert_eq!(xlog_torch_end_allocate_to_pool(device, 6, 0), XLOG_OK);
+    assert_eq!(xlog_torch_release_pool(device, 6, 0, std::ptr::null_mut()), XLOG_OK, "{}", last_error());
+    assert_eq!(xlog_torch_release_pool(device, 6, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+    assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK);
+}
+
