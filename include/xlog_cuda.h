@@ -412,9 +412,13 @@ void xlog_config_init(struct xlog_config *cfg);
 xlog_status xlog_config_from_env(struct xlog_config *cfg);
 
 /*
- Open the runtime of device `device` (a CUDA ordinal; any ordinal on sim).
- `cfg` may be NULL for defaults plus environment. On CUDA, opens of one
- ordinal share one runtime (and one budget); each open needs a close.
+ Open the runtime of device `device`: a CUDA ordinal, or on sim an
+ ordinal below the number of devices the sim backend simulates
+ (`cfg->sim_devices`, from `XLOG_SIM_DEVICES`, default 1); an ordinal at
+ or past it is XLOG_ERR_NO_DEVICE, a negative one
+ XLOG_ERR_INVALID_ARGUMENT. `cfg` may be NULL for defaults plus
+ environment. On CUDA, opens of one ordinal share one runtime (and one
+ budget); each open needs a close.
  */
 xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, struct xlog_runtime **out);
 
@@ -513,7 +517,10 @@ xlog_status xlog_stream_enqueue_host(struct xlog_runtime *rt, xlog_stream stream
 /*
  Allocate `bytes` ordered on `stream`, aligned to at least 256 bytes.
  Zero bytes succeeds with `ptr == NULL`. `tag` (may be NULL) names the
- caller in the log, leak reports and errors.
+ caller in the log, leak reports and errors. A tag is kept to its first
+ 128 bytes (cut at a UTF-8 character boundary; invalid UTF-8 is replaced
+ by U+FFFD first): longer tags are cut, not refused, and tags that agree
+ in their first 128 bytes are one tag.
  */
 xlog_status xlog_allocate(struct xlog_runtime *rt, uint64_t bytes, xlog_stream stream, const char *tag, struct xlog_block *out);
 
@@ -528,7 +535,12 @@ xlog_status xlog_allocate(struct xlog_runtime *rt, uint64_t bytes, xlog_stream s
 xlog_status xlog_deallocate(struct xlog_runtime *rt, struct xlog_block block);
 
 /*
- XLOG_OK if `block` is live in this runtime, else the reason.
+ XLOG_OK if `block` is live in this runtime, else the reason, as every
+ block call reports it: XLOG_ERR_INVALID_ARGUMENT for a block of another
+ device (naming both devices) or one live in another open runtime (on
+ sim every open makes its own runtime; the message names its device);
+ XLOG_ERR_USE_AFTER_FREE for a handle no open runtime holds (freed, or
+ never issued).
  */
 xlog_status xlog_block_validate(struct xlog_runtime *rt, struct xlog_block block);
 

@@ -362,3 +362,78 @@ fn a_pool_release_while_every_user_still_captures_is_refused() {
     assert_eq!(xlog_testing_interop_reset(device, std::ptr::null_mut()), XLOG_OK);
 }
 
+// ===================================================================== //
+// 5. Messages                                                            //
+// ===================================================================== //
+
+#[test]
+fn a_block_of_another_device_is_reported_once_without_a_use_after_free_clause() {
+    let mut cfg = sim_config(2);
+    cfg.sim_devices = 2;
+    let (rt0, rt1) = (open_on(0, &cfg), open_on(1, &cfg));
+    let s1 = acquire(rt1);
+    let mut block = empty_block();
+    // SAFETY: a valid tag and out-pointer.
+    assert_eq!(unsafe { xlog_allocate(rt1, 4096, s1, c"dev1".as_ptr(), &mut block) }, XLOG_OK);
+    let calls: [(&str, &dyn Fn() -> xlog_status); 2] = [
+        ("xlog_deallocate", &|| xlog_deallocate(rt0, block)),
+        ("xlog_block_validate", &|| xlog_block_validate(rt0, block)),
+    ];
+    for (call, f) in calls {
+        assert_eq!(f(), XLOG_ERR_INVALID_ARGUMENT, "{call}");
+        let m = last_error();
+        assert!(m.contains("is a block of device 1") && m.contains("runtime of device 0"), "{m}");
+        assert!(!m.contains("use after free"), "{call}: the message says two different things: {m}");
+    }
+    assert_eq!(xlog_deallocate(rt1, block), XLOG_OK);
+    assert_eq!(xlog_runtime_close(rt0), XLOG_OK);
+    assert_eq!(xlog_runtime_close(rt1), XLOG_OK);
+}
+
+#[test]
+fn a_block_of_another_runtime_is_an_invalid_argument_naming_it() {
+    // Two independent sim runtimes of one device.
+    let (a, b) = (open(2), open(2));
+    let sa = acquire(a);
+    let sb = acquire(b);
+    let mut block = empty_block();
+    // SAFETY: a valid tag and out-pointer.
+    assert_eq!(unsafe { xlog_allocate(a, 4096, sa, c"of a".as_ptr(), &mut block) }, XLOG_OK);
+    let calls: [(&str, &dyn Fn() -> xlog_status); 4] = [
+        ("xlog_deallocate", &|| xlog_deallocate(b, block)),
+        ("xlog_block_validate", &|| xlog_block_validate(b, block)),
+        ("xlog_prepare", &|| xlog_prepare(b, block, sb, XLOG_ACCESS_READ)),
+        ("xlog_finish", &|| xlog_finish(b, block, sb, XLOG_ACCESS_READ)),
+    ];
+    for (call, f) in calls {
+        assert_eq!(f(), XLOG_ERR_INVALID_ARGUMENT, "{call}: {}", last_error());
+        let m = last_error();
+        assert!(m.contains("another runtime") && m.contains("device 0"), "{call}: {m}");
+        assert!(!m.contains("use after free"), "{call}: {m}");
+    }
+    let uses = [xlog_use { block, access: XLOG_ACCESS_READ }];
+    // SAFETY: one valid use.
+    assert_eq!(unsafe { xlog_prepare_all(b, sb, uses.as_ptr(), 1) }, XLOG_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("another runtime"), "{}", last_error());
+    assert_eq!(live_blocks(a), 1, "nothing changed in a");
+    // Freed for good, the handle is stale everywhere: use after free again.
+    assert_eq!(xlog_deallocate(a, block), XLOG_OK);
+    assert_eq!(xlog_deallocate(b, block), XLOG_ERR_USE_AFTER_FREE);
+    assert_eq!(xlog_deallocate(a, block), XLOG_ERR_USE_AFTER_FREE);
+    for rt in [a, b] {
+        assert_eq!(xlog_runtime_close(rt), XLOG_OK);
+    }
+}
+
+#[test]
+fn an_ordinal_past_the_sim_devices_says_no_device_once() {
+    let mut cfg = sim_config(2);
+    cfg.sim_devices = 1;
+    let mut rt = std::ptr::null_mut();
+    // SAFETY: a valid config and out-pointer.
+    assert_eq!(unsafe { xlog_runtime_open(5, &cfg, &mut rt) }, XLOG_ERR_NO_DEVICE);
+    let m = last_error();
+    assert_eq!(m.matches("no device").count(), 1, "{m}");
+    assert!(m.contains("sim device ordinal 5"), "{m}");
+}
+

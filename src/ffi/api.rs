@@ -385,9 +385,13 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
 // Runtime                                                                //
 // ===================================================================== //
 
-/// Open the runtime of device `device` (a CUDA ordinal; any ordinal on sim).
-/// `cfg` may be NULL for defaults plus environment. On CUDA, opens of one
-/// ordinal share one runtime (and one budget); each open needs a close.
+/// Open the runtime of device `device`: a CUDA ordinal, or on sim an
+/// ordinal below the number of devices the sim backend simulates
+/// (`cfg->sim_devices`, from `XLOG_SIM_DEVICES`, default 1); an ordinal at
+/// or past it is XLOG_ERR_NO_DEVICE, a negative one
+/// XLOG_ERR_INVALID_ARGUMENT. `cfg` may be NULL for defaults plus
+/// environment. On CUDA, opens of one ordinal share one runtime (and one
+/// budget); each open needs a close.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_runtime_open(
     device: i32,
@@ -610,7 +614,10 @@ pub extern "C" fn xlog_stream_enqueue_host(
 
 /// Allocate `bytes` ordered on `stream`, aligned to at least 256 bytes.
 /// Zero bytes succeeds with `ptr == NULL`. `tag` (may be NULL) names the
-/// caller in the log, leak reports and errors.
+/// caller in the log, leak reports and errors. A tag is kept to its first
+/// 128 bytes (cut at a UTF-8 character boundary; invalid UTF-8 is replaced
+/// by U+FFFD first): longer tags are cut, not refused, and tags that agree
+/// in their first 128 bytes are one tag.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_allocate(
     rt: *mut xlog_runtime,
@@ -648,7 +655,12 @@ pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> x
     })
 }
 
-/// XLOG_OK if `block` is live in this runtime, else the reason.
+/// XLOG_OK if `block` is live in this runtime, else the reason, as every
+/// block call reports it: XLOG_ERR_INVALID_ARGUMENT for a block of another
+/// device (naming both devices) or one live in another open runtime (on
+/// sim every open makes its own runtime; the message names its device);
+/// XLOG_ERR_USE_AFTER_FREE for a handle no open runtime holds (freed, or
+/// never issued).
 #[no_mangle]
 pub extern "C" fn xlog_block_validate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
     boundary_calls("xlog_block_validate", |calls| {

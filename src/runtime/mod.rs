@@ -115,8 +115,8 @@ impl Runtime {
     }
 
     fn open_sim(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
-        crate::device::sim_platform::check_ordinal(ordinal, config.sim_devices)
-            .map_err(|e| ResourceError::NoDevice(e.to_string()))?;
+        // The device's NoDevice carries its message once ("no device: ...").
+        crate::device::sim_platform::check_ordinal(ordinal, config.sim_devices).map_err(ResourceError::from)?;
         let device = SimDevice::new(ordinal, config.sim_capacity_bytes)?;
         // Each imported foreign stream is a sim worker thread: bounded by
         // the pool size, as pooled streams are.
@@ -415,6 +415,16 @@ impl Runtime {
     pub(crate) fn knows_stream(&self, id: StreamId) -> bool {
         match self.enter() {
             Ok(_g) => self.streams.resolve(id).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `block` is live in this runtime (never blocks on a close: a
+    /// closing runtime holds none). For naming the owner of a block another
+    /// runtime was given.
+    pub(crate) fn holds_block(&self, block: &BlockId) -> bool {
+        match self.enter() {
+            Ok(_g) => self.stack.validate(block).is_ok(),
             Err(_) => false,
         }
     }
