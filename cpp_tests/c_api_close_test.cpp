@@ -95,3 +95,44 @@ TEST(CppRuntime, ACloseRefusedWhileAStreamCapturesKeepsTheHandle) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace xlog_test;
+
+TEST(CApiClose, TheDetailedReportCountsTheStreamsNeverReleased) {
+  xlog_runtime* rt = OpenSim(PoolOf(4));
+  xlog_stream kept = 0, released = 0;
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &kept));
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt, &released));
+  XLOG_ASSERT_OK(xlog_stream_release(rt, released));
+  xlog_stream imported = 0;  // the caller's own native stream: not counted
+  XLOG_ASSERT_OK(xlog_stream_import(rt, reinterpret_cast<void*>(0x5300), &imported));
+  xlog_block block{};
+  XLOG_ASSERT_OK(xlog_allocate(rt, 1000, kept, "left", &block));
+
+  xlog_close_report report;
+  std::memset(&report, 0xAB, sizeof report);
+  report.struct_size = 4;
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_close_detailed(rt, &report));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_runtime_close_detailed(rt, nullptr));
+  StatsOf(rt);  // refused before anything: still open
+  report.struct_size = sizeof report;
+  XLOG_ASSERT_OK(xlog_runtime_close_detailed(rt, &report));
+  EXPECT_EQ(report.struct_size, sizeof report);
+  EXPECT_EQ(report.leaked_blocks, 1u);
+  EXPECT_EQ(report.leaked_bytes, 1000u);
+  EXPECT_EQ(report.unreleased_streams, 1u);
+}
+
+TEST(CppRuntime, CloseReportsTheStreamsNeverReleased) {
+  xlog::Runtime rt{xlog::Config().backend(XLOG_BACKEND_SIM).stream_pool_size(4)};
+  xlog::Stream released = rt.acquire_stream();
+  const xlog_stream lost = rt.acquire_stream().release();  // owned by nobody now
+  released.reset();
+  const xlog::CloseReport report = rt.close();
+  EXPECT_EQ(report.unreleased_streams, 1u) << "stream " << lost;
+  EXPECT_EQ(report.leaked_blocks, 0u);
+}
+
+}  // namespace

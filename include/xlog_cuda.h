@@ -115,6 +115,29 @@ typedef struct xlog_config {
 } xlog_config;
 
 /*
+ What the last close of a runtime found (`xlog_runtime_close_detailed`).
+ Set `struct_size = sizeof(xlog_close_report)` before the call: the
+ library fills only the fields that fit in it, so later fields can be
+ added without breaking callers built against this header.
+ */
+typedef struct xlog_close_report {
+  uint32_t struct_size;
+  /*
+   Blocks still live at close (the close freed them).
+   */
+  uint64_t leaked_blocks;
+  /*
+   Their requested bytes.
+   */
+  uint64_t leaked_bytes;
+  /*
+   Pooled streams acquired and never released (the close released
+   them). Imported streams are not counted: they are the caller's own.
+   */
+  uint64_t unreleased_streams;
+} xlog_close_report;
+
+/*
  Runtime statistics. Byte counts are device bytes (sizes rounded up to
  what the allocator really hands out).
 
@@ -438,8 +461,21 @@ xlog_status xlog_runtime_close(struct xlog_runtime *rt);
 /*
  `xlog_runtime_close` that also reports how many blocks and bytes were
  still live (leaked) at close. Either out-pointer may be NULL.
+ `xlog_runtime_close_detailed` also counts the streams never released.
  */
 xlog_status xlog_runtime_close_report(struct xlog_runtime *rt, uint64_t *leaked_blocks, uint64_t *leaked_bytes);
+
+/*
+ `xlog_runtime_close` that fills `out` with what the last close found:
+ the blocks still live (freed by the close, each named on stderr and in
+ the log as a `leak`) and the pooled streams acquired and never released
+ (released by the close, each named on stderr and in the log as an
+ `unreleased stream`). A close that only drops one reference of a shared
+ (CUDA) runtime reports zeros. Set `out->struct_size` first; `out` NULL
+ or a `struct_size` smaller than the first layout is
+ XLOG_ERR_INVALID_ARGUMENT and closes nothing.
+ */
+xlog_status xlog_runtime_close_detailed(struct xlog_runtime *rt, struct xlog_close_report *out);
 
 /*
  The backend a runtime runs on (XLOG_BACKEND_CUDA or XLOG_BACKEND_SIM).

@@ -319,6 +319,22 @@ impl StreamPool {
         }
     }
 
+    /// The pooled streams acquired and not released, by id: (id, native
+    /// handle). Imported streams are not among them: they are the caller's
+    /// own native streams, adopted (the framework hooks import theirs and
+    /// never release them).
+    pub fn acquired(&self) -> Vec<(StreamId, u64)> {
+        let st = self.read();
+        let mut ids: Vec<(StreamId, u64)> = st
+            .active
+            .iter()
+            .filter(|(_, e)| e.origin == Origin::Pooled)
+            .map(|(id, e)| (*id, self.device.native_stream(e.raw)))
+            .collect();
+        ids.sort_unstable_by_key(|(id, _)| id.0);
+        ids
+    }
+
     /// Every stream work may be queued on: the ones we created and the
     /// imported ones still active.
     pub fn all_raw(&self) -> Vec<RawStream> {

@@ -12,7 +12,8 @@
 //!    device ordinal past the sim's devices;
 //! 6. the close report names the streams never released.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_void, CString};
+use std::path::PathBuf;
 
 use xlog_cuda::ffi::api::*;
 use xlog_cuda::ffi::interop::*;
@@ -437,3 +438,48 @@ fn an_ordinal_past_the_sim_devices_says_no_device_once() {
     assert!(m.contains("sim device ordinal 5"), "{m}");
 }
 
+// ===================================================================== //
+// 6. Streams never released, at close                                    //
+// ===================================================================== //
+
+fn scratch_log(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xlog-issue25-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("log.csv")
+}
+
+#[test]
+fn close_names_the_streams_never_released_in_its_report_and_the_log() {
+    let path = scratch_log("unreleased");
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    let mut cfg = sim_config(4);
+    cfg.log_path = c_path.as_ptr();
+    let rt = open_on(0, &cfg);
+    let (kept, released, also_kept) = (acquire(rt), acquire(rt), acquire(rt));
+    assert_eq!(xlog_stream_release(rt, released), XLOG_OK);
+    let mut report = xlog_close_report { struct_size: std::mem::size_of::<xlog_close_report>() as u32, ..Default::default() };
+    assert_eq!(xlog_runtime_close_detailed(rt, &mut report), XLOG_OK, "{}", last_error());
+    assert_eq!((report.leaked_blocks, report.leaked_bytes, report.unreleased_streams), (0, 0, 2));
+
+    let log = std::fs::read_to_string(&path).unwrap();
+    let rows: Vec<&str> = log.lines().filter(|l| l.split(',').nth(2) == Some("unreleased stream")).collect();
+    let named: Vec<u32> = rows.iter().map(|l| l.split(',').nth(5).unwrap().parse().unwrap()).collect();
+    assert_eq!(named, vec![kept, also_kept], "one row per stream, by id: {log}");
+}
+
+#[test]
+fn close_detailed_refuses_a_report_struct_too_small_and_closes_nothing() {
+    let rt = open(2);
+    let s = acquire(rt);
+    let mut report = xlog_close_report { struct_size: 8, ..Default::default() };
+    assert_eq!(xlog_runtime_close_detailed(rt, &mut report), XLOG_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("struct_size is 8"), "{}", last_error());
+    assert_eq!(live_blocks(rt), 0, "the handle is still open");
+    assert_eq!(xlog_runtime_close_detailed(rt, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
+    assert_eq!(live_blocks(rt), 0, "the handle is still open");
+    assert_eq!(xlog_stream_release(rt, s), XLOG_OK);
+    report.struct_size = std::mem::size_of::<xlog_close_report>() as u32;
+    assert_eq!(xlog_runtime_close_detailed(rt, &mut report), XLOG_OK);
+    assert_eq!(report.unreleased_streams, 0);
+}

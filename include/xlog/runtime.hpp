@@ -343,10 +343,15 @@ class Block {
   xlog_block block_{};
 };
 
-/// Leak report returned by Runtime::close().
+/// Leak report returned by Runtime::close(): what the last close of the
+/// runtime found still live (and freed), and the pooled streams acquired and
+/// never released (and released); each is also named on stderr and in the
+/// log. Zeros from a close that only dropped one reference of a shared
+/// (CUDA) runtime.
 struct CloseReport {
   std::uint64_t leaked_blocks = 0;
   std::uint64_t leaked_bytes = 0;
+  std::uint64_t unreleased_streams = 0;
 };
 
 using Stats = xlog_stats;
@@ -534,7 +539,8 @@ class Runtime {
   xlog_status validate(const xlog_block& block) const noexcept { return xlog_block_validate(rt_, block); }
   xlog_status validate(const Block& block) const noexcept { return validate(block.handle()); }
 
-  /// Close now; returns what was still live (leaked). The handle is gone
+  /// Close now; returns what was still live (leaked) and the streams never
+  /// released. The handle is gone
   /// afterwards even if this throws, except when the library refuses the
   /// close (XLOG_ERR_STREAM_MISUSE: from inside a host callback, or while a
   /// stream of the runtime takes part in a capture): nothing changed then,
@@ -542,9 +548,14 @@ class Runtime {
   CloseReport close() {
     CloseReport report;
     if (rt_ == nullptr) return report;
-    const xlog_status status = xlog_runtime_close_report(rt_, &report.leaked_blocks, &report.leaked_bytes);
+    xlog_close_report found{};
+    found.struct_size = sizeof found;
+    const xlog_status status = xlog_runtime_close_detailed(rt_, &found);
     if (status != XLOG_ERR_STREAM_MISUSE) rt_ = nullptr;
-    check(status, "xlog_runtime_close");
+    check(status, "xlog_runtime_close_detailed");
+    report.leaked_blocks = found.leaked_blocks;
+    report.leaked_bytes = found.leaked_bytes;
+    report.unreleased_streams = found.unreleased_streams;
     return report;
   }
 

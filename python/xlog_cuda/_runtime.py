@@ -200,10 +200,15 @@ def _fill_array(fn: Any, handle: int, struct: Any) -> List[Any]:
 
 
 class LeakReport(NamedTuple):
-    """What a close found still live (and freed on the caller's behalf)."""
+    """What a close found still live (and freed on the caller's behalf):
+    `blocks` and their `bytes`, and `streams`, the pooled streams acquired
+    and never released (released on the caller's behalf; imported streams
+    are the caller's own and not counted). Each is also named on stderr and
+    in the log."""
 
     blocks: int
     bytes: int
+    streams: int = 0
 
 
 def _lib() -> ctypes.CDLL:
@@ -441,24 +446,24 @@ class Runtime:
         return self._backend
 
     def close(self) -> LeakReport:
-        """Close the runtime; returns the blocks and bytes still live.
+        """Close the runtime; returns the blocks and bytes still live and
+        the streams never released.
 
         The library waits for the work queued on the runtime's streams (host
         callbacks included), frees leaked blocks, waits for pending frees and
         stops the streams. Closing again returns the first report without a
-        C call. From inside a host callback the close is refused
+        C call. From inside a host callback, and while a stream of the
+        runtime takes part in a capture, the close is refused
         (StreamMisuseError) and the runtime stays open.
         """
         if self._close_report is not None:
             return self._close_report
-        blocks, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
-        status, message = _errors.call_status(
-            _lib().xlog_runtime_close_report, self._handle, ctypes.byref(blocks), ctypes.byref(nbytes)
-        )
+        found = _library.XlogCloseReport.new()
+        status, message = _errors.call_status(_lib().xlog_runtime_close_detailed, self._handle, ctypes.byref(found))
         if status == _errors.Status.STREAM_MISUSE:
             raise _errors.error_for(status, message)  # refused: nothing changed
         # The handle is invalid afterwards even if an error is returned.
-        self._close_report = LeakReport(blocks.value, nbytes.value)
+        self._close_report = LeakReport(found.leaked_blocks, found.leaked_bytes, found.unreleased_streams)
         if status != _errors.Status.OK:
             raise _errors.error_for(status, message)
         return self._close_report

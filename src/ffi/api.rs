@@ -418,49 +418,84 @@ pub unsafe extern "C" fn xlog_runtime_open(
 /// which invalidates the capture): end the capture, then close.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
-    close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
+    boundary("xlog_runtime_close", || close_runtime(rt).map(|_| ()))
 }
 
 /// `xlog_runtime_close` that also reports how many blocks and bytes were
 /// still live (leaked) at close. Either out-pointer may be NULL.
+/// `xlog_runtime_close_detailed` also counts the streams never released.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close_report(
     rt: *mut xlog_runtime,
     leaked_blocks: *mut u64,
     leaked_bytes: *mut u64,
 ) -> xlog_status {
-    close_runtime("xlog_runtime_close_report", rt, leaked_blocks, leaked_bytes)
-}
-
-/// Both close entry points; `name` is the one the caller called, so the
-/// error message names it.
-fn close_runtime(
-    name: &'static str,
-    rt: *mut xlog_runtime,
-    leaked_blocks: *mut u64,
-    leaked_bytes: *mut u64,
-) -> xlog_status {
-    boundary(name, || {
-        // A refusal (a stream captures) leaves the handle open: checked
-        // before the handle goes, and again by the close itself, which can
-        // only refuse before it changed anything (a capture begun in
-        // between): the handle then comes back.
-        super::runtime_of(rt)?.check_close_allowed()?;
-        let runtime = unregister_runtime(rt)?;
-        let report = match runtime.close() {
-            Err(e) if !runtime.is_closed() => {
-                super::reregister_runtime(rt, runtime);
-                return Err(e);
-            }
-            other => other?,
-        };
+    boundary("xlog_runtime_close_report", || {
+        let report = close_runtime(rt)?;
         if !leaked_blocks.is_null() {
-            write_out(leaked_blocks, report.leaked.len() as u64);
+            write_out(leaked_blocks, report.leaked_blocks);
         }
         if !leaked_bytes.is_null() {
-            write_out(leaked_bytes, report.leaked.iter().map(|b| b.id.size).sum());
+            write_out(leaked_bytes, report.leaked_bytes);
         }
         Ok(())
+    })
+}
+
+/// `xlog_runtime_close` that fills `out` with what the last close found:
+/// the blocks still live (freed by the close, each named on stderr and in
+/// the log as a `leak`) and the pooled streams acquired and never released
+/// (released by the close, each named on stderr and in the log as an
+/// `unreleased stream`). A close that only drops one reference of a shared
+/// (CUDA) runtime reports zeros. Set `out->struct_size` first; `out` NULL
+/// or a `struct_size` smaller than the first layout is
+/// XLOG_ERR_INVALID_ARGUMENT and closes nothing.
+#[no_mangle]
+pub extern "C" fn xlog_runtime_close_detailed(rt: *mut xlog_runtime, out: *mut xlog_close_report) -> xlog_status {
+    boundary("xlog_runtime_close_detailed", || {
+        out_ptr(out, "out")?;
+        let declared = declared_report_size(out);
+        let full = std::mem::size_of::<xlog_close_report>();
+        if declared < full {
+            return Err(invalid(format!(
+                "close report struct_size is {declared}: set it to sizeof(xlog_close_report) ({full} with \
+                 this header) before calling xlog_runtime_close_detailed; the runtime was not closed"
+            )));
+        }
+        let report = close_runtime(rt)?;
+        write_out(out, xlog_close_report { struct_size: full as u32, ..report });
+        Ok(())
+    })
+}
+
+/// The `struct_size` a caller set in its close report.
+fn declared_report_size(out: *mut xlog_close_report) -> usize {
+    // SAFETY: `out` was checked non-NULL; the caller guarantees its leading
+    // u32 is readable (the same contract as xlog_get_stats).
+    unsafe { std::ptr::addr_of!((*out).struct_size).read() as usize }
+}
+
+/// The close of every close entry point (inside the caller's boundary, so
+/// messages name the entry point called): the last close's counts.
+fn close_runtime(rt: *mut xlog_runtime) -> Result<xlog_close_report, ResourceError> {
+    // A refusal (a stream captures) leaves the handle open: checked before
+    // the handle goes, and again by the close itself, which can only refuse
+    // before it changed anything (a capture begun in between): the handle
+    // then comes back.
+    super::runtime_of(rt)?.check_close_allowed()?;
+    let runtime = unregister_runtime(rt)?;
+    let report = match runtime.close() {
+        Err(e) if !runtime.is_closed() => {
+            super::reregister_runtime(rt, runtime);
+            return Err(e);
+        }
+        other => other?,
+    };
+    Ok(xlog_close_report {
+        struct_size: std::mem::size_of::<xlog_close_report>() as u32,
+        leaked_blocks: report.leaked.len() as u64,
+        leaked_bytes: report.leaked.iter().map(|b| b.id.size).sum(),
+        unreleased_streams: report.unreleased_streams.len() as u64,
     })
 }
 

@@ -34,11 +34,24 @@ use crate::telemetry::{summary, CallSite, CountSummary, LiveBlock, TagStats, Tel
 
 pub use crate::telemetry::Stats;
 
+/// A pooled stream acquired and never released, found at close.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct UnreleasedStream {
+    pub id: StreamId,
+    /// Its native handle (`cudaStream_t`; an opaque token on sim).
+    pub native: u64,
+}
+
 /// What `close` found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CloseReport {
     /// Blocks still live at close; they were freed for the caller.
     pub leaked: Vec<LeakedBlock>,
+    /// Pooled streams acquired and never released, by id; close released
+    /// them. Imported streams are not reported: they are the caller's own
+    /// native streams (the framework hooks import theirs and never release
+    /// them).
+    pub unreleased_streams: Vec<UnreleasedStream>,
     /// True when other openers of a shared (CUDA) runtime remain, so this
     /// close only dropped one reference.
     pub still_shared: bool,
@@ -760,7 +773,8 @@ impl Runtime {
     /// Close one opener's reference. The last close waits for the work
     /// already queued on its streams (host callbacks included), then frees
     /// what is still live (reporting each block as a leak on stderr and in
-    /// the log), names the streams never released (stderr and the log),
+    /// the log), names the pooled streams never released (stderr and the
+    /// log, `CloseReport::unreleased_streams`),
     /// waits for pending frees, and destroys the pool's streams. Calls made
     /// after it fail with an error. Refused, changing nothing, from inside
     /// a host callback, and (the last close) while a stream of the runtime
@@ -779,7 +793,7 @@ impl Runtime {
             }
             self.refuse_last_close_while_capturing()?;
             if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
-                return Ok(CloseReport { leaked: Vec::new(), still_shared: true });
+                return Ok(CloseReport { still_shared: true, ..CloseReport::default() });
             }
             let ordinal = self.device.ordinal();
             if registry.get(&ordinal).is_some_and(|rt| Arc::ptr_eq(rt, self)) {
@@ -826,6 +840,26 @@ impl Runtime {
                 }
             }
         }
+        // Streams are named as blocks are: a stream acquired and never
+        // released is a leak of the caller's too (an engine that loses
+        // its streams exhausts the pool).
+        let unreleased_streams: Vec<UnreleasedStream> =
+            self.streams.acquired().into_iter().map(|(id, native)| UnreleasedStream { id, native }).collect();
+        if !unreleased_streams.is_empty() {
+            let ids: Vec<String> = unreleased_streams.iter().map(|s| s.id.to_string()).collect();
+            eprintln!(
+                "xlog: runtime on device {} closed with {} stream(s) acquired and never released (ids {}); releasing them:",
+                self.device.ordinal(),
+                unreleased_streams.len(),
+                ids.join(", ")
+            );
+        }
+        for stream in &unreleased_streams {
+            eprintln!("xlog:   unreleased stream {} native={:#x}", stream.id, stream.native);
+            if let Some(log) = &self.log {
+                log.unreleased_stream(stream.id.0, stream.native);
+            }
+        }
         // Everything cached goes back to the driver (trim waits for it),
         // and the captures' private memory.
         if let Err(e) = self.stack.trim(0) {
@@ -852,7 +886,7 @@ impl Runtime {
         }
         match first_error {
             Some(e) => Err(e),
-            None => Ok(CloseReport { leaked, still_shared: false }),
+            None => Ok(CloseReport { leaked, unreleased_streams, still_shared: false }),
         }
     }
 }
