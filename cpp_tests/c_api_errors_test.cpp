@@ -648,13 +648,18 @@ TEST_F(CApiErrors, BlockFromAnotherRuntime) {
   XLOG_ASSERT_OK(xlog_allocate(other, 512, os, "theirs", &theirs));
   const xlog_stats before = StatsOf(rt_);
   const xlog_stats before_other = StatsOf(other);
-  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_deallocate(rt_, theirs));
-  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_block_validate(rt_, theirs));
-  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_prepare(rt_, theirs, stream_, XLOG_ACCESS_READ));
+  // Live in the other runtime: named as its block, not a use after free.
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_deallocate(rt_, theirs));
+  EXPECT_NE(LastError().find("live block of another runtime of device 0"), std::string::npos) << LastError();
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_block_validate(rt_, theirs));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_INVALID_ARGUMENT, xlog_prepare(rt_, theirs, stream_, XLOG_ACCESS_READ));
   ExpectStatsUnchanged(before, StatsOf(rt_));
   ExpectStatsUnchanged(before_other, StatsOf(other));
   XLOG_ASSERT_OK(xlog_block_validate(other, theirs));
   XLOG_ASSERT_OK(xlog_deallocate(other, theirs));
+  // Freed, it is live nowhere: a use after free everywhere.
+  XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_deallocate(rt_, theirs));
+  XLOG_ASSERT_OK(xlog_stream_release(other, os));
   Close(other);
 }
 

@@ -191,6 +191,9 @@ class SimRuntimeTest : public ::testing::Test {
 
   void TearDown() override {
     if (rt_ == nullptr) return;
+    // The fixture's stream (a test may have released it already: then this
+    // is refused and changes nothing).
+    (void)xlog_stream_release(rt_, stream_);
     std::uint64_t leaked_blocks = 99, leaked_bytes = 99;
     const xlog_status st = xlog_runtime_close_report(rt_, &leaked_blocks, &leaked_bytes);
     EXPECT_EQ(st, XLOG_OK) << LastError();

@@ -134,6 +134,29 @@ typedef struct xlog_config {
 } xlog_config;
 
 /*
+ What the last close of a runtime found (`xlog_runtime_close_detailed`).
+ Set `struct_size = sizeof(xlog_close_report)` before the call: the
+ library fills only the fields that fit in it, so later fields can be
+ added without breaking callers built against this header.
+ */
+typedef struct xlog_close_report {
+  uint32_t struct_size;
+  /*
+   Blocks still live at close (the close freed them).
+   */
+  uint64_t leaked_blocks;
+  /*
+   Their requested bytes.
+   */
+  uint64_t leaked_bytes;
+  /*
+   Pooled streams acquired and never released (the close released
+   them). Imported streams are not counted: they are the caller's own.
+   */
+  uint64_t unreleased_streams;
+} xlog_close_report;
+
+/*
  Runtime statistics. Byte counts are device bytes (sizes rounded up to
  what the allocator really hands out).
 
@@ -431,9 +454,13 @@ void xlog_config_init(struct xlog_config *cfg);
 xlog_status xlog_config_from_env(struct xlog_config *cfg);
 
 /*
- Open the runtime of device `device` (a CUDA ordinal; any ordinal on sim).
- `cfg` may be NULL for defaults plus environment. On CUDA, opens of one
- ordinal share one runtime (and one budget); each open needs a close.
+ Open the runtime of device `device`: a CUDA ordinal, or on sim an
+ ordinal below the number of devices the sim backend simulates
+ (`cfg->sim_devices`, from `XLOG_SIM_DEVICES`, default 1); an ordinal at
+ or past it is XLOG_ERR_NO_DEVICE, a negative one
+ XLOG_ERR_INVALID_ARGUMENT. `cfg` may be NULL for defaults plus
+ environment. On CUDA, opens of one ordinal share one runtime (and one
+ budget); each open needs a close.
  */
 xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, struct xlog_runtime **out);
 
@@ -442,16 +469,32 @@ xlog_status xlog_runtime_open(int32_t device, const struct xlog_config *cfg, str
  already queued on its streams (host callbacks included), frees blocks
  still live (each reported on stderr and in the log as a leak), waits for
  pending frees and destroys its streams. The handle is invalid afterwards
- even if an error is returned, except when the close is refused from
- inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
+ even if an error is returned, except when the close is refused
+ (XLOG_ERR_STREAM_MISUSE, nothing changed, the handle stays open): from
+ inside a host callback, or, for the last close of a runtime, while one of
+ its streams takes part in a capture (close would wait for that stream,
+ which invalidates the capture): end the capture, then close.
  */
 xlog_status xlog_runtime_close(struct xlog_runtime *rt);
 
 /*
  `xlog_runtime_close` that also reports how many blocks and bytes were
  still live (leaked) at close. Either out-pointer may be NULL.
+ `xlog_runtime_close_detailed` also counts the streams never released.
  */
 xlog_status xlog_runtime_close_report(struct xlog_runtime *rt, uint64_t *leaked_blocks, uint64_t *leaked_bytes);
+
+/*
+ `xlog_runtime_close` that fills `out` with what the last close found:
+ the blocks still live (freed by the close, each named on stderr and in
+ the log as a `leak`) and the pooled streams acquired and never released
+ (released by the close, each named on stderr and in the log as an
+ `unreleased stream`). A close that only drops one reference of a shared
+ (CUDA) runtime reports zeros. Set `out->struct_size` first; `out` NULL
+ or a `struct_size` smaller than the first layout is
+ XLOG_ERR_INVALID_ARGUMENT and closes nothing.
+ */
+xlog_status xlog_runtime_close_detailed(struct xlog_runtime *rt, struct xlog_close_report *out);
 
 /*
  The backend a runtime runs on (XLOG_BACKEND_CUDA or XLOG_BACKEND_SIM).
@@ -473,6 +516,10 @@ xlog_status xlog_stream_acquire(struct xlog_runtime *rt, xlog_stream *out);
 
 /*
  Give a stream back; its id is invalid afterwards. Queued work still runs.
+ Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
+ nothing, while the stream takes part in a capture (begun on it, or
+ joined by a wait on captured work): end the capture first. The pool
+ never hands out a stream that captures.
  */
 xlog_status xlog_stream_release(struct xlog_runtime *rt, xlog_stream stream);
 
@@ -492,7 +539,9 @@ xlog_status xlog_stream_import(struct xlog_runtime *rt, void *cuda_stream, xlog_
 xlog_status xlog_stream_native(struct xlog_runtime *rt, xlog_stream stream, void **out_cuda_stream);
 
 /*
- Block until all work queued on `stream` has completed.
+ Block until all work queued on `stream` has completed. Refused with
+ XLOG_ERR_STREAM_MISUSE, changing nothing, while the stream takes part in
+ a capture (a host wait there would invalidate the capture).
  */
 xlog_status xlog_stream_synchronize(struct xlog_runtime *rt, xlog_stream stream);
 
@@ -523,7 +572,10 @@ xlog_status xlog_stream_enqueue_host(struct xlog_runtime *rt, xlog_stream stream
 /*
  Allocate `bytes` ordered on `stream`, aligned to at least 256 bytes.
  Zero bytes succeeds with `ptr == NULL`. `tag` (may be NULL) names the
- caller in the log, leak reports and errors.
+ caller in the log, leak reports and errors. A tag is kept to its first
+ 128 bytes (cut at a UTF-8 character boundary; invalid UTF-8 is replaced
+ by U+FFFD first): longer tags are cut, not refused, and tags that agree
+ in their first 128 bytes are one tag.
  */
 xlog_status xlog_allocate(struct xlog_runtime *rt, uint64_t bytes, xlog_stream stream, const char *tag, struct xlog_block *out);
 
@@ -538,7 +590,12 @@ xlog_status xlog_allocate(struct xlog_runtime *rt, uint64_t bytes, xlog_stream s
 xlog_status xlog_deallocate(struct xlog_runtime *rt, struct xlog_block block);
 
 /*
- XLOG_OK if `block` is live in this runtime, else the reason.
+ XLOG_OK if `block` is live in this runtime, else the reason, as every
+ block call reports it: XLOG_ERR_INVALID_ARGUMENT for a block of another
+ device (naming both devices) or one live in another open runtime (on
+ sim every open makes its own runtime; the message names its device);
+ XLOG_ERR_USE_AFTER_FREE for a handle no open runtime holds (freed, or
+ never issued).
  */
 xlog_status xlog_block_validate(struct xlog_runtime *rt, struct xlog_block block);
 
@@ -693,7 +750,10 @@ xlog_status xlog_set_call_site(const char *call_site);
  Configure the hook runtime of `device` before its first allocation
  (`cfg` as for `xlog_runtime_open`; NULL = environment, with
  wait_on_pressure on, as for hooks never configured). Fails once the
- hooks of that device have allocated.
+ hooks of that device have allocated. Like xlog_runtime_open, every hook
+ entry point that takes a device refuses a negative one
+ (XLOG_ERR_INVALID_ARGUMENT, "device ordinal -1 is negative"), changing
+ nothing.
  */
 xlog_status xlog_interop_configure(int32_t device, const struct xlog_config *cfg);
 
@@ -716,8 +776,9 @@ xlog_status xlog_interop_trim(int32_t device, uint64_t keep_bytes, uint64_t *rel
 
 /*
  Blocks the hooks of `device` currently hold (0 if never used, and 0
- with a message when called from inside a host callback, where it is
- refused as every xlog call is: see xlog_stream_enqueue_host).
+ with a message for a negative `device`, or when called from inside a
+ host callback, where it is refused as every xlog call is: see
+ xlog_stream_enqueue_host).
  */
 uint64_t xlog_interop_live_blocks(int32_t device);
 
@@ -772,8 +833,12 @@ xlog_status xlog_torch_begin_allocate_to_pool(int32_t device, uint64_t pool_id_0
 /*
  PyTorch's `endAllocateToPool`, after the capture into the pool ended:
  one announcement of the pool stops, and its capture ends for the hook
- runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
- pool never announced on `device`, changing nothing.
+ runtime (its memory stays the pool's). Each begin is ended once:
+ XLOG_ERR_INVALID_ARGUMENT, changing nothing, for a pool never announced
+ on `device`, or one with nothing left to end (every begin of it ended
+ already). The end of a begin whose capture failed and was swept by a
+ later begin (see xlog_torch_begin_allocate_to_pool) is XLOG_OK and ends
+ nothing.
  */
 xlog_status xlog_torch_end_allocate_to_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1);
 
@@ -784,9 +849,13 @@ xlog_status xlog_torch_end_allocate_to_pool(int32_t device, uint64_t pool_id_0, 
  blocks still live (a graph's output tensors) when the last of them is
  freed. `released_bytes` (may be NULL) receives the bytes given back by
  this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
- `device` (or released by its last user already),
- XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
- (not ended); both change nothing.
+ `device` (or released by its last user already);
+ XLOG_ERR_STREAM_MISUSE while every user of the pool is a capture still
+ announced (not ended), since no graph of the pool exists then: a user
+ whose capture ended may release while another capture into the pool
+ runs (PyTorch destroys one graph of a shared pool while it captures
+ another), the last user only once no capture into the pool is under
+ way. Both refusals change nothing.
  */
 xlog_status xlog_torch_release_pool(int32_t device, uint64_t pool_id_0, uint64_t pool_id_1, uint64_t *released_bytes);
 

@@ -27,7 +27,7 @@ pub use resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, DeviceBlock, DeviceMemoryResource,
     Generation, StreamId, StreamRef,
 };
-pub use runtime::{CloseReport, Runtime, Stats};
+pub use runtime::{CloseReport, Runtime, Stats, UnreleasedStream};
 
 /// Crate version, also returned by `xlog_version()`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -124,7 +124,9 @@ fn tag_table() -> &'static Mutex<TagTable> {
     })
 }
 
-/// Longest tag kept; longer names are cut at a character boundary.
+/// Longest tag kept, in bytes of UTF-8; longer names are cut at a
+/// character boundary, not refused (documented in the header, README and
+/// the Python package: refusing would fail allocations that work today).
 pub const MAX_TAG_LEN: usize = 128;
 
 /// Entries a thread's cache of recent names holds before it starts over.

@@ -133,7 +133,7 @@ impl StreamPool {
         }
         // The id first: once ids are exhausted nothing else is touched.
         let id = next_id()?;
-        let raw = match st.idle.pop() {
+        let raw = match self.take_idle(&mut st) {
             Some(raw) => raw,
             None => {
                 let raw = self.device.create_stream()?;
@@ -146,11 +146,61 @@ impl StreamPool {
         Ok(id)
     }
 
+    /// The most recently released idle stream that takes part in no
+    /// capture, taken off the idle list. Release refuses a capturing
+    /// stream, but a framework may begin a capture on a native stream
+    /// behind the runtime's back (one it imported, which may be a pooled
+    /// one), or join one into a capture by a wait: a stream the driver
+    /// reports capturing (or cannot answer for) stays idle until its
+    /// capture is over, so work queued by its next owner is never captured
+    /// instead of run.
+    fn take_idle(&self, st: &mut PoolState) -> Option<RawStream> {
+        let usable = st.idle.iter().rposition(|&raw| matches!(self.device.capture_of(raw), Ok(None)))?;
+        Some(st.idle.remove(usable))
+    }
+
+    /// `StreamMisuse`, naming the capture, while stream `id` (`raw`) takes
+    /// part in a capture: releasing it would put a capturing stream back
+    /// in the pool (and synchronizing or closing it would invalidate the
+    /// capture).
+    pub fn refuse_if_capturing(&self, id: StreamId, raw: RawStream, what: &str) -> ResourceResult<()> {
+        match self.device.capture_of(raw)? {
+            None => Ok(()),
+            Some(capture) => Err(ResourceError::StreamMisuse(format!(
+                "stream {id} takes part in capture {capture} (begun on it, or joined by a wait on work \
+                 captured on another stream): {what} now would hand a capturing stream on, or \
+                 invalidate the capture; end the capture first (xlog_capture_end, or the framework's \
+                 own end of capture); nothing was changed"
+            ))),
+        }
+    }
+
+    /// The first stream of this pool (acquired, imported or idle) that
+    /// takes part in a capture: (its description, the capture).
+    pub fn first_capturing(&self) -> ResourceResult<Option<(String, u64)>> {
+        let st = self.read();
+        for (id, entry) in &st.active {
+            if let Some(capture) = self.device.capture_of(entry.raw)? {
+                return Ok(Some((format!("stream {id}"), capture)));
+            }
+        }
+        for &raw in &st.idle {
+            if let Some(capture) = self.device.capture_of(raw)? {
+                return Ok(Some((format!("an idle pooled stream (native {:#x})", self.device.native_stream(raw)), capture)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Give a stream back. Work already queued on it keeps running; the id
-    /// is dead from now on.
+    /// is dead from now on. Refused (`StreamMisuse`, nothing changed) while
+    /// the stream takes part in a capture.
     pub fn release(&self, id: StreamId) -> ResourceResult<()> {
         let mut st = self.write();
-        let entry = st.active.remove(&id).ok_or_else(|| ResourceError::unknown_stream(id))?;
+        let raw = st.active.get(&id).ok_or_else(|| ResourceError::unknown_stream(id))?.raw;
+        // Under the write lock, so no acquire sees the stream meanwhile.
+        self.refuse_if_capturing(id, raw, "releasing it")?;
+        let entry = st.active.remove(&id).expect("looked up above");
         // Under the write lock: a resolve that read the old count also saw
         // the id active; one that reads the new count sees it gone.
         self.releases.fetch_add(1, Ordering::AcqRel);
@@ -267,6 +317,22 @@ impl StreamPool {
             created: st.created.len() as u32,
             imported: st.imported.len() as u32,
         }
+    }
+
+    /// The pooled streams acquired and not released, by id: (id, native
+    /// handle). Imported streams are not among them: they are the caller's
+    /// own native streams, adopted (the framework hooks import theirs and
+    /// never release them).
+    pub fn acquired(&self) -> Vec<(StreamId, u64)> {
+        let st = self.read();
+        let mut ids: Vec<(StreamId, u64)> = st
+            .active
+            .iter()
+            .filter(|(_, e)| e.origin == Origin::Pooled)
+            .map(|(id, e)| (*id, self.device.native_stream(e.raw)))
+            .collect();
+        ids.sort_unstable_by_key(|(id, _)| id.0);
+        ids
     }
 
     /// Every stream work may be queued on: the ones we created and the

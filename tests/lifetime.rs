@@ -510,6 +510,12 @@ fn leak_report_child() {
     cfg.log_path = log.as_ptr();
     let h = open(&cfg);
     let (s, t) = (acquire(h), acquire(h));
+    // Neither stream is released: the close names both too.
+    for stream in [s, t] {
+        let mut native = std::ptr::null_mut();
+        assert_eq!(xlog_stream_native(h.rt(), stream, &mut native), XLOG_OK);
+        println!("stream|{stream}|{:#x}", native as u64);
+    }
     for (tag, bytes, stream) in [("hash_table", 1000, s), ("join,output \"x\"", 4096, t), ("empty", 0, s)] {
         let (st, b) = allocate(h, bytes, stream, tag);
         assert_eq!(st, XLOG_OK);
@@ -528,6 +534,7 @@ fn leak_report_child() {
     let (st, b) = allocate(h, 256, s, "returned");
     assert_eq!(st, XLOG_OK);
     assert_eq!(xlog_deallocate(h.rt(), b), XLOG_OK);
+    assert_eq!(xlog_stream_release(h.rt(), s), XLOG_OK);
     let (mut blocks, mut bytes) = (9u64, 9u64);
     assert_eq!(xlog_runtime_close_report(h.rt(), &mut blocks, &mut bytes), XLOG_OK);
     println!("report|{blocks}|{bytes}");
@@ -556,7 +563,13 @@ fn close_reports_each_leak_on_stderr_in_the_log_and_the_report() {
         .map(|l| l.split('|').map(str::to_string).collect())
         .collect();
     let reports: Vec<String> = stdout.lines().filter_map(after("report|")).collect();
+    let streams: Vec<Vec<String>> = stdout
+        .lines()
+        .filter_map(after("stream|"))
+        .map(|l| l.split('|').map(str::to_string).collect())
+        .collect();
     assert_eq!(blocks.len(), 3, "child stdout:\n{stdout}");
+    assert_eq!(streams.len(), 2, "child stdout:\n{stdout}");
     assert_eq!(reports, ["3|5096", "0|0"], "close_report counts: 3 blocks of 1000 + 4096 + 0 bytes, then none");
 
     // stderr: one summary line for the leaky runtime, then one line per
@@ -567,10 +580,17 @@ fn close_reports_each_leak_on_stderr_in_the_log_and_the_report() {
         Some("xlog: runtime on device 0 closed with 3 live block(s), 5096 bytes; freeing them:"),
         "stderr:\n{stderr}"
     );
+    // Then the streams never released: a summary naming their ids, and a
+    // line per stream with its native handle.
     let mut expected: Vec<String> = blocks
         .iter()
         .map(|b| format!("xlog:   leaked block tag={:?} size={} generation={} ptr={}", b[0], b[1], b[2], b[3]))
         .collect();
+    expected.push(format!(
+        "xlog: runtime on device 0 closed with 2 stream(s) acquired and never released (ids {}, {}); releasing them:",
+        streams[0][0], streams[1][0]
+    ));
+    expected.extend(streams.iter().map(|s| format!("xlog:   unreleased stream {} native={}", s[0], s[1])));
     let mut got: Vec<String> = xlog_lines[1..].iter().map(|l| l.to_string()).collect();
     expected.sort();
     got.sort();
@@ -596,6 +616,18 @@ fn close_reports_each_leak_on_stderr_in_the_log_and_the_report() {
     leak_lines.sort();
     expected_csv.sort();
     assert_eq!(leak_lines, expected_csv, "log:\n{csv}");
+    // And one "unreleased stream" line per stream: its id, its native handle.
+    let stream_lines: Vec<(String, String)> = csv
+        .lines()
+        .filter(|l| l.split(',').nth(2) == Some("unreleased stream"))
+        .map(|l| {
+            let fields: Vec<&str> = l.split(',').collect();
+            (fields[5].to_string(), fields[9].to_string())
+        })
+        .collect();
+    let expected_streams: Vec<(String, String)> =
+        streams.iter().map(|s| (s[0].clone(), format!("native {}", s[1]))).collect();
+    assert_eq!(stream_lines, expected_streams, "log:\n{csv}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -252,12 +252,14 @@ struct Harness {
 /// live block exactly, INVALID_ARGUMENT when its generation is live but a
 /// field differs, USE_AFTER_FREE when the generation is not live there —
 /// or INVALID_ARGUMENT when the handle names another device than the
-/// runtime's (`rt_device`): the runtime says it is a foreign handle.
+/// runtime's (`rt_device`), or is exactly a live block of another runtime:
+/// the runtime says it is a foreign handle.
 fn block_status(blocks: &[BlockRec], rt: usize, rt_device: i32, b: &xlog_block) -> xlog_status {
     match blocks.iter().find(|r| r.live && r.rt == rt && r.block.generation == b.generation) {
         Some(r) if same_block(&r.block, b) => XLOG_OK,
         Some(_) => XLOG_ERR_INVALID_ARGUMENT,
         None if b.device != rt_device => XLOG_ERR_INVALID_ARGUMENT,
+        None if blocks.iter().any(|r| r.live && r.rt != rt && same_block(&r.block, b)) => XLOG_ERR_INVALID_ARGUMENT,
         None => XLOG_ERR_USE_AFTER_FREE,
     }
 }

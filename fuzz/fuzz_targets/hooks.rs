@@ -115,8 +115,9 @@ struct Dev {
     /// A fault armed since the open (it may fire at any later call).
     faults_armed: bool,
     /// Announced graph pools: pool -> (users, origin streams of the begins
-    /// still watching, in order). Dropped with the runtime.
-    pools: BTreeMap<(u64, u64), (u32, Vec<u64>)>,
+    /// still watching, in order, begins swept whose end may still come).
+    /// Dropped with the runtime.
+    pools: BTreeMap<(u64, u64), (u32, Vec<u64>, u32)>,
 }
 
 impl Dev {
@@ -150,7 +151,7 @@ impl Dev {
     /// An announcement watches: nothing cached goes back to the driver
     /// meanwhile, so pressure relief cannot be counted on.
     fn watching(&self) -> bool {
-        self.pools.values().any(|(_, w)| !w.is_empty())
+        self.pools.values().any(|(_, w, _)| !w.is_empty())
     }
 
     fn live_bytes(&self) -> u64 {
@@ -565,9 +566,10 @@ impl Harness {
 
     /// PyTorch's graph-pool hooks, without captures (`announced_pools.rs`):
     /// begin (one more user, watching; a begin sweeps the earlier watching
-    /// begins of its own stream, which never met a capture), end (the
-    /// oldest watching begin stops), release (one user less; the last
-    /// release of a pool still watching is refused).
+    /// begins of its own stream, which never met a capture: each still owes
+    /// an end), end (the oldest watching begin stops, else an end a swept
+    /// begin owed; with neither, refused), release (one user less; refused
+    /// while every user still watches).
     fn op_pool(&mut self, inp: &mut Input) {
         let d = self.pick_dev(inp);
         let ordinal = self.devs[d].ordinal;
@@ -601,11 +603,13 @@ impl Harness {
                 let dev = &mut self.devs[d];
                 if native != 0 {
                     dev.natives.insert(native);
-                    for (_, watching) in dev.pools.values_mut() {
+                    for (_, watching, swept) in dev.pools.values_mut() {
+                        let before = watching.len();
                         watching.retain(|&o| o != native);
+                        *swept += (before - watching.len()) as u32;
                     }
                 }
-                let entry = dev.pools.entry(pool).or_insert((0, Vec::new()));
+                let entry = dev.pools.entry(pool).or_insert((0, Vec::new(), 0));
                 entry.0 += 1;
                 entry.1.push(native);
             }
@@ -614,9 +618,13 @@ impl Harness {
                 let st = xlog_torch_end_allocate_to_pool(ordinal, pool.0, pool.1);
                 let dev = &mut self.devs[d];
                 let known = dev.opened && pool != (0, 0) && dev.pools.contains_key(&pool);
-                if !known {
+                let owed = known && {
+                    let (_, watching, swept) = &dev.pools[&pool];
+                    !watching.is_empty() || *swept > 0
+                };
+                if !owed {
                     if st != XLOG_ERR_INVALID_ARGUMENT {
-                        self.fail(format!("end of unannounced {pool:?} gave {}", status_text(st)));
+                        self.fail(format!("end of {pool:?} with nothing to end gave {}", status_text(st)));
                     }
                     self.expect_message("xlog_torch_end_allocate_to_pool");
                     return;
@@ -624,9 +632,11 @@ impl Harness {
                 if st != XLOG_OK {
                     self.fail(format!("end of {pool:?}: {}", last_error()));
                 }
-                let watching = &mut dev.pools.get_mut(&pool).expect("known").1;
+                let (_, watching, swept) = dev.pools.get_mut(&pool).expect("known");
                 if !watching.is_empty() {
                     watching.remove(0);
+                } else {
+                    *swept -= 1;
                 }
             }
             _ => {
@@ -637,7 +647,7 @@ impl Harness {
                 let entry = if dev.opened && pool != (0, 0) { dev.pools.get(&pool).cloned() } else { None };
                 let expected = match &entry {
                     None => XLOG_ERR_INVALID_ARGUMENT,
-                    Some((1, watching)) if !watching.is_empty() => XLOG_ERR_STREAM_MISUSE,
+                    Some((users, watching, _)) if *users as usize <= watching.len() => XLOG_ERR_STREAM_MISUSE,
                     Some(_) => XLOG_OK,
                 };
                 if st != expected {
@@ -650,7 +660,7 @@ impl Harness {
                 if released != 0 {
                     self.fail(format!("release of {pool:?} without captures gave back {released} bytes"));
                 }
-                let (users, _) = dev.pools.get_mut(&pool).expect("known");
+                let (users, _, _) = dev.pools.get_mut(&pool).expect("known");
                 *users -= 1;
                 if *users == 0 {
                     dev.pools.remove(&pool);

@@ -246,7 +246,8 @@ class Stream {
     owned.release();  // the trampoline owns it now
   }
 
-  /// Give the id back now; throws on failure (the id is kept then).
+  /// Give the id back now; throws on failure (the id is kept then), e.g.
+  /// XLOG_ERR_STREAM_MISUSE while the stream takes part in a capture.
   void reset() {
     if (rt_ == nullptr) return;
     check(xlog_stream_release(rt_, id_), "xlog_stream_release");
@@ -268,8 +269,10 @@ class Stream {
   }
 
   void release_quietly() noexcept {
-    // Destructors must not throw; a failure here means the runtime is
-    // already closed, and the close reclaimed the stream.
+    // Destructors must not throw. A failure here means the runtime is
+    // already closed (the close reclaimed the stream), or the stream takes
+    // part in a capture (the release is refused: the id stays acquired and
+    // the runtime's close names it as never released).
     if (rt_ != nullptr) (void)xlog_stream_release(rt_, id_);
     rt_ = nullptr;
     id_ = 0;
@@ -344,10 +347,15 @@ class Block {
   xlog_block block_{};
 };
 
-/// Leak report returned by Runtime::close().
+/// Leak report returned by Runtime::close(): what the last close of the
+/// runtime found still live (and freed), and the pooled streams acquired and
+/// never released (and released); each is also named on stderr and in the
+/// log. Zeros from a close that only dropped one reference of a shared
+/// (CUDA) runtime.
 struct CloseReport {
   std::uint64_t leaked_blocks = 0;
   std::uint64_t leaked_bytes = 0;
+  std::uint64_t unreleased_streams = 0;
 };
 
 using Stats = xlog_stats;
@@ -535,13 +543,23 @@ class Runtime {
   xlog_status validate(const xlog_block& block) const noexcept { return xlog_block_validate(rt_, block); }
   xlog_status validate(const Block& block) const noexcept { return validate(block.handle()); }
 
-  /// Close now; returns what was still live (leaked). The handle is gone
-  /// afterwards even if this throws.
+  /// Close now; returns what was still live (leaked) and the streams never
+  /// released. The handle is gone
+  /// afterwards even if this throws, except when the library refuses the
+  /// close (XLOG_ERR_STREAM_MISUSE: from inside a host callback, or while a
+  /// stream of the runtime takes part in a capture): nothing changed then,
+  /// and this object still owns the open handle.
   CloseReport close() {
     CloseReport report;
     if (rt_ == nullptr) return report;
-    xlog_runtime* rt = std::exchange(rt_, nullptr);
-    check(xlog_runtime_close_report(rt, &report.leaked_blocks, &report.leaked_bytes), "xlog_runtime_close");
+    xlog_close_report found{};
+    found.struct_size = sizeof found;
+    const xlog_status status = xlog_runtime_close_detailed(rt_, &found);
+    if (status != XLOG_ERR_STREAM_MISUSE) rt_ = nullptr;
+    check(status, "xlog_runtime_close_detailed");
+    report.leaked_blocks = found.leaked_blocks;
+    report.leaked_bytes = found.leaked_bytes;
+    report.unreleased_streams = found.unreleased_streams;
     return report;
   }
 

@@ -239,3 +239,25 @@ def test_last_error_message_sizes_and_truncates(rt):
     assert lib.xlog_last_error_message(buf, 6) == len(full)
     assert buf.raw[:6] == full[:5] + b"\0"
     assert buf.raw[6:8] == b"\xff\xff"  # nothing written past cap
+
+
+def test_a_tag_or_call_site_that_is_not_text_is_an_invalid_argument(make_runtime, stream):
+    # Issue 25: a lone surrogate raised a raw UnicodeEncodeError.
+    rt = stream.runtime
+    with pytest.raises(xc.InvalidArgumentError, match="tag .* is not valid text"):
+        rt.allocate(64, stream, tag="bad\ud800tag")
+    with pytest.raises(xc.InvalidArgumentError, match="call_site text .* is not valid text"):
+        xc.call_site("site\udfff")
+    tracked = make_runtime(track_call_sites=True)
+    with tracked.acquire_stream() as s:
+        with pytest.raises(xc.InvalidArgumentError, match="call_site .* is not valid text"):
+            tracked.allocate(64, s, tag="ok", call_site="x\ud800")
+        assert tracked.stats().live_blocks == 0
+
+
+def test_a_tag_past_128_bytes_is_cut_at_a_character_boundary(rt, stream):
+    # Documented (header, README, Runtime.allocate): cut, not refused.
+    long_tag = "é" * 100  # 200 bytes of UTF-8
+    with rt.allocate(64, stream, tag=long_tag):
+        (kept,) = [b.tag for b in rt.live_blocks()]
+    assert kept == "é" * 64 and len(kept.encode()) == 128

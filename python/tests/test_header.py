@@ -95,6 +95,7 @@ STRUCTS = {
     "xlog_stats": _library.XlogStats,
     "xlog_live_block": _library.XlogLiveBlock,
     "xlog_tag_stat": _library.XlogTagStat,
+    "xlog_close_report": _library.XlogCloseReport,
 }
 
 
@@ -249,6 +250,7 @@ def test_struct_sizes_known_values_lp64():
     assert ctypes.sizeof(_library.XlogConfig) == 80
     assert ctypes.sizeof(_library.XlogLiveBlock) == 88
     assert ctypes.sizeof(_library.XlogTagStat) == 56
+    assert ctypes.sizeof(_library.XlogCloseReport) == 32
     assert _library.XlogConfig.track_call_sites.offset == 64
     assert _library.XlogStats.peak_live_blocks.offset == 152
     assert ctypes.sizeof(_library.XlogConfig) == 80

@@ -103,6 +103,19 @@ def test_live_blocks_of_unused_device():
     assert xi.live_blocks(99) == 0
 
 
+def test_a_negative_device_is_refused_like_the_runtime_refuses_it(lib):
+    # Issue 25: configure, trim and the testing reset took -5 and -1.
+    for refused in (
+        lambda: xi.configure(-5, backend="sim"),
+        lambda: xi.configure(-5),
+        lambda: xi.trim(-1),
+        lambda: xi.runtime(-1),
+        lambda: xc._errors.call(lib.xlog_testing_interop_reset, -1, None),
+    ):
+        with pytest.raises(xc.InvalidArgumentError, match=r"device ordinal -\d is negative"):
+            refused()
+
+
 def test_trim_of_unused_hooks_is_zero_and_leaves_them_unopened(lib):
     dev = 26
     assert xi.trim(dev) == 0

@@ -254,3 +254,71 @@ def test_a_shared_log_with_a_repeated_header_reads(tmp_path):
     d = report.analyze(log)
     assert d["counts"]["allocate"] == d["counts"]["free"] == 1
     assert d["bad_rows"]["count"] == 0 and d["other_actions"] == {} and not d["held"]["known"]
+
+
+# Issue 25: rows the docstring promises to count as bad and go on past,
+# from RMM logs and hand-edited files as much as from xlog's own.
+
+
+def test_sizes_out_of_range_are_bad_rows_and_reading_goes_on(tmp_path):
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0x100,99999999999999999999999,1,huge\n"  # past int64
+        "1,10:00:00.100000,allocate,0x200,-5,1,negative\n"
+        "1,10:00:00.200000,free,0x200,-5,1,negative\n"
+        "1,10:00:00.300000,reserve,0x300,-1,1,\n"
+        "1,10:00:00.400000,allocate,0x400,9223372036854775807,1,largest\n"  # 2**63 - 1 reads
+        "1,10:00:00.500000,leak,0x500,99999999999999999999999,1,leaked\n"
+        "1,10:00:00.600000,allocate failure,0x0,-7,1,refused\n"
+    ))
+    out = _run([log, "-o", str(tmp_path / "r.html")], tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = _embedded((tmp_path / "r.html").read_text())
+    assert d["bad_rows"]["count"] == 4
+    whys = [b["why"] for b in d["bad_rows"]["first"]]
+    assert whys == ["size 99999999999999999999999 is over 2**63 - 1", "size -5 is negative",
+                    "size -5 is negative", "size -1 is negative"], whys
+    assert d["counts"]["allocate"] == 1 and d["peak"]["bytes"] == (1 << 63) - 1
+    assert d["refusals"]["count"] == 1 and d["refusals"]["bytes"] == 0
+    assert d["leaks"]["reported_rows"] == 1
+
+
+def test_a_field_past_the_csv_field_limit_is_a_bad_row_and_reading_goes_on(tmp_path):
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0x100,100,1," + "x" * 200_000 + "\n"
+        "1,10:00:00.100000,allocate,0x200,300,1,after\n"
+    ))
+    out = _run([log, "-o", str(tmp_path / "r.html")], tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = _embedded((tmp_path / "r.html").read_text())
+    assert d["bad_rows"]["count"] == 1 and "field limit" in d["bad_rows"]["first"][0]["why"]
+    assert [t["tag"] for t in d["tags"]] == ["after"] and d["peak"]["bytes"] == 300
+
+
+def test_times_that_are_no_time_of_day_are_left_out_and_never_hang(tmp_path):
+    # NaN and infinite times crashed the page's JSON and the resampling; a
+    # time of 1e308 s made the resampling fill that many empty intervals.
+    for bad_time in ("nan", "inf", "-inf", "1e308", "00:00:1e400", "-5"):
+        log = _write(tmp_path, (
+            "1,10:00:00.000000,allocate,0x100,100,1,a\n"
+            f"1,{bad_time},allocate,0x200,200,1,b\n"
+            "1,10:00:01.000000,free,0x100,100,1,a\n"
+        ))
+        out = _run([log, "-o", str(tmp_path / "r.html")], tmp_path)
+        assert out.returncode == 0, (bad_time, out.stderr)
+        d = _embedded((tmp_path / "r.html").read_text())
+        assert d["peak"]["bytes"] == 300 and d["duration_s"] == 1.0, (bad_time, d["duration_s"])
+
+
+def test_placeholders_in_the_title_or_file_name_are_filled_in_once(tmp_path):
+    log = tmp_path / "__DATA__ __TITLE__.csv"
+    log.write_text(HEADER + "1,10:00:00.000000,allocate,0x1,4096,1,t\n")
+    out = _run([str(log), "-o", str(tmp_path / "named.html")], tmp_path)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "named.html").read_text()
+    assert "<title>xlog memory report: __DATA__ __TITLE__.csv</title>" in page
+    out = _run([str(log), "-o", str(tmp_path / "titled.html"), "--title", "run __DATA__ of __TITLE__"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "titled.html").read_text()
+    assert "<title>run __DATA__ of __TITLE__</title>" in page
+    assert page.count('"format":1') == 1, "the data is in the page once, in its script"
+    assert _embedded(page)["peak"]["bytes"] == 4096

@@ -163,7 +163,7 @@ def _make_log(tmp_path, make_runtime):
     return path, made, streams
 
 
-XLOG_ACTIONS = ("reserve", "release", "retire", "leak")
+XLOG_ACTIONS = ("reserve", "release", "retire", "leak", "unreleased stream")
 
 
 def rmm_rows(text: str) -> str:
@@ -228,7 +228,8 @@ def test_parser_is_strict_where_rmm_is():
 
 
 def test_xlog_only_rows_and_how_to_filter_them(tmp_path, make_runtime):
-    """xlog also writes `reserve`, `release`, `retire` and `leak` rows: RMM's
+    """xlog also writes `reserve`, `release`, `retire`, `leak` and
+    `unreleased stream` rows (the stream `s` is still acquired at close): RMM's
     parser rejects them, as it rejects anything but its three actions.
     Keeping RMM's actions only (the filter docs/frameworks.md gives) yields
     a log RMM reads, with every allocate, free and refusal."""

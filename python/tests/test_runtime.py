@@ -28,7 +28,7 @@ def test_open_and_close(make_runtime):
     assert rt.close() == xc.LeakReport(blocks=0, bytes=0)
     assert rt.closed
     # Idempotent on the Python side: no second C close, same report.
-    assert rt.close() == (0, 0)
+    assert rt.close() == (0, 0, 0)
 
 
 def test_context_manager_closes():
@@ -327,11 +327,30 @@ def test_leak_report_on_close(make_runtime, capfd):
     # Held: a Block nobody holds is freed when collected.
     held = [rt.allocate(100, s, tag="leak-a"), rt.allocate(200, s, tag="leak-b"), rt.allocate(0, s, tag="leak-empty")]
     rt.allocate(50, s, tag="freed").free()
-    assert rt.close() == xc.LeakReport(blocks=3, bytes=300)
+    # s is never released either: the report names it (issue 25).
+    assert rt.close() == xc.LeakReport(blocks=3, bytes=300, streams=1)
     del held
     err = capfd.readouterr().err
     assert 'tag="leak-a" size=100' in err and 'tag="leak-b" size=200' in err
     assert "freed" not in err
+    assert f"1 stream(s) acquired and never released (ids {s.id})" in err
+    assert f"unreleased stream {s.id} native=" in err
+
+
+def test_close_names_the_streams_never_released_in_the_log(make_runtime, tmp_path):
+    log = tmp_path / "log.csv"
+    rt = make_runtime(log_path=str(log))
+    kept, released = rt.acquire_stream(), rt.acquire_stream()
+    released.release()
+    with rt.import_stream(0x5400):  # imported: the caller's own, never counted
+        pass
+    rt.import_stream(0x5500)
+    native = kept.native
+    assert rt.close() == xc.LeakReport(blocks=0, bytes=0, streams=1)
+    rows = [line.split(",") for line in log.read_text().splitlines()[1:]]
+    named = [(r[5], r[9]) for r in rows if r[2] == "unreleased stream"]
+    assert len(named) == 1 and named[0][0] == str(kept.id), named
+    assert named[0][1].startswith(f"native {native:#x}"), named
 
 
 def test_allocate_arguments_are_checked_before_the_call(rt, stream):

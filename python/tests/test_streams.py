@@ -294,3 +294,26 @@ def test_streams_run_concurrently(make_runtime):
     assert elapsed < 4 * DELAY * 0.9, f"streams ran one after another ({elapsed:.2f}s)"
     for s in streams:
         s.release()
+
+
+def test_a_capturing_stream_is_not_released_and_its_runtime_not_closed(make_runtime):
+    # Issue 25: the library refuses both while the stream captures; the
+    # package keeps the stream and the runtime open, as nothing changed.
+    from xlog_cuda import _library
+
+    lib = _library.load()
+    rt = make_runtime(stream_pool_size=1)
+    s = rt.acquire_stream()
+    assert lib.xlog_capture_begin(rt.handle, s.id, 0) == 0  # XLOG_CAPTURE_GLOBAL
+    with pytest.raises(xc.StreamMisuseError, match=r"takes part in capture \d+"):
+        s.release()
+    assert not s.released
+    with pytest.raises(xc.PoolExhaustedError):
+        rt.acquire_stream()  # the one pooled stream is still s
+    with pytest.raises(xc.StreamMisuseError, match=rf"stream {s.id} takes part in capture"):
+        rt.close()
+    assert not rt.closed
+    graph, capture = ctypes.c_void_p(), ctypes.c_uint64()
+    assert lib.xlog_capture_end(rt.handle, s.id, ctypes.byref(graph), ctypes.byref(capture)) == 0
+    s.release()
+    assert rt.close().blocks == 0

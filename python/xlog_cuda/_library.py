@@ -109,6 +109,23 @@ class XlogStats(ctypes.Structure):
         return cls(struct_size=ctypes.sizeof(cls))
 
 
+class XlogCloseReport(ctypes.Structure):
+    """`xlog_close_report`: what the last close of a runtime found (the
+    caller sets `struct_size`: use `new()`)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("leaked_blocks", ctypes.c_uint64),
+        ("leaked_bytes", ctypes.c_uint64),
+        ("unreleased_streams", ctypes.c_uint64),
+    ]
+
+    @classmethod
+    def new(cls) -> "XlogCloseReport":
+        """A zeroed structure with `struct_size` set."""
+        return cls(struct_size=ctypes.sizeof(cls))
+
+
 class XlogLiveBlock(ctypes.Structure):
     """`xlog_live_block`: one entry of `xlog_live_blocks` (the caller sets
     `struct_size` in the first element of the array)."""
@@ -158,6 +175,7 @@ PROTOTYPES = {
         xlog_status,
         [xlog_runtime_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64)],
     ),
+    "xlog_runtime_close_detailed": (xlog_status, [xlog_runtime_p, _P(XlogCloseReport)]),
     "xlog_runtime_backend": (xlog_status, [xlog_runtime_p, _P(xlog_backend)]),
     "xlog_get_stats": (xlog_status, [xlog_runtime_p, _P(XlogStats)]),
     "xlog_stream_acquire": (xlog_status, [xlog_runtime_p, _P(xlog_stream)]),

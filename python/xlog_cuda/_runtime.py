@@ -152,6 +152,7 @@ class call_site:
     def __init__(self, text: str):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"call_site text must be a str, got {type(text).__name__}")
+        _utf8("call_site text", text)  # refused here, not at __enter__
         self.text = text
 
     def __enter__(self) -> "call_site":
@@ -167,6 +168,17 @@ class call_site:
         stack.pop()
         previous = stack[-1].encode("utf-8").replace(b"\0", b"?") if stack else None
         call(_lib().xlog_set_call_site, previous)
+
+
+def _utf8(what: str, text: str) -> bytes:
+    """`text` as UTF-8; InvalidArgumentError (as for any bad argument) when
+    it cannot be (a lone surrogate, which str allows and UTF-8 does not)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(
+            f"{what} {text!r} is not valid text: {e.reason} at index {e.start} (a lone surrogate cannot be UTF-8)"
+        ) from None
 
 
 def _text(raw: Optional[bytes]) -> Optional[str]:
@@ -188,10 +200,15 @@ def _fill_array(fn: Any, handle: int, struct: Any) -> List[Any]:
 
 
 class LeakReport(NamedTuple):
-    """What a close found still live (and freed on the caller's behalf)."""
+    """What a close found still live (and freed on the caller's behalf):
+    `blocks` and their `bytes`, and `streams`, the pooled streams acquired
+    and never released (released on the caller's behalf; imported streams
+    are the caller's own and not counted). Each is also named on stderr and
+    in the log."""
 
     blocks: int
     bytes: int
+    streams: int = 0
 
 
 def _lib() -> ctypes.CDLL:
@@ -429,24 +446,24 @@ class Runtime:
         return self._backend
 
     def close(self) -> LeakReport:
-        """Close the runtime; returns the blocks and bytes still live.
+        """Close the runtime; returns the blocks and bytes still live and
+        the streams never released.
 
         The library waits for the work queued on the runtime's streams (host
         callbacks included), frees leaked blocks, waits for pending frees and
         stops the streams. Closing again returns the first report without a
-        C call. From inside a host callback the close is refused
+        C call. From inside a host callback, and while a stream of the
+        runtime takes part in a capture, the close is refused
         (StreamMisuseError) and the runtime stays open.
         """
         if self._close_report is not None:
             return self._close_report
-        blocks, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
-        status, message = _errors.call_status(
-            _lib().xlog_runtime_close_report, self._handle, ctypes.byref(blocks), ctypes.byref(nbytes)
-        )
+        found = _library.XlogCloseReport.new()
+        status, message = _errors.call_status(_lib().xlog_runtime_close_detailed, self._handle, ctypes.byref(found))
         if status == _errors.Status.STREAM_MISUSE:
             raise _errors.error_for(status, message)  # refused: nothing changed
         # The handle is invalid afterwards even if an error is returned.
-        self._close_report = LeakReport(blocks.value, nbytes.value)
+        self._close_report = LeakReport(found.leaked_blocks, found.leaked_bytes, found.unreleased_streams)
         if status != _errors.Status.OK:
             raise _errors.error_for(status, message)
         return self._close_report
@@ -604,7 +621,10 @@ class Runtime:
         self, nbytes: int, stream: Union["Stream", int], tag: str = "", call_site: Optional[str] = None
     ) -> "Block":
         """Allocate `nbytes` ordered on `stream`; `tag` (a str) names it in
-        logs and errors.
+        logs and errors. The library keeps a tag to its first 128 bytes of
+        UTF-8 (cut at a character boundary, not refused); a tag that is not
+        valid text (a lone surrogate) or holds a NUL byte raises
+        InvalidArgumentError.
 
         With call-site tracking on, the block's call site is `call_site`, or
         when None a summary of the caller's Python traceback
@@ -615,7 +635,7 @@ class Runtime:
         """
         nbytes = _checked_int("nbytes", nbytes, 0, U64_MAX)
         if isinstance(tag, str):
-            tag_bytes = tag.encode("utf-8")
+            tag_bytes = _utf8("tag", tag)
         elif isinstance(tag, (bytes, bytearray)):
             tag_bytes = bytes(tag)
         else:
@@ -624,8 +644,12 @@ class Runtime:
             raise InvalidArgumentError("tag contains a NUL byte")
         raw = _library.XlogBlock()
         if self._track_call_sites:
-            site = call_site_summary(2) if call_site is None else str(call_site)
-            site_bytes = site.encode("utf-8").replace(b"\0", b"?")
+            if call_site is None:
+                # A traceback may name files whose names are not text.
+                site_bytes = call_site_summary(2).encode("utf-8", "backslashreplace")
+            else:
+                site_bytes = _utf8("call_site", str(call_site))
+            site_bytes = site_bytes.replace(b"\0", b"?")
             call(
                 _lib().xlog_allocate_at,
                 self._handle,

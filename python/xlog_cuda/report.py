@@ -30,8 +30,13 @@ held besides live memory: the page shows the peak of live + cached +
 pending and what was held at the end (`held` in the data; absent for logs
 without such rows, such as RMM's). Other actions are counted and listed,
 and otherwise left out. Rows that cannot be read are counted and the first
-few are shown, never fatal; a header repeated by another writer of a
-shared log file is skipped.
+few are shown, never fatal: too few columns, a size that is not a whole
+number from 0 to 2**63 - 1, a field longer than the csv module's limit
+(131,072 characters). A time that is not a time of day or plain seconds
+(from 0 up to 1e11: not NaN, infinite or negative) is left out, and the row
+keeps the time of the row before it. A header repeated by another writer
+of a shared log file is skipped. RMM's logs and files edited by hand are
+read under the same rules.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import datetime as _dt
 import html
 import json
 import os
+import re
 import sys
 import time
 from array import array
@@ -62,8 +68,53 @@ _KNOWN = frozenset(("allocate", "free", "leak", "allocate failure", "reserve", "
 _DRIVER = frozenset(("reserve", "release", "retire"))
 
 
+# Times are seconds since midnight (or plain seconds): one that is not in
+# [0, _MAX_CLOCK) is no time at all (the row keeps the time before it).
+_MAX_CLOCK = 1e11
+
+# Sizes are kept in signed 64-bit arrays: a row giving more (or a negative
+# size) is a bad row, counted and shown, never a crash.
+_MAX_SIZE = (1 << 63) - 1
+
+
 class ReportError(Exception):
     """The log cannot be turned into a report (no header, unreadable)."""
+
+
+def _size_of(text: str) -> Tuple[Optional[int], str]:
+    """(the size a row gives, "") or (None, why it is not one)."""
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    try:
+        size = int(text)
+    except ValueError:
+        return None, f"size {shown!r}"
+    if size < 0:
+        return None, f"size {shown} is negative"
+    if size > _MAX_SIZE:
+        return None, f"size {shown} is over 2**63 - 1"
+    return size, ""
+
+
+def _size_or_zero(text: str) -> int:
+    """The size of a row that only reports it (leak, refusal): 0 when it
+    gives none that can be read."""
+    size, _ = _size_of(text)
+    return 0 if size is None else size
+
+
+def _rows(reader: Any, unreadable: Any):
+    """The reader's rows; a row the csv module refuses (a field past its
+    field size limit, 131,072 characters by default) goes to
+    `unreadable(why)` and reading goes on at the next line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            unreadable(str(e))
+            continue
+        yield row
 
 
 # ---------------------------------------------------------------------------
@@ -136,7 +187,11 @@ def analyze(path: str, points: int = DEFAULT_POINTS, top: int = DEFAULT_TOP) -> 
 def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     reader = csv.reader(f)
     header = None
-    for row in reader:
+
+    def unreadable_header(why: str) -> None:
+        raise ReportError(f"the header cannot be read: {why}")
+
+    for row in _rows(reader, unreadable_header):
         if row and any(cell.strip() for cell in row):
             header = row
             break
@@ -241,7 +296,14 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
             return ",".join(row[width:])
         return ""
 
-    for row in reader:
+    def unreadable(why: str) -> None:
+        nonlocal line, bad_count
+        line += 1
+        bad_count += 1
+        if len(bad_rows) < 20:
+            bad_rows.append({"line": line, "why": why, "row": ""})
+
+    for row in _rows(reader, unreadable):
         line += 1
         if len(row) < need:
             if not row or not any(cell.strip() for cell in row):
@@ -275,6 +337,8 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                         clock = _clock_seconds(raw)
                     except ValueError:
                         clock = None
+                if clock is not None and not 0.0 <= clock < _MAX_CLOCK:
+                    clock = None  # NaN, infinite, negative or absurd: no time
                 if clock is not None:
                     if last_raw is not None and clock + t_offset < last_t - 43200:
                         t_offset += 86400.0
@@ -291,12 +355,11 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
 
         if action in _DRIVER or action in ("allocate", "free"):
             # Every row that moves bytes needs its size.
-            try:
-                size = int(row[c_size])
-            except ValueError:
+            size, why = _size_of(row[c_size])
+            if size is None:
                 bad_count += 1
                 if len(bad_rows) < 20:
-                    bad_rows.append({"line": line, "why": f"size {row[c_size]!r}", "row": ",".join(row)[:300]})
+                    bad_rows.append({"line": line, "why": why, "row": ",".join(row)[:300]})
                 continue
         if action in _DRIVER:
             driver_counts[action] += 1
@@ -379,20 +442,14 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
             ptr = row[c_ptr]
             block = live.get(ptr)
             if len(leak_rows) < 5000:
-                try:
-                    size = int(row[c_size])
-                except ValueError:
-                    size = 0
+                size = _size_or_zero(row[c_size])
                 leak_rows.append({"ptr": ptr, "size": size, "tag": row[c_tag] if 0 <= c_tag < len(row) else "",
                                   "stream": row[c_stream].strip() if 0 <= c_stream < len(row) else "",
                                   "line": line, "block": block})
         elif _is_refusal(action):
             counts["refusal"] += 1
             refusal_count += 1
-            try:
-                size = int(row[c_size])
-            except ValueError:
-                size = 0
+            size = _size_or_zero(row[c_size])
             refusal_bytes += size
             if len(refusals) < MAX_LISTED:
                 refusals.append({"t": t, "clock": row[c_time] if 0 <= c_time < len(row) else "", "action": action,
@@ -614,7 +671,12 @@ def _resample(ev_t, ev_delta, ev_tag, ev_stream, tag_slot, stream_slot, n_tag, n
 
     for i in range(n):
         x = (ev_t[i] - t0) if axis == "time" else float(i)
-        b = int(x * scale)
+        # Rows of several writers interleave by batch, not in time order,
+        # and a hand-edited time may be anywhere: an event before the
+        # current interval counts in it, one past the end in the last one.
+        at = x * scale
+        b = points - 1 if at >= points - 1 else (int(at) if at > 0 else 0)
+        b = max(b, bucket)
         if b != bucket:
             if bucket >= 0:
                 flush(b)
@@ -996,6 +1058,9 @@ code { font-size: 12px; }
 """
 
 
+_PLACEHOLDERS = re.compile("__TITLE__|__DATA__")
+
+
 def render_html(data: Dict[str, Any], title: Optional[str] = None) -> str:
     """The report page for `analyze`'s data: one self-contained file."""
     data = dict(data)
@@ -1004,7 +1069,10 @@ def render_html(data: Dict[str, Any], title: Optional[str] = None) -> str:
     # Inside <script>: no "</" may close it, whatever a tag contains.
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     page_title = title or f"xlog memory report: {data.get('source_name', '')}"
-    return _PAGE.replace("__TITLE__", html.escape(page_title)).replace("__DATA__", payload)
+    # One pass over the page: text filled in (a title or file name that
+    # says "__DATA__") is never scanned for placeholders again.
+    fills = {"__TITLE__": html.escape(page_title), "__DATA__": payload}
+    return _PLACEHOLDERS.sub(lambda m: fills[m.group(0)], _PAGE)
 
 
 def render_png(data: Dict[str, Any], path: str) -> None:

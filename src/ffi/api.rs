@@ -394,9 +394,13 @@ pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_sta
 // Runtime                                                                //
 // ===================================================================== //
 
-/// Open the runtime of device `device` (a CUDA ordinal; any ordinal on sim).
-/// `cfg` may be NULL for defaults plus environment. On CUDA, opens of one
-/// ordinal share one runtime (and one budget); each open needs a close.
+/// Open the runtime of device `device`: a CUDA ordinal, or on sim an
+/// ordinal below the number of devices the sim backend simulates
+/// (`cfg->sim_devices`, from `XLOG_SIM_DEVICES`, default 1); an ordinal at
+/// or past it is XLOG_ERR_NO_DEVICE, a negative one
+/// XLOG_ERR_INVALID_ARGUMENT. `cfg` may be NULL for defaults plus
+/// environment. On CUDA, opens of one ordinal share one runtime (and one
+/// budget); each open needs a close.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_runtime_open(
     device: i32,
@@ -416,42 +420,91 @@ pub unsafe extern "C" fn xlog_runtime_open(
 /// already queued on its streams (host callbacks included), frees blocks
 /// still live (each reported on stderr and in the log as a leak), waits for
 /// pending frees and destroys its streams. The handle is invalid afterwards
-/// even if an error is returned, except when the close is refused from
-/// inside a host callback (XLOG_ERR_STREAM_MISUSE, nothing changed).
+/// even if an error is returned, except when the close is refused
+/// (XLOG_ERR_STREAM_MISUSE, nothing changed, the handle stays open): from
+/// inside a host callback, or, for the last close of a runtime, while one of
+/// its streams takes part in a capture (close would wait for that stream,
+/// which invalidates the capture): end the capture, then close.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
-    close_runtime("xlog_runtime_close", rt, std::ptr::null_mut(), std::ptr::null_mut())
+    boundary("xlog_runtime_close", || close_runtime(rt).map(|_| ()))
 }
 
 /// `xlog_runtime_close` that also reports how many blocks and bytes were
 /// still live (leaked) at close. Either out-pointer may be NULL.
+/// `xlog_runtime_close_detailed` also counts the streams never released.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close_report(
     rt: *mut xlog_runtime,
     leaked_blocks: *mut u64,
     leaked_bytes: *mut u64,
 ) -> xlog_status {
-    close_runtime("xlog_runtime_close_report", rt, leaked_blocks, leaked_bytes)
-}
-
-/// Both close entry points; `name` is the one the caller called, so the
-/// error message names it.
-fn close_runtime(
-    name: &'static str,
-    rt: *mut xlog_runtime,
-    leaked_blocks: *mut u64,
-    leaked_bytes: *mut u64,
-) -> xlog_status {
-    boundary(name, || {
-        let runtime = unregister_runtime(rt)?;
-        let report = runtime.close()?;
+    boundary("xlog_runtime_close_report", || {
+        let report = close_runtime(rt)?;
         if !leaked_blocks.is_null() {
-            write_out(leaked_blocks, report.leaked.len() as u64);
+            write_out(leaked_blocks, report.leaked_blocks);
         }
         if !leaked_bytes.is_null() {
-            write_out(leaked_bytes, report.leaked.iter().map(|b| b.id.size).sum());
+            write_out(leaked_bytes, report.leaked_bytes);
         }
         Ok(())
+    })
+}
+
+/// `xlog_runtime_close` that fills `out` with what the last close found:
+/// the blocks still live (freed by the close, each named on stderr and in
+/// the log as a `leak`) and the pooled streams acquired and never released
+/// (released by the close, each named on stderr and in the log as an
+/// `unreleased stream`). A close that only drops one reference of a shared
+/// (CUDA) runtime reports zeros. Set `out->struct_size` first; `out` NULL
+/// or a `struct_size` smaller than the first layout is
+/// XLOG_ERR_INVALID_ARGUMENT and closes nothing.
+#[no_mangle]
+pub extern "C" fn xlog_runtime_close_detailed(rt: *mut xlog_runtime, out: *mut xlog_close_report) -> xlog_status {
+    boundary("xlog_runtime_close_detailed", || {
+        out_ptr(out, "out")?;
+        let declared = declared_report_size(out);
+        let full = std::mem::size_of::<xlog_close_report>();
+        if declared < full {
+            return Err(invalid(format!(
+                "close report struct_size is {declared}: set it to sizeof(xlog_close_report) ({full} with \
+                 this header) before calling xlog_runtime_close_detailed; the runtime was not closed"
+            )));
+        }
+        let report = close_runtime(rt)?;
+        write_out(out, xlog_close_report { struct_size: full as u32, ..report });
+        Ok(())
+    })
+}
+
+/// The `struct_size` a caller set in its close report.
+fn declared_report_size(out: *mut xlog_close_report) -> usize {
+    // SAFETY: `out` was checked non-NULL; the caller guarantees its leading
+    // u32 is readable (the same contract as xlog_get_stats).
+    unsafe { std::ptr::addr_of!((*out).struct_size).read() as usize }
+}
+
+/// The close of every close entry point (inside the caller's boundary, so
+/// messages name the entry point called): the last close's counts.
+fn close_runtime(rt: *mut xlog_runtime) -> Result<xlog_close_report, ResourceError> {
+    // A refusal (a stream captures) leaves the handle open: checked before
+    // the handle goes, and again by the close itself, which can only refuse
+    // before it changed anything (a capture begun in between): the handle
+    // then comes back.
+    super::runtime_of(rt)?.check_close_allowed()?;
+    let runtime = unregister_runtime(rt)?;
+    let report = match runtime.close() {
+        Err(e) if !runtime.is_closed() => {
+            super::reregister_runtime(rt, runtime);
+            return Err(e);
+        }
+        other => other?,
+    };
+    Ok(xlog_close_report {
+        struct_size: std::mem::size_of::<xlog_close_report>() as u32,
+        leaked_blocks: report.leaked.len() as u64,
+        leaked_bytes: report.leaked.iter().map(|b| b.id.size).sum(),
+        unreleased_streams: report.unreleased_streams.len() as u64,
     })
 }
 
@@ -496,6 +549,10 @@ pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stre
 }
 
 /// Give a stream back; its id is invalid afterwards. Queued work still runs.
+/// Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
+/// nothing, while the stream takes part in a capture (begun on it, or
+/// joined by a wait on captured work): end the capture first. The pool
+/// never hands out a stream that captures.
 #[no_mangle]
 pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
     boundary("xlog_stream_release", || with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))
@@ -539,7 +596,9 @@ pub extern "C" fn xlog_stream_native(
     })
 }
 
-/// Block until all work queued on `stream` has completed.
+/// Block until all work queued on `stream` has completed. Refused with
+/// XLOG_ERR_STREAM_MISUSE, changing nothing, while the stream takes part in
+/// a capture (a host wait there would invalidate the capture).
 #[no_mangle]
 pub extern "C" fn xlog_stream_synchronize(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
     boundary("xlog_stream_synchronize", || with_runtime(rt, |r| r.synchronize(stream_id(stream)?)))
@@ -599,7 +658,10 @@ pub extern "C" fn xlog_stream_enqueue_host(
 
 /// Allocate `bytes` ordered on `stream`, aligned to at least 256 bytes.
 /// Zero bytes succeeds with `ptr == NULL`. `tag` (may be NULL) names the
-/// caller in the log, leak reports and errors.
+/// caller in the log, leak reports and errors. A tag is kept to its first
+/// 128 bytes (cut at a UTF-8 character boundary; invalid UTF-8 is replaced
+/// by U+FFFD first): longer tags are cut, not refused, and tags that agree
+/// in their first 128 bytes are one tag.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_allocate(
     rt: *mut xlog_runtime,
@@ -637,7 +699,12 @@ pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> x
     })
 }
 
-/// XLOG_OK if `block` is live in this runtime, else the reason.
+/// XLOG_OK if `block` is live in this runtime, else the reason, as every
+/// block call reports it: XLOG_ERR_INVALID_ARGUMENT for a block of another
+/// device (naming both devices) or one live in another open runtime (on
+/// sim every open makes its own runtime; the message names its device);
+/// XLOG_ERR_USE_AFTER_FREE for a handle no open runtime holds (freed, or
+/// never issued).
 #[no_mangle]
 pub extern "C" fn xlog_block_validate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
     boundary_calls("xlog_block_validate", |calls| {

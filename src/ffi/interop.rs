@@ -29,7 +29,7 @@ use super::{boundary, boundary_hook, boundary_value, out_ptr, register_runtime, 
 use crate::config::Config;
 use crate::error::ResourceError;
 use crate::resource::Access;
-use crate::runtime::Runtime;
+use crate::runtime::{check_ordinal, Runtime};
 
 /// Reap after this many hook frees of a device on a thread, so pending
 /// bytes do not pile up between budget-pressure reaps.
@@ -293,8 +293,15 @@ fn framework_tag(name: &'static str) -> AllocTag {
 /// handles open the runtime stays open for them (their last close reports
 /// the blocks), and this returns 0.
 pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
+    check_ordinal(device)?;
     let (hooks, _config) = {
         let mut t = table();
+        // A close that would be refused (a stream of the hook runtime
+        // captures) is refused before the hooks are forgotten: nothing
+        // changes.
+        if let Some(h) = t.hooks.get(&device).filter(|h| !h.runtime.is_closed()) {
+            h.runtime.check_close_allowed()?;
+        }
         HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };
@@ -309,10 +316,14 @@ pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
 /// Configure the hook runtime of `device` before its first allocation
 /// (`cfg` as for `xlog_runtime_open`; NULL = environment, with
 /// wait_on_pressure on, as for hooks never configured). Fails once the
-/// hooks of that device have allocated.
+/// hooks of that device have allocated. Like xlog_runtime_open, every hook
+/// entry point that takes a device refuses a negative one
+/// (XLOG_ERR_INVALID_ARGUMENT, "device ordinal -1 is negative"), changing
+/// nothing.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_config) -> xlog_status {
     boundary("xlog_interop_configure", || {
+        check_ordinal(device)?;
         let mut config = config_of(cfg)?;
         if cfg.is_null() {
             // NULL means "the environment", exactly as for hooks that were
@@ -341,6 +352,7 @@ pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_co
 pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime) -> xlog_status {
     boundary("xlog_interop_runtime", || {
         out_ptr(out, "out")?;
+        check_ordinal(device)?;
         let shared = hooks(device)?.runtime.share()?;
         write_out(out, register_runtime(shared));
         Ok(())
@@ -356,6 +368,7 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
 #[no_mangle]
 pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
     boundary("xlog_interop_trim", || {
+        check_ordinal(device)?;
         let open = table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned();
         let released = match open {
             Some(h) => h.runtime.trim(keep_bytes)?.released,
@@ -369,13 +382,18 @@ pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes
 }
 
 /// Blocks the hooks of `device` currently hold (0 if never used, and 0
-/// with a message when called from inside a host callback, where it is
-/// refused as every xlog call is: see xlog_stream_enqueue_host).
+/// with a message for a negative `device`, or when called from inside a
+/// host callback, where it is refused as every xlog call is: see
+/// xlog_stream_enqueue_host).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
     boundary_value("xlog_interop_live_blocks", 0, || {
         super::clear_last_error();
         if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
+            return 0;
+        }
+        if let Err(e) = check_ordinal(device) {
+            super::set_last_error(format!("xlog_interop_live_blocks: {e}"));
             return 0;
         }
         table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
@@ -407,6 +425,7 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
     boundary("xlog_torch_record_stream", || {
+        check_ordinal(device)?;
         let not_live =
             || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
         let h = opened_hooks(device).ok_or_else(not_live)?;
@@ -504,6 +523,7 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
     boundary("xlog_torch_begin_allocate_to_pool", || {
         let pool = pool_key(pool_id_0, pool_id_1);
         // Before anything opens or imports.
+        check_ordinal(device)?;
         crate::runtime::check_pool(pool)?;
         with_hooks(device, true, || unreachable!("opened on first use"), |h| {
             let origin = match capture_stream as u64 {
@@ -517,11 +537,16 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
 
 /// PyTorch's `endAllocateToPool`, after the capture into the pool ended:
 /// one announcement of the pool stops, and its capture ends for the hook
-/// runtime (its memory stays the pool's). XLOG_ERR_INVALID_ARGUMENT for a
-/// pool never announced on `device`, changing nothing.
+/// runtime (its memory stays the pool's). Each begin is ended once:
+/// XLOG_ERR_INVALID_ARGUMENT, changing nothing, for a pool never announced
+/// on `device`, or one with nothing left to end (every begin of it ended
+/// already). The end of a begin whose capture failed and was swept by a
+/// later begin (see xlog_torch_begin_allocate_to_pool) is XLOG_OK and ends
+/// nothing.
 #[no_mangle]
 pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, pool_id_1: u64) -> xlog_status {
     boundary("xlog_torch_end_allocate_to_pool", || {
+        check_ordinal(device)?;
         let pool = pool_key(pool_id_0, pool_id_1);
         with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
             h.runtime.end_capture_pool(pool).map(|_| ())
@@ -535,9 +560,13 @@ pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, p
 /// blocks still live (a graph's output tensors) when the last of them is
 /// freed. `released_bytes` (may be NULL) receives the bytes given back by
 /// this call. XLOG_ERR_INVALID_ARGUMENT for a pool never announced on
-/// `device` (or released by its last user already),
-/// XLOG_ERR_STREAM_MISUSE while a capture into it is still announced
-/// (not ended); both change nothing.
+/// `device` (or released by its last user already);
+/// XLOG_ERR_STREAM_MISUSE while every user of the pool is a capture still
+/// announced (not ended), since no graph of the pool exists then: a user
+/// whose capture ended may release while another capture into the pool
+/// runs (PyTorch destroys one graph of a shared pool while it captures
+/// another), the last user only once no capture into the pool is under
+/// way. Both refusals change nothing.
 #[no_mangle]
 pub extern "C" fn xlog_torch_release_pool(
     device: i32,
@@ -546,6 +575,7 @@ pub extern "C" fn xlog_torch_release_pool(
     released_bytes: *mut u64,
 ) -> xlog_status {
     boundary("xlog_torch_release_pool", || {
+        check_ordinal(device)?;
         let pool = pool_key(pool_id_0, pool_id_1);
         let released = with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
             h.runtime.release_capture_pool(pool)

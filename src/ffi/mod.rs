@@ -333,6 +333,12 @@ pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtim
     })
 }
 
+/// Put back a handle `unregister_runtime` took, for a close that was
+/// refused before it changed anything: the caller's handle stays valid.
+pub(crate) fn reregister_runtime(handle: *mut xlog_runtime, rt: Arc<Runtime>) {
+    handles().write().unwrap_or_else(|p| p.into_inner()).insert(handle as usize, rt);
+}
+
 /// Store `value` through a caller's out-pointer: the one place the boundary
 /// writes through one (so no exported function dereferences a raw pointer
 /// argument itself).

@@ -58,7 +58,9 @@ pub extern "C" fn xlog_debug_panic() -> xlog_status {
 /// `xlog_interop_runtime` open, that closes it (on CUDA: unless the device's
 /// shared runtime has other openers), freeing the blocks the hooks still
 /// held; `leaked_blocks` (may be NULL) receives how many. With handles
-/// open, the runtime stays open for them and `leaked_blocks` is 0.
+/// open, the runtime stays open for them and `leaked_blocks` is 0. Refused
+/// with XLOG_ERR_STREAM_MISUSE, changing nothing, where that close would be
+/// refused: while a stream of the hook runtime takes part in a capture.
 #[no_mangle]
 pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u64) -> xlog_status {
     boundary("xlog_testing_interop_reset", || {

@@ -133,6 +133,23 @@ pub const XLOG_MEMORY_ARENA: u8 = 0;
 /// `xlog_config.memory`: the driver's stream-ordered pool.
 pub const XLOG_MEMORY_POOL: u8 = 1;
 
+/// What the last close of a runtime found (`xlog_runtime_close_detailed`).
+/// Set `struct_size = sizeof(xlog_close_report)` before the call: the
+/// library fills only the fields that fit in it, so later fields can be
+/// added without breaking callers built against this header.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct xlog_close_report {
+    pub struct_size: u32,
+    /// Blocks still live at close (the close freed them).
+    pub leaked_blocks: u64,
+    /// Their requested bytes.
+    pub leaked_bytes: u64,
+    /// Pooled streams acquired and never released (the close released
+    /// them). Imported streams are not counted: they are the caller's own.
+    pub unreleased_streams: u64,
+}
+
 /// Runtime statistics. Byte counts are device bytes (sizes rounded up to
 /// what the allocator really hands out).
 ///

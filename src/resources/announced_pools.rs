@@ -22,13 +22,21 @@
 //!   and belongs to the announcement's pool. A capture no announcement
 //!   claims is left alone (what the allocator did before).
 //! - `end(pool)` (after the framework ended the capture): one begin of that
-//!   pool stops watching, and its capture ends in the capture pools.
+//!   pool stops watching, and its capture ends in the capture pools. Each
+//!   begin is ended once: an `end` with no begin of the pool left to end
+//!   (every begin ended already, or none made) is refused and changes
+//!   nothing. A begin swept (below) still owes its end, which the sweep
+//!   cannot know will never come: that end is accepted and ends nothing.
 //! - Each `begin` is one user of the pool (pools may be shared by several
 //!   graphs); `release(pool)` drops one, and when the last is gone the
 //!   pool's captures are handed back to the caller, which orphans them in
 //!   the capture pools: their memory goes back to the driver once their
-//!   blocks are free. `release` while a begin of the pool still watches is
-//!   refused and changes nothing; of a pool never announced, refused.
+//!   blocks are free. A release is a graph of the pool going away, so one
+//!   needs an ended begin among the users: while every user still watches
+//!   (no graph of the pool can exist yet), `release` is refused and
+//!   changes nothing. Users whose begin ended may go while other captures
+//!   into the pool run (PyTorch destroys one graph of a shared pool while
+//!   it captures another). Of a pool never announced, refused.
 //! - A begin whose capture is over without an `end` (the framework's
 //!   capture failed: PyTorch then never calls `endAllocateToPool` nor
 //!   `releasePool`) would watch for ever; `begin` sweeps such begins first:
@@ -69,6 +77,8 @@ struct Announced {
     users: u32,
     /// Begins not yet ended: they watch.
     watching: Vec<Begin>,
+    /// Begins swept whose `end` has not come (it may never: contract).
+    swept: u32,
     /// Every capture adopted for this pool.
     captures: Vec<u64>,
 }
@@ -110,6 +120,7 @@ impl AnnouncedPools {
         let mut pools = lock(&self.pools);
         // Sweep begins left behind by failed captures (contract).
         for announced in pools.values_mut() {
+            let before = announced.watching.len();
             announced.watching.retain(|b| {
                 let over = if b.capture != 0 {
                     !still_capturing(device, b.seen_on, b.capture)
@@ -126,6 +137,7 @@ impl AnnouncedPools {
                 }
                 !over
             });
+            announced.swept += (before - announced.watching.len()) as u32;
         }
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
         let announced = pools.entry(pool).or_default();
@@ -191,10 +203,6 @@ impl AnnouncedPools {
                 name(pool)
             )));
         };
-        if announced.watching.is_empty() {
-            // Its begins were swept (their captures were over): nothing left.
-            return Ok(());
-        }
         let over = |b: &Begin| {
             if b.capture != 0 {
                 !still_capturing(device, b.seen_on, b.capture)
@@ -202,7 +210,24 @@ impl AnnouncedPools {
                 b.origin.map_or(true, |o| matches!(device.capture_of(o), Ok(None)))
             }
         };
-        let i = announced.watching.iter().position(over).unwrap_or(0);
+        let i = match announced.watching.iter().position(over) {
+            Some(i) => i,
+            // No watching begin is over: the end of a swept begin, which
+            // ended its capture already.
+            None if announced.swept > 0 => {
+                announced.swept -= 1;
+                return Ok(());
+            }
+            None if !announced.watching.is_empty() => 0,
+            None => {
+                return Err(ResourceError::InvalidArgument(format!(
+                    "{} on device {ordinal} has nothing left to end: each of its {} begin(s) not yet \
+                     released was ended already (an end of allocation to a pool without a begin)",
+                    name(pool),
+                    announced.users
+                )))
+            }
+        };
         let b = announced.watching.remove(i);
         if b.capture != 0 {
             captures.ended(b.capture);
@@ -220,16 +245,19 @@ impl AnnouncedPools {
                 name(pool)
             )));
         };
-        if announced.users > 1 {
-            announced.users -= 1;
-            return Ok(PoolRelease::StillUsed(announced.users));
-        }
-        if !announced.watching.is_empty() {
+        // Each watching begin is a user: a release needs one more.
+        if announced.users as usize <= announced.watching.len() {
             return Err(ResourceError::StreamMisuse(format!(
-                "{} on device {ordinal} still has {} capture(s) under way: end the allocation to it (endAllocateToPool) before releasing it",
+                "{} on device {ordinal} still has {} capture(s) under way and no other user: a release \
+                 is a graph of the pool going away, and none has been made yet; end the allocation \
+                 to it (endAllocateToPool) before releasing it",
                 name(pool),
                 announced.watching.len()
             )));
+        }
+        if announced.users > 1 {
+            announced.users -= 1;
+            return Ok(PoolRelease::StillUsed(announced.users));
         }
         let announced = pools.remove(&pool).expect("looked up above");
         Ok(PoolRelease::Last(announced.captures))

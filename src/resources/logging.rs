@@ -24,11 +24,14 @@
 //!   of blocks.
 //! - `leak` (xlog): a block still live when the runtime closed (its `free`
 //!   row follows: close frees it).
+//! - `unreleased stream` (xlog): a pooled stream acquired and never
+//!   released when the runtime closed: `Stream` its id, `Pointer` 0x0,
+//!   `Size` 0, `Detail` its native handle. Moves no bytes.
 //!
 //! So live = Σallocate − Σfree, pending = Σrelease − Σretire and cached =
 //! Σreserve − Σallocate + Σfree − Σrelease, per (Process, Device).
-//! `Stream` is xlog's stream id on allocate/free/failure/reserve/leak rows
-//! and 0 on release and retire rows.
+//! `Stream` is xlog's stream id on allocate/free/failure/reserve/leak and
+//! unreleased stream rows, and 0 on release and retire rows.
 //!
 //! A log that survives a crash: every row is handed to the kernel (one
 //! `write(2)`) before the call that made it returns, nothing is held in a
@@ -79,7 +82,7 @@ pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,
 pub const RMM_ACTIONS: [&str; 3] = ["allocate", "free", "allocate failure"];
 
 /// The actions only xlog writes.
-pub const XLOG_ACTIONS: [&str; 4] = ["reserve", "release", "retire", "leak"];
+pub const XLOG_ACTIONS: [&str; 5] = ["reserve", "release", "retire", "leak", "unreleased stream"];
 
 /// Capacity kept for the line being formatted: a row with a long refusal
 /// reason fits without growing it.
@@ -251,6 +254,13 @@ impl CsvLog {
     /// A block still live when the runtime closed.
     pub fn leaked(&self, block: &crate::resource::LeakedBlock) {
         self.row("leak", block.id.ptr, block.id.size, block.id.alloc_stream.0, &block.tag, "");
+    }
+
+    /// A pooled stream acquired and never released when the runtime
+    /// closed: `Stream` its id, `Pointer` and `Size` 0, `Detail` its native
+    /// handle.
+    pub fn unreleased_stream(&self, stream: u32, native: u64) {
+        self.row("unreleased stream", 0, 0, stream, "", &format!("native {native:#x}"));
     }
 
     /// Write one whole line with one `write(2)` on the append descriptor

@@ -34,11 +34,24 @@ use crate::telemetry::{summary, CallSite, CountSummary, LiveBlock, TagStats, Tel
 
 pub use crate::telemetry::Stats;
 
+/// A pooled stream acquired and never released, found at close.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct UnreleasedStream {
+    pub id: StreamId,
+    /// Its native handle (`cudaStream_t`; an opaque token on sim).
+    pub native: u64,
+}
+
 /// What `close` found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CloseReport {
     /// Blocks still live at close; they were freed for the caller.
     pub leaked: Vec<LeakedBlock>,
+    /// Pooled streams acquired and never released, by id; close released
+    /// them. Imported streams are not reported: they are the caller's own
+    /// native streams (the framework hooks import theirs and never release
+    /// them).
+    pub unreleased_streams: Vec<UnreleasedStream>,
     /// True when other openers of a shared (CUDA) runtime remain, so this
     /// close only dropped one reference.
     pub still_shared: bool,
@@ -101,9 +114,7 @@ impl Runtime {
     pub fn open(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
         refuse_in_host_callback()?;
         config.validate()?;
-        if ordinal < 0 {
-            return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
-        }
+        check_ordinal(ordinal)?;
         let rt = match config.backend {
             Backend::Sim => Runtime::open_sim(ordinal, config),
             Backend::Cuda => Runtime::open_cuda(ordinal, config),
@@ -117,8 +128,8 @@ impl Runtime {
     }
 
     fn open_sim(ordinal: i32, config: &Config) -> ResourceResult<Arc<Runtime>> {
-        crate::device::sim_platform::check_ordinal(ordinal, config.sim_devices)
-            .map_err(|e| ResourceError::NoDevice(e.to_string()))?;
+        // The device's NoDevice carries its message once ("no device: ...").
+        crate::device::sim_platform::check_ordinal(ordinal, config.sim_devices).map_err(ResourceError::from)?;
         let device = SimDevice::new(ordinal, config.sim_capacity_bytes)?;
         // Each imported foreign stream is a sim worker thread: bounded by
         // the pool size, as pooled streams are.
@@ -266,9 +277,15 @@ impl Runtime {
         self.streams.acquire()
     }
 
+    /// Give stream `id` back. Refused with `StreamMisuse`, changing
+    /// nothing, while the stream takes part in a capture: the pool would
+    /// hand a capturing stream out again, and the capture could never be
+    /// ended through its id.
     pub fn release_stream(&self, id: StreamId) -> ResourceResult<()> {
         let _g = self.enter()?;
         let s = self.streams.resolve(id)?;
+        // Before an imported stream is retired: that queues work on it.
+        self.streams.refuse_if_capturing(id, s.raw, "releasing it")?;
         if self.streams.is_imported(id) {
             // The owner may destroy an imported stream once we let go of it:
             // nothing of ours may stay queued for it.
@@ -293,6 +310,10 @@ impl Runtime {
         // meanwhile do not wait behind it (see `enter`).
         let _g = self.enter()?;
         let raw = self.streams.resolve(id)?.raw;
+        // A host wait on a capturing stream fails and invalidates the
+        // capture (CUDA's rule, modelled by the sim): refused first, so the
+        // failed call changes nothing.
+        self.streams.refuse_if_capturing(id, raw, "synchronizing it")?;
         Ok(self.device.synchronize_stream(raw)?)
     }
 
@@ -414,6 +435,16 @@ impl Runtime {
     pub(crate) fn knows_stream(&self, id: StreamId) -> bool {
         match self.enter() {
             Ok(_g) => self.streams.resolve(id).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `block` is live in this runtime (never blocks on a close: a
+    /// closing runtime holds none). For naming the owner of a block another
+    /// runtime was given.
+    pub(crate) fn holds_block(&self, block: &BlockId) -> bool {
+        match self.enter() {
+            Ok(_g) => self.stack.validate(block).is_ok(),
             Err(_) => false,
         }
     }
@@ -722,12 +753,43 @@ impl Runtime {
 
     // ----- lifetime -----
 
+    /// `StreamMisuse`, naming the stream and its capture, when the next
+    /// close would be the last one (it shuts the runtime down) and one of
+    /// the runtime's streams takes part in a capture. Nothing changes.
+    pub fn check_close_allowed(&self) -> ResourceResult<()> {
+        refuse_in_host_callback()?;
+        let _registry = registry_lock();
+        self.refuse_last_close_while_capturing()
+    }
+
+    /// `check_close_allowed` under the registry lock (which serialises
+    /// opens and closes, so the openers count is exact here).
+    fn refuse_last_close_while_capturing(&self) -> ResourceResult<()> {
+        if self.gate.is_closed() || self.openers.load(Ordering::Acquire) > 1 {
+            return Ok(());
+        }
+        match self.streams.first_capturing()? {
+            None => Ok(()),
+            Some((stream, capture)) => Err(ResourceError::StreamMisuse(format!(
+                "the runtime of device {} cannot close while {stream} takes part in capture {capture}: \
+                 close waits for the work queued on its streams, which would invalidate the capture, \
+                 and destroys them under it; end the capture first (xlog_capture_end, or the \
+                 framework's own end of capture); nothing was changed, the runtime stays open",
+                self.device.ordinal()
+            ))),
+        }
+    }
+
     /// Close one opener's reference. The last close waits for the work
     /// already queued on its streams (host callbacks included), then frees
     /// what is still live (reporting each block as a leak on stderr and in
-    /// the log), waits for pending frees, and destroys the pool's streams.
-    /// Calls made after it fail with an error; a close from inside a host
-    /// callback is refused and changes nothing.
+    /// the log), names the pooled streams never released (stderr and the
+    /// log, `CloseReport::unreleased_streams`),
+    /// waits for pending frees, and destroys the pool's streams. Calls made
+    /// after it fail with an error. Refused, changing nothing, from inside
+    /// a host callback, and (the last close) while a stream of the runtime
+    /// takes part in a capture: waiting for that stream would invalidate
+    /// the capture (`check_close_allowed`).
     pub fn close(self: &Arc<Self>) -> ResourceResult<CloseReport> {
         // From a host callback close would wait for the callback's own
         // stream (and on CUDA call the driver): refused, nothing changes.
@@ -739,8 +801,9 @@ impl Runtime {
             if self.gate.is_closed() {
                 return Err(closed_error());
             }
+            self.refuse_last_close_while_capturing()?;
             if self.openers.fetch_sub(1, Ordering::AcqRel) > 1 {
-                return Ok(CloseReport { leaked: Vec::new(), still_shared: true });
+                return Ok(CloseReport { still_shared: true, ..CloseReport::default() });
             }
             let ordinal = self.device.ordinal();
             if registry.get(&ordinal).is_some_and(|rt| Arc::ptr_eq(rt, self)) {
@@ -787,6 +850,26 @@ impl Runtime {
                 }
             }
         }
+        // Streams are named as blocks are: a stream acquired and never
+        // released is a leak of the caller's too (an engine that loses
+        // its streams exhausts the pool).
+        let unreleased_streams: Vec<UnreleasedStream> =
+            self.streams.acquired().into_iter().map(|(id, native)| UnreleasedStream { id, native }).collect();
+        if !unreleased_streams.is_empty() {
+            let ids: Vec<String> = unreleased_streams.iter().map(|s| s.id.to_string()).collect();
+            eprintln!(
+                "xlog: runtime on device {} closed with {} stream(s) acquired and never released (ids {}); releasing them:",
+                self.device.ordinal(),
+                unreleased_streams.len(),
+                ids.join(", ")
+            );
+        }
+        for stream in &unreleased_streams {
+            eprintln!("xlog:   unreleased stream {} native={:#x}", stream.id, stream.native);
+            if let Some(log) = &self.log {
+                log.unreleased_stream(stream.id.0, stream.native);
+            }
+        }
         // Everything cached goes back to the driver (trim waits for it),
         // and the captures' private memory.
         if let Err(e) = self.stack.trim(0) {
@@ -813,7 +896,7 @@ impl Runtime {
         }
         match first_error {
             Some(e) => Err(e),
-            None => Ok(CloseReport { leaked, still_shared: false }),
+            None => Ok(CloseReport { leaked, unreleased_streams, still_shared: false }),
         }
     }
 }
@@ -823,6 +906,17 @@ impl Runtime {
 fn refuse_in_host_callback() -> ResourceResult<()> {
     if crate::device::in_host_callback() {
         return Err(ResourceError::in_host_callback());
+    }
+    Ok(())
+}
+
+/// The one check of a device ordinal given by a caller: every entry point
+/// that takes one (open, and the framework hooks' calls, which name their
+/// device on every call) refuses a negative ordinal with the same message
+/// before anything opens or changes.
+pub fn check_ordinal(ordinal: i32) -> ResourceResult<()> {
+    if ordinal < 0 {
+        return Err(ResourceError::InvalidArgument(format!("device ordinal {ordinal} is negative")));
     }
     Ok(())
 }

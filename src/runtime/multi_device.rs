@@ -39,9 +39,13 @@
 //!   The bridge's events are re-recorded on every use: a wait captures the
 //!   record current when it is queued, so one pair per bridge suffices; the
 //!   bridge's lock keeps a record and its wait together.
-//! - **Handles of another device.** A block handle whose `device` is not
-//!   this runtime's ordinal, refused by the table, is reported as
-//!   `InvalidArgument` naming both devices (`explain_block_error`).
+//! - **Handles of another device or runtime.** A block handle whose
+//!   `device` is not this runtime's ordinal, refused by the table, is
+//!   reported as `InvalidArgument` naming both devices; one of this device
+//!   live in another open runtime (independent sim runtimes of one
+//!   ordinal) as `InvalidArgument` naming that runtime's device; only a
+//!   handle no open runtime holds is a use after free
+//!   (`explain_block_error`).
 //! - Closing a runtime synchronises and destroys its bridges; a peer's
 //!   close leaves them valid (they hold the peer device, not its runtime).
 //!
@@ -303,36 +307,62 @@ pub(crate) fn finish_all(rt: &Runtime, stream: StreamId, uses: &[BlockUse], orig
     })
 }
 
-/// A block handle refused by `rt`'s table: when it names another device,
-/// say so (naming both) instead of the table's "not live here".
+/// The open runtime other than `me` in whose table `block` is live.
+/// Generations are unique in the process, so there is at most one.
+fn runtime_holding(me: &Runtime, block: &BlockId) -> Option<Arc<Runtime>> {
+    let candidates: Vec<Arc<Runtime>> = directory().iter().filter_map(Weak::upgrade).collect();
+    candidates.into_iter().find(|rt| !std::ptr::eq(&**rt, me) && rt.holds_block(block))
+}
+
+/// A block handle whose generation `rt`'s table does not hold, explained:
+/// one that names another device is an `InvalidArgument` naming both
+/// devices, instead of the table's "not live here"; one of this device
+/// that another open runtime holds live (on sim every open makes its own
+/// runtime) is an `InvalidArgument` naming that runtime, not a use after
+/// free. A handle no open runtime holds keeps the table's error, and so
+/// does every other refusal (a live generation with forged fields).
 #[cold]
 #[inline(never)]
 pub(crate) fn explain_block_error(rt: &Runtime, block: &BlockId, e: ResourceError) -> ResourceError {
-    let own = rt.device().ordinal();
-    if block.device == own || !matches!(e, ResourceError::UseAfterFree { .. } | ResourceError::InvalidArgument(_)) {
+    // Only a generation this runtime does not hold is explained: one it
+    // holds with other fields (a forged handle) keeps the table's message.
+    if !matches!(e, ResourceError::UseAfterFree { .. }) {
         return e;
     }
-    ResourceError::InvalidArgument(format!(
-        "block generation {} (ptr {:#x}) is a block of device {}, but this is the runtime of device \
-         {own}: pass a block to the runtime of its own device ({e})",
-        block.generation, block.ptr, block.device
-    ))
+    let own = rt.device().ordinal();
+    if block.device != own {
+        return ResourceError::InvalidArgument(format!(
+            "block generation {} (ptr {:#x}) is a block of device {}, but this is the runtime of device \
+             {own}: pass a block to the runtime of its own device",
+            block.generation, block.ptr, block.device
+        ));
+    }
+    match runtime_holding(rt, block) {
+        Some(owner) => ResourceError::InvalidArgument(format!(
+            "block generation {} (ptr {:#x}) is a live block of another runtime of {} (an \
+             independent runtime, as each sim open makes), not of this runtime of {}: pass a block \
+             to the runtime that allocated it",
+            block.generation,
+            block.ptr,
+            describe(&owner),
+            describe(rt)
+        )),
+        None => e,
+    }
 }
 
-/// `explain_block_error` for a launch: the error is re-explained only when
-/// the use it is about (the one whose generation it names) is a block of
-/// another device; an error about a block of this device stays as it is.
+/// `explain_block_error` for a launch, applied to the use the error is
+/// about (the one whose generation it names).
 #[cold]
 #[inline(never)]
 pub(crate) fn explain_uses_error(rt: &Runtime, uses: &[BlockUse], e: ResourceError) -> ResourceError {
-    let own = rt.device().ordinal();
     let names = |g: u64| match &e {
         ResourceError::UseAfterFree { generation, .. } => generation.0 == g,
         ResourceError::InvalidArgument(m) => m.contains(&format!("generation {g} ")),
         _ => false,
     };
     match uses.iter().find(|u| names(u.block.generation.0)) {
-        Some(u) if u.block.device != own => explain_block_error(rt, &u.block, e),
-        _ => e,
+        Some(u) => explain_block_error(rt, &u.block, e),
+        None => e,
     }
 }
