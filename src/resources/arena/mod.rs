@@ -326,6 +326,22 @@ impl Arena {
         }
     }
 
+    /// The smallest foreign free of `r` of at least `len` bytes, `stream`
+    /// made to wait for its event: its address. The rest of it stays
+    /// foreign behind an event recorded on `stream` after the wait.
+    fn take_foreign_in_flight(&self, r: &mut Region, stream: RawStream, len: u64) -> Option<u64> {
+        let i = (0..r.foreign.len()).filter(|&i| r.foreign[i].1 >= len).min_by_key(|&i| r.foreign[i].1)?;
+        let (addr, flen, event, _) = r.foreign[i];
+        self.device.stream_wait_event(stream, event).ok()?;
+        if flen > len {
+            let rest = self.record_on(stream)?;
+            r.foreign.push((addr + len, flen - len, rest, stream));
+        }
+        r.foreign.swap_remove(i);
+        lock(&self.spare).events.push(event);
+        Some(addr)
+    }
+
     /// A fully mapped range of `len` bytes in another stream's region,
     /// with `stream` made to wait (on the GPU) for that stream's work so
     /// far: its address, or `None`.
@@ -344,10 +360,22 @@ impl Arena {
             }
             r.settle_recent();
             self.settle_foreign(&mut r, false, false);
+            // A foreign free still in flight that fits: this stream waits
+            // for it on the GPU (it was freed after all its uses); what
+            // the block leaves stays foreign, fenced by an event of this
+            // stream recorded after that wait.
+            if let Some(addr) = self.take_foreign_in_flight(&mut r, stream, len) {
+                return Some(addr);
+            }
             let Some((addr, freed)) = r.take(len) else { continue };
             if !r.all_mapped(addr, len) {
                 r.unreserve(addr, len, freed);
                 continue;
+            }
+            if freed == 0 {
+                // Never used by any block: nothing to wait for (and no
+                // reason to tie this stream to that one's queued work).
+                return Some(addr);
             }
             let fenced = self.record_on(r.stream).map(|event| {
                 let waited = self.device.stream_wait_event(stream, event);
