@@ -358,7 +358,8 @@ impl Arena {
                 lock(&self.spare).events.push(event);
                 return Some(addr);
             }
-            r.settle_recent();
+            // The owner's recent frees stay where they are: they are its
+            // same-size reuse, and merged space suffices here.
             self.settle_foreign(&mut r, false, false);
             // A foreign free still in flight that fits: this stream waits
             // for it on the GPU (it was freed after all its uses); what
