@@ -347,3 +347,20 @@ fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
     check_exact(&rt, "after the round trip");
     rt.deallocate(&z.id).unwrap();
 }
+
+#[test]
+fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
+    // The case cuda_free_while_reading_test checks on a GPU: X freed on a,
+    // an unrelated small block on d, then Y of X's size on a reuses X's
+    // address (a's same-size reuse is not taken by a hand-out to d).
+    let rt = open(0);
+    let (a, d) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x = rt.allocate(MIB, a, "x").unwrap();
+    rt.deallocate(&x.id).unwrap();
+    let scratch = rt.allocate(256, d, "unrelated").unwrap();
+    let y = rt.allocate(MIB, a, "y").unwrap();
+    assert_eq!(y.id.ptr, x.id.ptr);
+    assert_ne!(scratch.id.ptr, x.id.ptr);
+    rt.deallocate(&scratch.id).unwrap();
+    rt.deallocate(&y.id).unwrap();
+}
