@@ -176,7 +176,8 @@ typedef struct xlog_stats {
   uint64_t pending_bytes;
   /*
    live + cached + pending: what xlog holds from the driver, and what
-   the budget charges.
+   the budget charges (with the arena: the bytes of its mapped and
+   spare 2 MiB pages, exactly what the device holds for xlog).
    */
   uint64_t outstanding_bytes;
   uint64_t peak_outstanding_bytes;
@@ -204,8 +205,10 @@ typedef struct xlog_stats {
   uint64_t cache_hits;
   uint64_t cache_misses;
   /*
-   Memory the driver's pool holds for xlog on CUDA
-   (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
+   Memory the driver's pool holds for xlog on CUDA with
+   `XLOG_MEMORY_POOL` (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); with
+   the arena and on sim, outstanding_bytes (the arena's pages are
+   exactly what the device holds).
    */
   uint64_t reserved_bytes;
   /*

@@ -165,7 +165,8 @@ pub struct xlog_stats {
     /// Freed to the driver, the GPU not yet seen past the free.
     pub pending_bytes: u64,
     /// live + cached + pending: what xlog holds from the driver, and what
-    /// the budget charges.
+    /// the budget charges (with the arena: the bytes of its mapped and
+    /// spare 2 MiB pages, exactly what the device holds for xlog).
     pub outstanding_bytes: u64,
     pub peak_outstanding_bytes: u64,
     /// 0 without a budget layer.
@@ -183,8 +184,10 @@ pub struct xlog_stats {
     /// Allocations served from a cache / from the driver.
     pub cache_hits: u64,
     pub cache_misses: u64,
-    /// Memory the driver's pool holds for xlog on CUDA
-    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); on sim, outstanding_bytes.
+    /// Memory the driver's pool holds for xlog on CUDA with
+    /// `XLOG_MEMORY_POOL` (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`); with
+    /// the arena and on sim, outstanding_bytes (the arena's pages are
+    /// exactly what the device holds).
     pub reserved_bytes: u64,
     /// CSV log lines that could not be written (full disk, /dev/full, a
     /// FIFO nobody reads); 0 without a log. The first loss is also reported
