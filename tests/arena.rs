@@ -35,6 +35,19 @@ fn check_exact(rt: &Runtime, what: &str) {
     }
 }
 
+/// The held peak stays within the arena's bound: the live peak in pages,
+/// plus 1/64 and two pages of slack.
+fn check_footprint(rt: &Runtime, what: &str) {
+    let stats = rt.stats().unwrap();
+    let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 65 / 64 + 2) * PAGE;
+    assert!(
+        stats.peak_outstanding_bytes <= bound,
+        "{what}: held peak {} vs live peak {} (bound {bound})",
+        stats.peak_outstanding_bytes,
+        stats.peak_live_bytes
+    );
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 
@@ -120,14 +133,7 @@ fn changing_sizes_stay_near_the_live_peak() {
         }
         check_exact(&rt, "step");
     }
-    let stats = rt.stats().unwrap();
-    let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 65 / 64 + 2) * PAGE;
-    assert!(
-        stats.peak_outstanding_bytes <= bound,
-        "held peak {} vs live peak {} (bound {bound})",
-        stats.peak_outstanding_bytes,
-        stats.peak_live_bytes
-    );
+    check_footprint(&rt, "changing sizes");
     for b in weights {
         rt.deallocate(&b.id).unwrap();
     }
@@ -298,14 +304,7 @@ fn idle_pages_of_one_stream_serve_another_so_phases_share_memory() {
         }
         check_exact(&rt, "round");
     }
-    let stats = rt.stats().unwrap();
-    let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 65 / 64 + 2) * PAGE;
-    assert!(
-        stats.peak_outstanding_bytes <= bound,
-        "held peak {} vs live peak {} (bound {bound}): the streams' idle pages were not shared",
-        stats.peak_outstanding_bytes,
-        stats.peak_live_bytes
-    );
+    check_footprint(&rt, "the streams' idle pages were not shared");
     assert!(rt.usage().cache_misses > 2);
 }
 
