@@ -20,6 +20,7 @@ from __future__ import annotations
 from ._config import Allocator, Backend, Config, parse_size
 from ._errors import (
     DriverError,
+    HostMemoryError,
     InternalError,
     InvalidArgumentError,
     NoDeviceError,
@@ -62,6 +63,7 @@ __all__ = [
     "Config",
     "DriverError",
     "Fault",
+    "HostMemoryError",
     "InternalError",
     "InvalidArgumentError",
     "LeakReport",

@@ -75,6 +75,15 @@ class InvalidArgumentError(XlogError, ValueError):
     status = Status.INVALID_ARGUMENT
 
 
+class HostMemoryError(InvalidArgumentError, AttributeError):
+    """A device-memory view (`__cuda_array_interface__`, `__dlpack__`,
+    `__dlpack_device__`) asked of a block on the sim backend, whose memory
+    is host memory. An InvalidArgumentError, and an AttributeError too, so
+    `hasattr(block, "__cuda_array_interface__")` is False on sim: CuPy,
+    Numba and PyTorch probe for the interface that way and then look for
+    another way in rather than taking host memory for device memory."""
+
+
 # Both refusals are MemoryErrors, as CuPy's and PyTorch's out-of-memory
 # errors are, so `except MemoryError:` code written for those frameworks
 # also catches xlog's; `except xc.XlogError:` still catches them too.

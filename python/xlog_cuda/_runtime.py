@@ -821,6 +821,153 @@ class Stream:
 
 
 # ---------------------------------------------------------------------------
+# DLPack
+# ---------------------------------------------------------------------------
+#
+# The structs of dlpack.h (the unversioned ABI, "dltensor" capsules, which
+# every consumer accepts). A view is one DLManagedTensor; this module keeps
+# it, its shape array and a strong reference to whatever it views (the
+# Block) in `_dlpack_views`, keyed by the struct's address, until its
+# deleter runs. The consumer calls the deleter when its tensor goes away;
+# a capsule never consumed calls it from its destructor.
+
+KDL_CPU = 1
+KDL_CUDA = 2
+KDL_UINT = 1  # DLDataTypeCode kDLUInt
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# void (*deleter)(DLManagedTensor *self); the argument is taken as an address.
+DL_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DL_DELETER)]
+
+
+DLTENSOR_NAME = b"dltensor"
+USED_DLTENSOR_NAME = b"used_dltensor"
+
+_dlpack_views: Dict[int, Tuple[Any, DLManagedTensor, Any]] = {}
+_dlpack_lock = threading.Lock()
+
+
+def _dlpack_delete(address: Optional[int]) -> None:
+    """The DLManagedTensor deleter: forget the view, dropping its reference
+    to the Block (which may then be collected, and freed, as usual)."""
+    with _dlpack_lock:
+        entry = _dlpack_views.pop(address or 0, None)
+    del entry  # outside the lock: the Block's finalizer may run here
+
+
+_DL_DELETER_FN = DL_DELETER(_dlpack_delete)
+
+
+def dlpack_views() -> int:
+    """DLPack views handed out whose deleter has not run yet (for tests)."""
+    with _dlpack_lock:
+        return len(_dlpack_views)
+
+
+def _dlpack_managed(keep: Any, ptr: int, nbytes: int, device_type: int, device_id: int) -> int:
+    """Build the DLManagedTensor of a 1-D uint8 view of `nbytes` at `ptr`,
+    registered with a strong reference to `keep`; returns its address."""
+    managed = DLManagedTensor()
+    shape = (ctypes.c_int64 * 1)(nbytes)
+    tensor = managed.dl_tensor
+    tensor.data = ptr or None
+    tensor.device = DLDevice(device_type, device_id)
+    tensor.ndim = 1
+    tensor.dtype = DLDataType(KDL_UINT, 8, 1)
+    tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    tensor.strides = None  # NULL: compact row-major
+    tensor.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _DL_DELETER_FN
+    address = ctypes.addressof(managed)
+    with _dlpack_lock:
+        _dlpack_views[address] = (keep, managed, shape)
+    return address
+
+
+# The capsule destructor reads the capsule with PyCapsule_IsValid and
+# PyCapsule_GetPointer (through a CDLL binding, which does not look for a
+# pending Python exception after the call: a capsule may be destroyed while
+# one is propagating). Both only read the capsule, and GetPointer is called
+# only on a name IsValid accepted, so neither sets an error.
+PY_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_capsule_api = ctypes.CDLL(None) if sys.platform != "win32" else ctypes.pythonapi
+_capsule_is_valid = _capsule_api.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_capsule_pointer = _capsule_api.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, PY_CAPSULE_DESTRUCTOR]
+
+
+def _capsule_destructor(capsule: Optional[int]) -> None:
+    # Still named "dltensor": no consumer took it, so its deleter is ours to
+    # call. A consumer renames it "used_dltensor" and calls the deleter itself.
+    if capsule and _capsule_is_valid(capsule, DLTENSOR_NAME):
+        _dlpack_delete(_capsule_pointer(capsule, DLTENSOR_NAME))
+
+
+_CAPSULE_DESTRUCTOR_FN = PY_CAPSULE_DESTRUCTOR(_capsule_destructor)
+
+
+def _dlpack_capsule(keep: Any, ptr: int, nbytes: int, device_type: int, device_id: int) -> Any:
+    """A "dltensor" PyCapsule over a new DLManagedTensor (see `_dlpack_managed`)."""
+    address = _dlpack_managed(keep, ptr, nbytes, device_type, device_id)
+    try:
+        # DLTENSOR_NAME is a module constant: the capsule keeps its pointer.
+        return _capsule_new(address, DLTENSOR_NAME, _CAPSULE_DESTRUCTOR_FN)
+    except BaseException:
+        _dlpack_delete(address)
+        raise
+
+
+def _consumer_native_stream(stream: Any) -> Optional[int]:
+    """The native stream a DLPack consumer names (CUDA rules of the
+    protocol), or None for -1 (the consumer asks for no synchronization)."""
+    if stream is None:
+        return 0  # the legacy default stream
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise InvalidArgumentError(f"__dlpack__ stream must be an int or None, got {type(stream).__name__}")
+    if stream == 1:
+        return 0
+    if stream == -1:
+        return None
+    if stream == 0 or stream < -1:
+        raise InvalidArgumentError(
+            f"__dlpack__ stream = {stream} is not allowed on CUDA (None or 1: legacy default stream, "
+            "2: per-thread default stream, -1: no synchronization, else a cudaStream_t)"
+        )
+    return stream  # 2 is cudaStreamPerThread, which the driver takes as is
+
+
+# ---------------------------------------------------------------------------
 # Block
 # ---------------------------------------------------------------------------
 
@@ -922,6 +1069,96 @@ class Block:
 
     def finish(self, stream: Union["Stream", int], access: Union[Access, int, str]) -> None:
         call(_lib().xlog_finish, self.runtime.handle, self._raw, _stream_id(stream), _access_value(access))
+
+    # -- views for other libraries --
+    #
+    # CUDA backend only: on sim the memory is host memory, and each of these
+    # raises HostMemoryError, an AttributeError too, so hasattr() of
+    # `__cuda_array_interface__` is False there. A view keeps this Block
+    # object alive (CuPy and Numba hold the object they read the interface
+    # from; a DLPack capsule holds it until its deleter runs), so the block
+    # is not freed by garbage collection while a view exists. An explicit
+    # `free()` (or closing the runtime) while a view exists is the caller's
+    # error, as freeing memory under any pointer is.
+
+    def _require_device_memory(self, what: str) -> None:
+        if self.runtime.backend != "cuda":
+            raise _errors.HostMemoryError(
+                f"{what}: {self!r} lives on the {self.runtime.backend} backend, whose memory is host "
+                "memory, not device memory; no CUDA view of it exists (Block.read/write copy its bytes)"
+            )
+
+    def _native_stream(self) -> int:
+        out = ctypes.c_void_p()
+        call(_lib().xlog_stream_native, self.runtime.handle, self.stream, ctypes.byref(out))
+        return out.value or 0
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """CUDA Array Interface v3: the block as a 1-D uint8 array.
+
+        `stream` is the block's allocation stream (its native handle; 1 for
+        the legacy default stream). Before returning, that stream is made to
+        wait for the uses xlog recorded on other streams, so the data is
+        valid on it; a consumer that synchronizes on it (CuPy and Numba do
+        by default) sees every write made through xlog launches. Raises
+        HostMemoryError (an AttributeError) on sim.
+        """
+        self._require_device_memory("__cuda_array_interface__")
+        native = self._native_stream()
+        self.prepare(self.stream, Access.READ_WRITE)
+        return {
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": native if native else 1,
+        }
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(kDLCUDA = 2, device ordinal). HostMemoryError on sim."""
+        self._require_device_memory("__dlpack_device__")
+        return (KDL_CUDA, self.device)
+
+    def __dlpack__(
+        self,
+        stream: Any = None,
+        *,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A "dltensor" capsule: a 1-D uint8 DLPack tensor over the block.
+
+        `stream` is the consumer's (DLPack rules for CUDA: None or 1 the
+        legacy default stream, 2 the per-thread default stream, -1 no
+        synchronization, else a `cudaStream_t` as an int). That stream is
+        imported and made to wait (`xlog_prepare`, read-write: the view is
+        writable) for the block's allocation stream and every use xlog
+        recorded on other streams. The capsule is the unversioned kind
+        whatever `max_version` asks (the protocol lets a producer answer an
+        older version); `copy=True` and any `dl_device` but this block's
+        raise BufferError: a view never copies. The capsule, and then the
+        consumer's tensor, hold this Block alive until the tensor's deleter
+        runs. Work the consumer queues later is not recorded by xlog: before
+        freeing the block, synchronize the consumer's stream or record that
+        work with `finish(stream, access)`. HostMemoryError on sim.
+        """
+        self._require_device_memory("__dlpack__")
+        if copy:
+            raise BufferError("an xlog block's DLPack export is a view; copy=True cannot be honored")
+        if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
+            raise BufferError(f"dl_device {tuple(dl_device)!r}: the block lives on {(KDL_CUDA, self.device)!r}")
+        native = _consumer_native_stream(stream)
+        if native is not None:
+            consumer = self.runtime.import_stream(native)
+            # The imported id stays mapped: the caller may have imported the
+            # same native stream and would lose its id to a release here.
+            self.prepare(consumer, Access.READ_WRITE)
+        else:
+            self.validate()
+        return _dlpack_capsule(self, self.ptr, self.size, KDL_CUDA, self.device)
 
     # -- sim memory --
 
