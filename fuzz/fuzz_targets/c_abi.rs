@@ -498,6 +498,7 @@ impl Harness {
             pool_release_threshold: 0,
             track_call_sites: 0,
             sim_devices: 0,
+            memory: 0,
         };
         // SAFETY: `cfg` is a valid, writable xlog_config.
         let st = unsafe { xlog_config_from_env(&mut cfg) };
@@ -601,6 +602,8 @@ impl Harness {
                 pool_release_threshold: u64::MAX,
                 track_call_sites: 0,
                 sim_devices: 1,
+                // The arena, the default; with XLOG_CACHE=0 the pool serves.
+                memory: XLOG_MEMORY_ARENA,
             }
         } else {
             cfg

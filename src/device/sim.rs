@@ -36,11 +36,6 @@ pub use super::faults::FaultKind;
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
 pub const SIM_ALIGNMENT: u64 = 256;
 
-/// Most host memory the sim's heap (`alloc_sync`/`alloc_async`) reserves:
-/// a device larger than this (a replayed GPU trace) still counts its whole
-/// capacity for physical memory (`sim_vm.rs`), whose reservations the host
-/// backs lazily, region by region.
-const SIM_HEAP_MAX: u64 = 8 << 30;
 
 /// A sim stream's native handle is `NATIVE_TAG | instance << 16 | raw`:
 /// the 16-bit tag marks it as a sim handle, the 32-bit process-unique
@@ -270,7 +265,7 @@ pub struct SimDevice {
     /// Arena offset of the first 256-aligned byte.
     align_pad: u64,
     capacity: u64,
-    /// Bytes of the heap's arena: the capacity, at most `SIM_HEAP_MAX`.
+    /// Bytes of the heap's arena (the capacity).
     heap_len: u64,
     shared: Arc<Shared>,
     streams: Mutex<Streams>,
@@ -292,7 +287,10 @@ impl SimDevice {
     /// A sim device with `capacity` bytes of memory. The arena is reserved
     /// up front and committed by the OS only as it is touched.
     pub fn new(ordinal: i32, capacity: u64) -> DeviceResult<Arc<SimDevice>> {
-        let heap_len = capacity.min(SIM_HEAP_MAX);
+        // The heap's arena is the whole capacity, reserved up front (and
+        // committed as touched); a device the host cannot reserve is
+        // refused at open.
+        let heap_len = capacity;
         let len = usize::try_from(heap_len)
             .ok()
             .and_then(|c| c.checked_add(SIM_ALIGNMENT as usize))
