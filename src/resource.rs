@@ -495,6 +495,14 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// nothing to do.
     fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
 
+    /// Device `ordinal` now has peer access to this resource's device:
+    /// memory the resource maps itself (the arena's pages) must be made
+    /// accessible to it, now and in every later mapping (`cuMemSetAccess`;
+    /// `cuCtxEnablePeerAccess` does not cover virtual-memory mappings).
+    fn grant_peer(&self, _ordinal: i32) -> ResourceResult<()> {
+        Ok(())
+    }
+
     /// The framework ended a capture into `pool`. Returns the bytes given
     /// back meanwhile (memory of released pools that became free), exactly
     /// the drop of `bytes_outstanding`.

@@ -363,3 +363,20 @@ fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
     rt.deallocate(&scratch.id).unwrap();
     rt.deallocate(&y.id).unwrap();
 }
+
+#[test]
+fn peer_access_reaches_every_mapping_present_and_future() {
+    // cuCtxEnablePeerAccess does not cover virtual-memory mappings: the
+    // arena grants the peer access to each page itself.
+    let config = |budget| Config { backend: Backend::Sim, sim_devices: 2, sim_capacity_bytes: 64 * MIB, budget_bytes: budget, ..Config::default() };
+    let (rt0, rt1) = (Runtime::open(0, &config(0)).unwrap(), Runtime::open(1, &config(0)).unwrap());
+    let s = rt0.acquire_stream().unwrap();
+    let before = rt0.allocate(MIB, s, "before").unwrap();
+    assert_eq!(rt0.sim().unwrap().access_of(before.id.ptr), vec![0]);
+    rt0.enable_peer_access(&rt1).unwrap();
+    assert_eq!(rt0.sim().unwrap().access_of(before.id.ptr), vec![0, 1], "an existing page");
+    let after = rt0.allocate(8 * MIB, s, "after").unwrap();
+    assert_eq!(rt0.sim().unwrap().access_of(after.id.ptr + 7 * MIB), vec![0, 1], "a page mapped later");
+    rt0.deallocate(&before.id).unwrap();
+    rt0.deallocate(&after.id).unwrap();
+}

@@ -370,6 +370,12 @@ impl SimDevice {
         lock(&self.vm).physical
     }
 
+    /// The devices granted access to the mapping holding `ptr`
+    /// (`vm_set_access`); empty where nothing is mapped.
+    pub fn access_of(&self, ptr: DevicePtr) -> Vec<i32> {
+        lock(&self.vm).access_of(ptr)
+    }
+
     /// Bytes mapped through `vm_map` now.
     pub fn mapped_bytes(&self) -> u64 {
         lock(&self.vm).mapped_bytes()
@@ -736,8 +742,8 @@ impl Device for SimDevice {
         lock(&self.vm).map(va, bytes, handle)
     }
 
-    fn vm_set_access(&self, va: DevicePtr, bytes: u64, _ordinal: i32) -> DeviceResult<()> {
-        lock(&self.vm).set_access(va, bytes)
+    fn vm_set_access(&self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        lock(&self.vm).set_access(va, bytes, ordinal)
     }
 
     fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {

@@ -61,6 +61,8 @@ pub(crate) struct SimVm {
     mapped: BTreeMap<u64, (PhysHandle, u64)>,
     /// Handles mapped somewhere (a handle is mapped at most once here).
     in_use: HashMap<PhysHandle, u64>,
+    /// Devices granted access to each mapping (by its address).
+    access: HashMap<u64, Vec<i32>>,
 }
 
 fn invalid(msg: String) -> DeviceError {
@@ -181,14 +183,33 @@ impl SimVm {
         for (a, h, _) in inside {
             self.mapped.remove(&a);
             self.in_use.remove(&h);
+            self.access.remove(&a);
         }
         Ok(())
     }
 
-    /// Access is not enforced on sim (host memory); the range must be
-    /// mapped, as `cuMemSetAccess` requires.
-    pub fn set_access(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
-        self.check_mapped(va, bytes)
+    /// Access is not enforced on sim (host memory), but recorded per
+    /// mapping (`access_of`); the range must be mapped, as
+    /// `cuMemSetAccess` requires.
+    pub fn set_access(&mut self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        self.check_mapped(va, bytes)?;
+        let starts: Vec<u64> = self.mapped.range(..va + bytes).filter(|(&a, &(_, len))| a + len > va).map(|(&a, _)| a).collect();
+        for a in starts {
+            let list = self.access.entry(a).or_default();
+            if !list.contains(&ordinal) {
+                list.push(ordinal);
+            }
+        }
+        Ok(())
+    }
+
+    /// The devices granted access to the mapping holding `ptr` (empty when
+    /// nothing is mapped there).
+    pub fn access_of(&self, ptr: u64) -> Vec<i32> {
+        match self.mapped.range(..=ptr).next_back() {
+            Some((&a, &(_, len))) if a + len > ptr => self.access.get(&a).cloned().unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     /// Every granule of `[va, va + bytes)` is mapped.
@@ -252,7 +273,9 @@ mod tests {
         assert!(vm.cells(base, 16).unwrap().is_err(), "unmapped memory faults");
         vm.map(base, G, h1).unwrap();
         vm.map(base + G, G, h2).unwrap();
-        vm.set_access(base, 2 * G).unwrap();
+        vm.set_access(base, 2 * G, 0).unwrap();
+        vm.set_access(base + G, G, 3).unwrap();
+        assert_eq!((vm.access_of(base), vm.access_of(base + G + 5)), (vec![0], vec![0, 3]));
         assert!(vm.cells(base + G - 8, 16).unwrap().is_ok(), "an access across two mappings");
         assert!(vm.map(base, G, h2).is_err(), "an address maps once");
         assert!(vm.release(h1).is_err(), "a mapped handle cannot be released");

@@ -1648,6 +1648,13 @@ impl DeviceMemoryResource for AsyncPool {
         true
     }
 
+    fn grant_peer(&self, ordinal: i32) -> ResourceResult<()> {
+        match &self.arena {
+            Some(arena) => arena.grant_peer(ordinal),
+            None => Ok(()),
+        }
+    }
+
     fn close_launches(&self) {
         self.launches_closed.store(true, Ordering::SeqCst);
         for shard in self.table.iter() {
