@@ -99,9 +99,11 @@ typedef struct xlog_config {
    */
   uint8_t wait_on_pressure;
   /*
-   Cache freed blocks per stream for reuse (0 or 1; default 1, env
-   `XLOG_CACHE`). Async allocator only; 0 frees every block to the
-   driver.
+   Reuse freed memory without a driver call (0 or 1; default 1, env
+   `XLOG_CACHE`): the arena's coalescing ranges, or with
+   `XLOG_MEMORY_POOL` the per-stream caches. Async allocator only; 0
+   frees every block to the driver's pool (the seed's behaviour; the
+   arena needs 1).
    */
   uint8_t cache;
   /*

@@ -103,9 +103,11 @@ pub struct xlog_config {
     /// Wait for pending frees before refusing with OUT_OF_BUDGET or
     /// OUT_OF_MEMORY (0 or 1).
     pub wait_on_pressure: u8,
-    /// Cache freed blocks per stream for reuse (0 or 1; default 1, env
-    /// `XLOG_CACHE`). Async allocator only; 0 frees every block to the
-    /// driver.
+    /// Reuse freed memory without a driver call (0 or 1; default 1, env
+    /// `XLOG_CACHE`): the arena's coalescing ranges, or with
+    /// `XLOG_MEMORY_POOL` the per-stream caches. Async allocator only; 0
+    /// frees every block to the driver's pool (the seed's behaviour; the
+    /// arena needs 1).
     pub cache: u8,
     /// Freed memory (bytes) xlog's driver pool keeps mapped at
     /// synchronisation points; UINT64_MAX (the default, env
