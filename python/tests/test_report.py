@@ -322,3 +322,57 @@ def test_placeholders_in_the_title_or_file_name_are_filled_in_once(tmp_path):
     assert "<title>run __DATA__ of __TITLE__</title>" in page
     assert page.count('"format":1') == 1, "the data is in the page once, in its script"
     assert _embedded(page)["peak"]["bytes"] == 4096
+
+
+def test_the_help_and_the_error_name_both_column_sets(tmp_path):
+    """xlog writes 10 columns, RMM 6: the --help text and the error for a
+    log without the required columns name both (the help once said 7)."""
+    out = _run(["--help"], tmp_path)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "10 columns" in text and "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail" in text
+    assert "6 columns: Thread,Time,Action,Pointer,Size,Stream\n" in out.stdout and "7 columns" not in text
+    with pytest.raises(report.ReportError) as e:
+        report.analyze(_write(tmp_path, "", header="Thread,Time,Pointer\n"))
+    msg = str(e.value)
+    assert "lacks Action, Size" in msg and "10 columns" in msg and "6 columns" in msg and "Detail" in msg
+
+
+def test_empty_cards_say_so_in_words(tmp_path):
+    """No card reads "0 B in 0": nothing live at the end, no leaks, no
+    refusals are written as words; the peak label sits above the plot."""
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,4096,1,t\n1,10:00:00.000100,free,0x1,4096,1,t\n")
+    page = report.render_html(report.analyze(log))
+    assert '" in " + num(D.live_at_end.blocks)' in page and 'D.live_at_end.blocks ? ' in page
+    assert '"data-role": "peak-label"' in page and "y: M.t - 9" in page
+
+
+def test_allocate_rows_carry_the_call_site_in_detail(tmp_path, make_runtime):
+    """With track_call_sites=True the log's allocate rows name the call site
+    in Detail (an explicit one, a thread label, or the Python traceback
+    summary); without tracking Detail stays empty."""
+    import csv
+
+    import xlog_cuda as xc
+
+    path = tmp_path / "sites.csv"
+    rt = make_runtime(log_path=str(path), track_call_sites=True)
+    with rt.acquire_stream() as s:
+        a = rt.allocate(4096, s, tag="a", call_site="model.py:12 in forward")
+        with xc.call_site("encoder block"):
+            b = rt.allocate(8192, s, tag="b", call_site="")  # "": no site of its own, the label
+        c = rt.allocate(1024, s, tag="c")  # the traceback summary
+        for blk in (a, b, c):
+            blk.free()
+    rt.close()
+    rows = [r for r in csv.DictReader(open(path)) if r["Action"] == "allocate"]
+    sites = [r["Detail"] for r in rows]
+    assert sites[0] == "model.py:12 in forward" and sites[1] == "encoder block", sites
+    assert sites[2].startswith("test_report.py:") and "test_allocate_rows_carry_the_call_site_in_detail" in sites[2]
+
+    plain = tmp_path / "plain.csv"
+    rt = make_runtime(log_path=str(plain))
+    with rt.acquire_stream() as s:
+        rt.allocate(4096, s, tag="a", call_site="ignored.py:1").free()
+    rt.close()
+    assert [r["Detail"] for r in csv.DictReader(open(plain)) if r["Action"] == "allocate"] == [""]

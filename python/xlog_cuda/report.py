@@ -57,8 +57,13 @@ __all__ = ["analyze", "render_html", "render_png", "write_report", "main", "Repo
 
 DEFAULT_POINTS = 1200
 DEFAULT_TOP = 10
+DEFAULT_BLOCKS = 500  # blocks drawn in the per-block lifetime view (the largest)
 MAX_LISTED = 200  # blocks / refusals / bad rows listed in the page
 OTHER = "(other)"
+# The log's columns: xlog's ten (src/resources/logging.rs, CSV_HEADER) and
+# RMM's logging adaptor's six, which are xlog's first six.
+XLOG_COLUMNS = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail"
+RMM_COLUMNS = "Thread,Time,Action,Pointer,Size,Stream"
 
 
 _KNOWN = frozenset(("allocate", "free", "leak", "allocate failure", "reserve", "release", "retire"))
@@ -162,29 +167,32 @@ class _Columns:
         missing = [n for n, i in (("Action", self.action), ("Pointer", self.pointer), ("Size", self.size)) if i < 0]
         if missing:
             raise ReportError(
-                f"the header {list(header)} lacks {', '.join(missing)}: not an xlog (or RMM) memory log "
-                "(Thread,Time,Action,Pointer,Size,Stream,Tag)"
+                f"the header {list(header)} lacks {', '.join(missing)}: not an xlog (or RMM) memory log. "
+                f"xlog writes the 10 columns {XLOG_COLUMNS}; RMM's logging adaptor the 6 columns {RMM_COLUMNS}. "
+                "Columns are found by name, in any order; Action, Pointer and Size are required"
             )
 
 
-def analyze(path: str, points: int = DEFAULT_POINTS, top: int = DEFAULT_TOP) -> Dict[str, Any]:
+def analyze(path: str, points: int = DEFAULT_POINTS, top: int = DEFAULT_TOP,
+            blocks: int = DEFAULT_BLOCKS) -> Dict[str, Any]:
     """Read the log at `path` and return the report's data (what the page
     embeds as JSON). `points`: samples of the time series; `top`: tags and
-    streams named in the charts (the rest are summed as "(other)")."""
+    streams named in the charts (the rest are summed as "(other)"); `blocks`:
+    the largest blocks drawn in the per-block lifetime view."""
     started = time.perf_counter()
     try:
         f = open(path, newline="", encoding="utf-8", errors="replace")
     except OSError as e:
         raise ReportError(f"cannot open {path}: {e}") from e
     with f:
-        data = _analyze_stream(f, points=max(2, points), top=max(1, top))
+        data = _analyze_stream(f, points=max(2, points), top=max(1, top), blocks=max(0, blocks))
     data["source"] = os.path.abspath(path)
     data["source_name"] = os.path.basename(path)
     data["seconds_to_read"] = round(time.perf_counter() - started, 3)
     return data
 
 
-def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
+def _analyze_stream(f: TextIO, points: int, top: int, blocks: int = 0) -> Dict[str, Any]:
     reader = csv.reader(f)
     header = None
 
@@ -221,6 +229,9 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     b_free_ev = array("q")
     b_line = array("q")
     b_ptr: List[str] = []
+    b_site = array("i")  # index into site_names; -1: the row names none
+    site_ids: Dict[str, int] = {}
+    site_names: List[str] = []
 
     live: Dict[str, int] = {}  # pointer text -> block index
     tag_live: List[int] = []
@@ -402,6 +413,17 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                 b_free_ev.append(-1)
                 b_line.append(line)
                 b_ptr.append(ptr)
+                # Detail of an allocate row: its call site (a runtime that
+                # tracks them writes it; empty otherwise).
+                site_text = row[c_msg].strip() if 0 <= c_msg < len(row) else ""
+                if site_text:
+                    si_ = site_ids.get(site_text)
+                    if si_ is None:
+                        si_ = site_ids[site_text] = len(site_names)
+                        site_names.append(site_text)
+                    b_site.append(si_)
+                else:
+                    b_site.append(-1)
                 live[ptr] = block
                 ev_t.append(t)
                 ev_delta.append(size)
@@ -494,11 +516,14 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
             e[0] += 1
             e[1] += b_size[b]
         for b in at_peak[:MAX_LISTED]:
-            peak_blocks.append(_block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names,
-                                           peak_t, t0))
+            j = _block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names, peak_t, t0)
+            if site_names:
+                j["site"] = site_names[b_site[b]] if b_site[b] >= 0 else ""
+            peak_blocks.append(j)
     else:
         peak_count = 0
         by_tag_at_peak = {}
+        at_peak = []
 
     # ---- leaks: never freed in the log, and the blocks of `leak` rows (the
     # runtime writes one per block still live at close, then frees it) ----
@@ -514,6 +539,8 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     for b in leaked[:MAX_LISTED]:
         j = _block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names, t1, t0)
         j["reported"] = b in reported
+        if site_names:
+            j["site"] = site_names[b_site[b]] if b_site[b] >= 0 else ""
         j["freed_in_log"] = b_free_ev[b] >= 0
         leak_list.append(j)
     orphan_leaks = [r for r in leak_rows if r["block"] is None][:MAX_LISTED]
@@ -536,6 +563,7 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         hist.append({"lo": lo, "hi": hi, "count": hist_count[k], "bytes": hist_bytes[k]})
 
     live_end = sum(b_size[b] for b in never_freed)
+    axis_is_time = series["axis"] == "time"
     return {
         "format": 1,
         "lines": line,
@@ -578,6 +606,77 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         },
         "refusals": {"count": refusal_count, "bytes": refusal_bytes, "listed": refusals},
         "held": _held_json(driver_counts, total, cached, pending, held_peak, held_peak_at, t0),
+        "call_sites": _call_sites_json(site_names, b_site, b_size, at_peak, never_freed, len(b_size)),
+        "lifetimes": _lifetimes_json(b_size, b_tag, b_site, b_ptr, b_alloc_ev, b_free_ev, ev_t, t0, axis_is_time,
+                                     tag_names, site_names, blocks),
+    }
+
+
+def _group_by_site(blocks_, b_site, b_size, site_names) -> List[Dict[str, Any]]:
+    """`blocks_` grouped by call site: [{stack, blocks, bytes}], most bytes
+    first (ties by stack), "" for blocks whose row named none."""
+    groups: Dict[int, List[int]] = {}
+    for b in blocks_:
+        e = groups.setdefault(b_site[b], [0, 0])
+        e[0] += 1
+        e[1] += b_size[b]
+    rows = [{"stack": site_names[k] if k >= 0 else "", "blocks": v[0], "bytes": v[1]} for k, v in groups.items()]
+    rows.sort(key=lambda r: (-r["bytes"], r["stack"]))
+    return rows[:MAX_LISTED]
+
+
+def _call_sites_json(site_names, b_site, b_size, at_peak, never_freed, n_blocks) -> Dict[str, Any]:
+    """Call sites, when the log's allocate rows carry them (Detail, written
+    with track_call_sites): the blocks live at the peak and at the end of
+    the log grouped by call stack. `known` is False (and nothing else is
+    given) for a log without them."""
+    if not site_names:
+        return {"known": False}
+    with_site = sum(1 for b in range(n_blocks) if b_site[b] >= 0)
+    return {
+        "known": True,
+        "sites": len(site_names),
+        "allocations_with_site": with_site,
+        "allocations": n_blocks,
+        "at_peak": _group_by_site(at_peak, b_site, b_size, site_names),
+        "at_end": _group_by_site(never_freed, b_site, b_size, site_names),
+    }
+
+
+def _lifetimes_json(b_size, b_tag, b_site, b_ptr, b_alloc_ev, b_free_ev, ev_t, t0, axis_is_time, tag_names,
+                    site_names, limit) -> Dict[str, Any]:
+    """Each block's lifetime, for the per-block view: the `limit` largest
+    blocks (ties: the earlier first), listed in allocation order as
+    [start, end, size, tag, site, address, block]. start and end are on the
+    timeline's axis (seconds since the first event, or event numbers when
+    the log's times do not advance); end is null for a block never freed
+    in the log; tag and site index `tags` and `sites` (site -1: none);
+    address is the pointer as a number (null when it is not hex)."""
+    n = len(b_size)
+    chosen = sorted(range(n), key=lambda b: (-b_size[b], b))[:max(0, limit)]
+    chosen.sort()
+    tags_used: Dict[int, int] = {}
+    sites_used: Dict[int, int] = {}
+    rows = []
+    for b in chosen:
+        def at(ev: int) -> float:
+            return round(ev_t[ev] - t0, 6) if axis_is_time else float(ev)
+        end = at(b_free_ev[b]) if b_free_ev[b] >= 0 else None
+        ti = tags_used.setdefault(b_tag[b], len(tags_used))
+        si = sites_used.setdefault(b_site[b], len(sites_used)) if b_site[b] >= 0 else -1
+        try:
+            address: Optional[int] = int(b_ptr[b], 16)
+        except ValueError:
+            address = None
+        rows.append([at(b_alloc_ev[b]), end, b_size[b], ti, si, address, b])
+    return {
+        "total": n,
+        "shown": len(rows),
+        "limit": limit,
+        "smallest_shown": min((r[2] for r in rows), default=0),
+        "tags": [tag_names[k] for k in tags_used],
+        "sites": [site_names[k] for k in sites_used],
+        "blocks": rows,
     }
 
 
@@ -858,21 +957,23 @@ code { font-size: 12px; }
   card("peak live", bytes(D.peak.bytes));
   card("allocations", num(D.counts.allocate));
   card("frees", num(D.counts.free));
-  card("live at the end of the log", bytes(D.live_at_end.bytes) + " in " + num(D.live_at_end.blocks), D.live_at_end.blocks > 0);
-  card("refusals", num(D.refusals.count), D.refusals.count > 0);
-  card("leaked blocks", num(D.leaks.blocks) + " (" + bytes(D.leaks.bytes) + ")", D.leaks.blocks > 0);
+  // A card never reads "0 B in 0": an empty quantity says so in words.
+  card("live at the end of the log", D.live_at_end.blocks ? bytes(D.live_at_end.bytes) + " in " + num(D.live_at_end.blocks) +
+    (D.live_at_end.blocks === 1 ? " block" : " blocks") : "nothing", D.live_at_end.blocks > 0);
+  card("refusals", D.refusals.count ? num(D.refusals.count) : "none", D.refusals.count > 0);
+  card("leaked blocks", D.leaks.blocks ? num(D.leaks.blocks) + " (" + bytes(D.leaks.bytes) + ")" : "none", D.leaks.blocks > 0);
   if (D.held && D.held.known) {
     var hp = D.held.peak, he = D.held.at_end;
     card("peak held from the driver", bytes(hp.bytes) + " at " + (hp.clock || secs(hp.t)) + ": live " + bytes(hp.live) +
       ", cached " + bytes(hp.cached) + ", pending " + bytes(hp.pending));
-    card("held at the end of the log", "live " + bytes(he.live) + ", cached " + bytes(he.cached) + ", pending " +
-      bytes(he.pending), he.held > 0);
+    card("held at the end of the log", he.held ? ["live", "cached", "pending"].filter(function (k) { return he[k]; })
+      .map(function (k) { return k + " " + bytes(he[k]); }).join(", ") : "nothing", he.held > 0);
   }
 
   // ---- the timeline ----
   var tip = el("div", { "class": "tip" });
   document.getElementById("timeline").appendChild(tip);
-  var W = 1200, H = 380, M = { l: 78, r: 16, t: 14, b: 34 };
+  var W = 1200, H = 390, M = { l: 78, r: 16, t: 28, b: 34 };
   function drawTimeline(mode) {
     var box = document.getElementById("timeline");
     var old = box.querySelector("svg"); if (old) box.removeChild(old);
@@ -917,7 +1018,9 @@ code { font-size: 12px; }
     // the peak
     var px = X(D.series.axis === "time" ? D.peak.t : D.peak.event);
     s.appendChild(svg("line", { x1: px, x2: px, y1: M.t, y2: H - M.b, stroke: "#c0392b", "stroke-width": 1.2, "stroke-dasharray": "5 3" }));
-    var pl = svg("text", { x: Math.min(px + 6, W - M.r - 4), y: M.t + 12, "font-size": 12, fill: "#c0392b", "text-anchor": px > W - 220 ? "end" : "start" });
+    // The label sits in the top margin, above the plot: never over the areas.
+    var pl = svg("text", { x: Math.max(M.l, Math.min(px, W - M.r)), y: M.t - 9, "font-size": 12, fill: "#c0392b",
+      "text-anchor": px > W - 220 ? "end" : px < M.l + 220 ? "start" : "middle", "data-role": "peak-label" });
     pl.textContent = "peak " + bytes(D.peak.bytes) + " at " + secs(D.peak.t); s.appendChild(pl);
     s.appendChild(svg("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, stroke: "#9aa3b2" }));
     s.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, stroke: "#9aa3b2" }));
@@ -1120,14 +1223,14 @@ def _short_bytes(n: int) -> str:
 
 
 def write_report(log: str, html_path: str, png_path: Optional[str] = None, points: int = DEFAULT_POINTS,
-                 top: int = DEFAULT_TOP, title: Optional[str] = None) -> Dict[str, Any]:
+                 top: int = DEFAULT_TOP, title: Optional[str] = None, blocks: int = DEFAULT_BLOCKS) -> Dict[str, Any]:
     """Analyze `log`, write the HTML page (and the PNG); return the data."""
     if png_path:  # fail before the work when --png cannot be honoured
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             render_png({}, png_path)  # raises ReportError with the explanation
-    data = analyze(log, points=points, top=top)
+    data = analyze(log, points=points, top=top, blocks=blocks)
     page = render_html(data, title)
     tmp = html_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -1142,18 +1245,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m xlog_cuda.report",
         description="Turn an xlog CSV log (XLOG_LOG_PATH) into one self-contained HTML memory report.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "The log's columns are found by name, in any order (Action, Pointer and Size are required):\n"
+            f"  xlog writes 10 columns: {XLOG_COLUMNS}\n"
+            f"  RMM's logging adaptor writes 6 columns: {RMM_COLUMNS}\n"
+            "With call-site tracking (XLOG_TRACK_CALLSITES=1) Detail holds each allocation's call site,\n"
+            "and the report groups the blocks live at the peak by call stack."
+        ),
     )
-    ap.add_argument("log", help="the CSV log (Thread,Time,Action,Pointer,Size,Stream,Tag)")
+    ap.add_argument("log", help="the CSV log: xlog's 10 columns or RMM's 6 (listed below)")
     ap.add_argument("-o", "--output", help="the HTML file to write (default: LOG with .html)")
     ap.add_argument("--png", help="also write a PNG picture (needs matplotlib)")
     ap.add_argument("--points", type=int, default=DEFAULT_POINTS, help=f"time-series samples (default {DEFAULT_POINTS})")
     ap.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"tags/streams named in the chart (default {DEFAULT_TOP})")
     ap.add_argument("--title", help="the page's title")
+    ap.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS,
+                    help=f"the largest blocks drawn in the per-block lifetime view (default {DEFAULT_BLOCKS})")
     args = ap.parse_args(argv)
     out = args.output or os.path.splitext(args.log)[0] + ".html"
     started = time.perf_counter()
     try:
-        data = write_report(args.log, out, args.png, points=args.points, top=args.top, title=args.title)
+        data = write_report(args.log, out, args.png, points=args.points, top=args.top, title=args.title, blocks=args.blocks)
     except ReportError as e:
         print(f"xlog_cuda.report: {e}", file=sys.stderr)
         return 2
