@@ -10,10 +10,16 @@
    the page must have drawn (the marker its script sets last:
    data-report="drawn", with the number of series, bars and points), with
    no error (the page counts errors in data-errors; Chromium's console log
-   must hold no uncaught error).
+   must hold no uncaught error). The sample tracks call sites: the page
+   must draw the call-stack table (data-sites) and the per-block lifetime
+   view (data-blocks).
+4a. A copy of the page with a drag planted on the timeline (mouse events
+   dispatched on its brush): the page must zoom (data-zoom names a range
+   inside the log's) with no error.
 4. The same check on a copy of the page with a script error planted: it
    must be caught (so the check can fail).
-5. Takes a screenshot into DIR/report.png.
+5. Takes screenshots into DIR/report.png (whole page) and
+   DIR/report-zoomed.png (after the planted drag).
 
 Exit 77 (skipped) when no Chromium is installed (CI installs Debian's
 `chromium`). CHROMIUM overrides the binary.
@@ -114,6 +120,31 @@ def main() -> int:
         fail("the page's script did not finish drawing (no data-report=drawn)")
     if int(attrs.get("data-series", 0)) < 5 or int(attrs.get("data-bars", 0)) < 2 or int(attrs.get("data-points", 0)) < 100:
         fail(f"too little drawn: {attrs} (the sample has 7 tags, several size classes)")
+    if int(attrs.get("data-blocks", 0)) < 50:
+        fail(f"the per-block view drew too few blocks: {attrs} (the sample allocates hundreds)")
+    if int(attrs.get("data-sites", 0)) < 3:
+        fail(f"the call-stack table has too few rows: {attrs} (the sample tracks call sites)")
+    if attrs.get("data-zoom") is not None:
+        fail(f"the page zoomed by itself: {attrs}")
+
+    # A drag across the timeline zooms it (and the per-block view).
+    zoomed = os.path.join(work, "zoomed.html")
+    drag = ("<script>(function () { var h = document.querySelector('[data-role=brush]'), r = h.getBoundingClientRect();"
+            " function ev(type, f) { h.dispatchEvent(new MouseEvent(type, { clientX: r.left + r.width * f,"
+            " clientY: r.top + 20, bubbles: true })); }"
+            " ev('mousedown', 0.1); ev('mousemove', 0.35); ev('mouseup', 0.35); })();</script></body>")
+    with open(zoomed, "w", encoding="utf-8") as f:
+        f.write(text.replace("</body>", drag, 1))
+    zattrs, zerrors = check_page(exe, work, zoomed)
+    if zattrs.get("data-errors") or zerrors:
+        fail(f"errors after a drag: {zattrs.get('data-last-error', '')}; console: {zerrors}")
+    try:
+        lo, hi = (float(v) for v in zattrs.get("data-zoom", "").split(","))
+    except ValueError:
+        fail(f"a drag across the timeline did not zoom: {zattrs}")
+    if not 0 < lo < hi:
+        fail(f"the zoomed range {lo}..{hi} is not inside the log's")
+    print(f"report_chromium: a drag zooms to {lo:.6f}..{hi:.6f}; {zattrs.get('data-blocks')} blocks in view", flush=True)
 
     # The check must be able to fail: plant an error and expect it caught.
     broken = os.path.join(work, "broken.html")
@@ -124,16 +155,19 @@ def main() -> int:
         fail(f"a planted script error went unnoticed: {battrs}, console {berrors}")
     print(f"report_chromium: a planted error is caught ({battrs.get('data-last-error')})", flush=True)
 
-    shot = os.path.join(work, "report.png")
-    p = chromium(exe, work, "--hide-scrollbars", "--window-size=1400,1900", f"--screenshot={shot}", "file://" + page)
-    if p.returncode != 0 or not os.path.isfile(shot):
-        fail(f"no screenshot: {p.stderr[-2000:]}")
-    with open(shot, "rb") as f:
-        head = f.read(8)
-    size = os.path.getsize(shot)
-    if head != b"\x89PNG\r\n\x1a\n" or size < 20000:
-        fail(f"{shot} is not a plausible screenshot ({size} bytes)")
-    print(f"report_chromium: OK; screenshot {shot} ({size} bytes)", flush=True)
+    for source, name in ((page, "report.png"), (zoomed, "report-zoomed.png")):
+        shot = os.path.join(work, name)
+        p = chromium(exe, work, "--hide-scrollbars", "--window-size=1400,2400", "--virtual-time-budget=5000",
+                     f"--screenshot={shot}", "file://" + source)
+        if p.returncode != 0 or not os.path.isfile(shot):
+            fail(f"no screenshot: {p.stderr[-2000:]}")
+        with open(shot, "rb") as f:
+            head = f.read(8)
+        size = os.path.getsize(shot)
+        if head != b"\x89PNG\r\n\x1a\n" or size < 20000:
+            fail(f"{shot} is not a plausible screenshot ({size} bytes)")
+        print(f"report_chromium: screenshot {shot} ({size} bytes)", flush=True)
+    print("report_chromium: OK", flush=True)
     return 0
 
 

@@ -8,7 +8,8 @@ whole run; per step an input batch on the copy stream, activations that
 grow through the forward pass and shrink through the backward pass,
 gradients, and a scratch workspace per layer. One cache block is never
 freed (the runtime writes a `leak` row for it at close) and one allocation
-fails (an injected driver fault: an `allocate failure` row). Used by the
+fails (an injected driver fault: an `allocate failure` row). Call sites are
+tracked, so every allocate row carries its call site in Detail. Used by the
 report_chromium test and to make docs/report.png.
 """
 
@@ -32,7 +33,10 @@ def write_sample(path: str, steps: int = 12, pause: float = 0.002) -> None:
     # The runtime appends to an existing log: start a fresh one.
     if os.path.exists(path):
         os.remove(path)
-    config = xc.Config(backend="sim", budget_bytes=512 * MiB, log_path=path, sim_capacity_bytes=1 << 30)
+    # Call sites tracked: each allocate row names its Python call site in
+    # Detail, which the report groups by call stack.
+    config = xc.Config(backend="sim", budget_bytes=512 * MiB, log_path=path, sim_capacity_bytes=1 << 30,
+                       track_call_sites=True)
     rt = xc.Runtime(0, config)
     compute = rt.acquire_stream()
     copy = rt.acquire_stream()

@@ -322,3 +322,134 @@ def test_placeholders_in_the_title_or_file_name_are_filled_in_once(tmp_path):
     assert "<title>run __DATA__ of __TITLE__</title>" in page
     assert page.count('"format":1') == 1, "the data is in the page once, in its script"
     assert _embedded(page)["peak"]["bytes"] == 4096
+
+
+def test_the_help_and_the_error_name_both_column_sets(tmp_path):
+    """xlog writes 10 columns, RMM 6: the --help text and the error for a
+    log without the required columns name both (the help once said 7)."""
+    out = _run(["--help"], tmp_path)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "10 columns" in text and "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail" in text
+    assert "6 columns: Thread,Time,Action,Pointer,Size,Stream\n" in out.stdout and "7 columns" not in text
+    with pytest.raises(report.ReportError) as e:
+        report.analyze(_write(tmp_path, "", header="Thread,Time,Pointer\n"))
+    msg = str(e.value)
+    assert "lacks Action, Size" in msg and "10 columns" in msg and "6 columns" in msg and "Detail" in msg
+
+
+def test_empty_cards_say_so_in_words(tmp_path):
+    """No card reads "0 B in 0": nothing live at the end, no leaks, no
+    refusals are written as words; the peak label sits above the plot."""
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,4096,1,t\n1,10:00:00.000100,free,0x1,4096,1,t\n")
+    page = report.render_html(report.analyze(log))
+    assert '" in " + num(D.live_at_end.blocks)' in page and 'D.live_at_end.blocks ? ' in page
+    assert '"data-role": "peak-label"' in page and "y: M.t - 9" in page
+
+
+def test_allocate_rows_carry_the_call_site_in_detail(tmp_path, make_runtime):
+    """With track_call_sites=True the log's allocate rows name the call site
+    in Detail (an explicit one, a thread label, or the Python traceback
+    summary); without tracking Detail stays empty."""
+    import csv
+
+    import xlog_cuda as xc
+
+    path = tmp_path / "sites.csv"
+    rt = make_runtime(log_path=str(path), track_call_sites=True)
+    with rt.acquire_stream() as s:
+        a = rt.allocate(4096, s, tag="a", call_site="model.py:12 in forward")
+        with xc.call_site("encoder block"):
+            b = rt.allocate(8192, s, tag="b", call_site="")  # "": no site of its own, the label
+        c = rt.allocate(1024, s, tag="c")  # the traceback summary
+        for blk in (a, b, c):
+            blk.free()
+    rt.close()
+    rows = [r for r in csv.DictReader(open(path)) if r["Action"] == "allocate"]
+    sites = [r["Detail"] for r in rows]
+    assert sites[0] == "model.py:12 in forward" and sites[1] == "encoder block", sites
+    assert sites[2].startswith("test_report.py:") and "test_allocate_rows_carry_the_call_site_in_detail" in sites[2]
+
+    plain = tmp_path / "plain.csv"
+    rt = make_runtime(log_path=str(plain))
+    with rt.acquire_stream() as s:
+        rt.allocate(4096, s, tag="a", call_site="ignored.py:1").free()
+    rt.close()
+    assert [r["Detail"] for r in csv.DictReader(open(plain)) if r["Action"] == "allocate"] == [""]
+
+
+SITES_HEADER = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail\n"
+
+
+def test_blocks_are_grouped_by_call_stack_at_the_peak_and_at_the_end(tmp_path):
+    """Detail of allocate rows is the call site: the blocks live at the peak
+    (and at the end) are grouped by it, most bytes first, and each listed
+    block names its site."""
+    fwd = "model.py:10 in forward <- train.py:5 in step"
+    opt = "optim.py:3 in init"
+    log = _write(tmp_path, (
+        f"1,10:00:00.000000,allocate,0x100,1000,1,w,0,7,{opt}\n"
+        f'1,10:00:00.000010,allocate,0x200,300,1,a,0,7,"{fwd}"\n'
+        f"1,10:00:00.000020,allocate,0x300,200,1,a,0,7,{fwd}\n"
+        "1,10:00:00.000030,allocate,0x400,50,1,a,0,7,\n"
+        "1,10:00:00.000040,free,0x200,300,1,a,0,7,\n"
+        "1,10:00:00.000050,free,0x300,200,1,a,0,7,\n"
+        "1,10:00:00.000060,free,0x400,50,1,a,0,7,\n"
+    ), header=SITES_HEADER)
+    d = report.analyze(log)
+    c = d["call_sites"]
+    assert c["known"] and c["sites"] == 2 and (c["allocations_with_site"], c["allocations"]) == (3, 4)
+    assert c["at_peak"] == [{"stack": opt, "blocks": 1, "bytes": 1000}, {"stack": fwd, "blocks": 2, "bytes": 500},
+                            {"stack": "", "blocks": 1, "bytes": 50}]
+    assert c["at_end"] == [{"stack": opt, "blocks": 1, "bytes": 1000}]
+    assert [b["site"] for b in d["peak"]["listed"]] == [opt, fwd, fwd, ""]
+    assert d["leaks"]["listed"][0]["site"] == opt
+    page = report.render_html(d)
+    assert _embedded(page)["call_sites"]["at_peak"][1]["stack"] == fwd
+
+
+def test_a_log_without_call_sites_says_so(tmp_path):
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,10,1,t\n")
+    d = report.analyze(log)
+    assert d["call_sites"] == {"known": False} and "site" not in d["peak"]["listed"][0]
+    # A refusal's reason in Detail is no call site.
+    log = _write(tmp_path, "1,10:00:00.000000,allocate failure,0x0,10,1,t,0,7,out of budget\n", header=SITES_HEADER)
+    assert report.analyze(log)["call_sites"] == {"known": False}
+
+
+def test_lifetimes_are_the_largest_blocks_in_allocation_order(tmp_path):
+    """The per-block view: the N largest blocks (N shown), each as [start,
+    end, size, tag, site, address, block] on the timeline's axis; a block
+    never freed has end None."""
+    log = _write(tmp_path, (
+        "1,10:00:00.000000,allocate,0x1000,100,1,a,0,7,s1\n"
+        "1,10:00:00.000100,allocate,0x2000,400,1,b,0,7,s2\n"
+        "1,10:00:00.000200,allocate,0x3000,300,1,a,0,7,\n"
+        "1,10:00:00.000300,free,0x2000,400,1,b,0,7,\n"
+        "1,10:00:00.000400,allocate,nil,200,1,a,0,7,s1\n"
+        "1,10:00:00.000500,free,0x1000,100,1,a,0,7,\n"
+    ), header=SITES_HEADER)
+    L = report.analyze(log, blocks=3)["lifetimes"]
+    assert (L["total"], L["shown"], L["limit"], L["smallest_shown"]) == (4, 3, 3, 200)
+    rows = L["blocks"]
+    assert [r[6] for r in rows] == [1, 2, 3]  # allocation order; block 0 (100 B) left out
+    assert rows[0][:3] == [0.0001, 0.0003, 400] and rows[1][1] is None and rows[2][1] is None
+    assert [L["tags"][r[3]] for r in rows] == ["b", "a", "a"]
+    assert [L["sites"][r[4]] if r[4] >= 0 else "" for r in rows] == ["s2", "", "s1"]
+    assert [r[5] for r in rows] == [0x2000, 0x3000, None]
+    assert len(report.analyze(log)["lifetimes"]["blocks"]) == 4
+    # No usable clock: the axis is event numbers.
+    same = _write(tmp_path, "1,5,allocate,0x1,10,1,t\n1,5,allocate,0x2,20,1,t\n1,5,free,0x1,10,1,t\n")
+    d = report.analyze(same)
+    assert d["series"]["axis"] == "event" and d["lifetimes"]["blocks"] == [[0.0, 2.0, 10, 0, -1, 1, 0], [1.0, None, 20, 0, -1, 2, 1]]
+
+
+def test_the_page_carries_the_zoom_and_the_block_view(tmp_path):
+    log = _write(tmp_path, "1,10:00:00.000000,allocate,0x1,4096,1,t\n")
+    page = report.render_html(report.analyze(log))
+    for needle in ('id="lifetimes"', 'id="callsites"', 'id="unzoom"', "function zoomTo", '"data-role": "brush"',
+                   'addEventListener("dblclick"'):
+        assert needle in page, needle
+    out = _run([log, "-o", str(tmp_path / "r.html"), "--blocks", "0"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert _embedded((tmp_path / "r.html").read_text())["lifetimes"]["shown"] == 0

@@ -57,8 +57,13 @@ __all__ = ["analyze", "render_html", "render_png", "write_report", "main", "Repo
 
 DEFAULT_POINTS = 1200
 DEFAULT_TOP = 10
+DEFAULT_BLOCKS = 500  # blocks drawn in the per-block lifetime view (the largest)
 MAX_LISTED = 200  # blocks / refusals / bad rows listed in the page
 OTHER = "(other)"
+# The log's columns: xlog's ten (src/resources/logging.rs, CSV_HEADER) and
+# RMM's logging adaptor's six, which are xlog's first six.
+XLOG_COLUMNS = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail"
+RMM_COLUMNS = "Thread,Time,Action,Pointer,Size,Stream"
 
 
 _KNOWN = frozenset(("allocate", "free", "leak", "allocate failure", "reserve", "release", "retire"))
@@ -162,29 +167,32 @@ class _Columns:
         missing = [n for n, i in (("Action", self.action), ("Pointer", self.pointer), ("Size", self.size)) if i < 0]
         if missing:
             raise ReportError(
-                f"the header {list(header)} lacks {', '.join(missing)}: not an xlog (or RMM) memory log "
-                "(Thread,Time,Action,Pointer,Size,Stream,Tag)"
+                f"the header {list(header)} lacks {', '.join(missing)}: not an xlog (or RMM) memory log. "
+                f"xlog writes the 10 columns {XLOG_COLUMNS}; RMM's logging adaptor the 6 columns {RMM_COLUMNS}. "
+                "Columns are found by name, in any order; Action, Pointer and Size are required"
             )
 
 
-def analyze(path: str, points: int = DEFAULT_POINTS, top: int = DEFAULT_TOP) -> Dict[str, Any]:
+def analyze(path: str, points: int = DEFAULT_POINTS, top: int = DEFAULT_TOP,
+            blocks: int = DEFAULT_BLOCKS) -> Dict[str, Any]:
     """Read the log at `path` and return the report's data (what the page
     embeds as JSON). `points`: samples of the time series; `top`: tags and
-    streams named in the charts (the rest are summed as "(other)")."""
+    streams named in the charts (the rest are summed as "(other)"); `blocks`:
+    the largest blocks drawn in the per-block lifetime view."""
     started = time.perf_counter()
     try:
         f = open(path, newline="", encoding="utf-8", errors="replace")
     except OSError as e:
         raise ReportError(f"cannot open {path}: {e}") from e
     with f:
-        data = _analyze_stream(f, points=max(2, points), top=max(1, top))
+        data = _analyze_stream(f, points=max(2, points), top=max(1, top), blocks=max(0, blocks))
     data["source"] = os.path.abspath(path)
     data["source_name"] = os.path.basename(path)
     data["seconds_to_read"] = round(time.perf_counter() - started, 3)
     return data
 
 
-def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
+def _analyze_stream(f: TextIO, points: int, top: int, blocks: int = 0) -> Dict[str, Any]:
     reader = csv.reader(f)
     header = None
 
@@ -221,6 +229,9 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     b_free_ev = array("q")
     b_line = array("q")
     b_ptr: List[str] = []
+    b_site = array("i")  # index into site_names; -1: the row names none
+    site_ids: Dict[str, int] = {}
+    site_names: List[str] = []
 
     live: Dict[str, int] = {}  # pointer text -> block index
     tag_live: List[int] = []
@@ -402,6 +413,17 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
                 b_free_ev.append(-1)
                 b_line.append(line)
                 b_ptr.append(ptr)
+                # Detail of an allocate row: its call site (a runtime that
+                # tracks them writes it; empty otherwise).
+                site_text = row[c_msg].strip() if 0 <= c_msg < len(row) else ""
+                if site_text:
+                    si_ = site_ids.get(site_text)
+                    if si_ is None:
+                        si_ = site_ids[site_text] = len(site_names)
+                        site_names.append(site_text)
+                    b_site.append(si_)
+                else:
+                    b_site.append(-1)
                 live[ptr] = block
                 ev_t.append(t)
                 ev_delta.append(size)
@@ -494,11 +516,14 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
             e[0] += 1
             e[1] += b_size[b]
         for b in at_peak[:MAX_LISTED]:
-            peak_blocks.append(_block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names,
-                                           peak_t, t0))
+            j = _block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names, peak_t, t0)
+            if site_names:
+                j["site"] = site_names[b_site[b]] if b_site[b] >= 0 else ""
+            peak_blocks.append(j)
     else:
         peak_count = 0
         by_tag_at_peak = {}
+        at_peak = []
 
     # ---- leaks: never freed in the log, and the blocks of `leak` rows (the
     # runtime writes one per block still live at close, then frees it) ----
@@ -514,6 +539,8 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
     for b in leaked[:MAX_LISTED]:
         j = _block_json(b, b_size, b_tag, b_stream, b_t, b_line, b_ptr, tag_names, stream_names, t1, t0)
         j["reported"] = b in reported
+        if site_names:
+            j["site"] = site_names[b_site[b]] if b_site[b] >= 0 else ""
         j["freed_in_log"] = b_free_ev[b] >= 0
         leak_list.append(j)
     orphan_leaks = [r for r in leak_rows if r["block"] is None][:MAX_LISTED]
@@ -536,6 +563,7 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         hist.append({"lo": lo, "hi": hi, "count": hist_count[k], "bytes": hist_bytes[k]})
 
     live_end = sum(b_size[b] for b in never_freed)
+    axis_is_time = series["axis"] == "time"
     return {
         "format": 1,
         "lines": line,
@@ -578,6 +606,77 @@ def _analyze_stream(f: TextIO, points: int, top: int) -> Dict[str, Any]:
         },
         "refusals": {"count": refusal_count, "bytes": refusal_bytes, "listed": refusals},
         "held": _held_json(driver_counts, total, cached, pending, held_peak, held_peak_at, t0),
+        "call_sites": _call_sites_json(site_names, b_site, b_size, at_peak, never_freed, len(b_size)),
+        "lifetimes": _lifetimes_json(b_size, b_tag, b_site, b_ptr, b_alloc_ev, b_free_ev, ev_t, t0, axis_is_time,
+                                     tag_names, site_names, blocks),
+    }
+
+
+def _group_by_site(blocks_, b_site, b_size, site_names) -> List[Dict[str, Any]]:
+    """`blocks_` grouped by call site: [{stack, blocks, bytes}], most bytes
+    first (ties by stack), "" for blocks whose row named none."""
+    groups: Dict[int, List[int]] = {}
+    for b in blocks_:
+        e = groups.setdefault(b_site[b], [0, 0])
+        e[0] += 1
+        e[1] += b_size[b]
+    rows = [{"stack": site_names[k] if k >= 0 else "", "blocks": v[0], "bytes": v[1]} for k, v in groups.items()]
+    rows.sort(key=lambda r: (-r["bytes"], r["stack"]))
+    return rows[:MAX_LISTED]
+
+
+def _call_sites_json(site_names, b_site, b_size, at_peak, never_freed, n_blocks) -> Dict[str, Any]:
+    """Call sites, when the log's allocate rows carry them (Detail, written
+    with track_call_sites): the blocks live at the peak and at the end of
+    the log grouped by call stack. `known` is False (and nothing else is
+    given) for a log without them."""
+    if not site_names:
+        return {"known": False}
+    with_site = sum(1 for b in range(n_blocks) if b_site[b] >= 0)
+    return {
+        "known": True,
+        "sites": len(site_names),
+        "allocations_with_site": with_site,
+        "allocations": n_blocks,
+        "at_peak": _group_by_site(at_peak, b_site, b_size, site_names),
+        "at_end": _group_by_site(never_freed, b_site, b_size, site_names),
+    }
+
+
+def _lifetimes_json(b_size, b_tag, b_site, b_ptr, b_alloc_ev, b_free_ev, ev_t, t0, axis_is_time, tag_names,
+                    site_names, limit) -> Dict[str, Any]:
+    """Each block's lifetime, for the per-block view: the `limit` largest
+    blocks (ties: the earlier first), listed in allocation order as
+    [start, end, size, tag, site, address, block]. start and end are on the
+    timeline's axis (seconds since the first event, or event numbers when
+    the log's times do not advance); end is null for a block never freed
+    in the log; tag and site index `tags` and `sites` (site -1: none);
+    address is the pointer as a number (null when it is not hex)."""
+    n = len(b_size)
+    chosen = sorted(range(n), key=lambda b: (-b_size[b], b))[:max(0, limit)]
+    chosen.sort()
+    tags_used: Dict[int, int] = {}
+    sites_used: Dict[int, int] = {}
+    rows = []
+    for b in chosen:
+        def at(ev: int) -> float:
+            return round(ev_t[ev] - t0, 6) if axis_is_time else float(ev)
+        end = at(b_free_ev[b]) if b_free_ev[b] >= 0 else None
+        ti = tags_used.setdefault(b_tag[b], len(tags_used))
+        si = sites_used.setdefault(b_site[b], len(sites_used)) if b_site[b] >= 0 else -1
+        try:
+            address: Optional[int] = int(b_ptr[b], 16)
+        except ValueError:
+            address = None
+        rows.append([at(b_alloc_ev[b]), end, b_size[b], ti, si, address, b])
+    return {
+        "total": n,
+        "shown": len(rows),
+        "limit": limit,
+        "smallest_shown": min((r[2] for r in rows), default=0),
+        "tags": [tag_names[k] for k in tags_used],
+        "sites": [site_names[k] for k in sites_used],
+        "blocks": rows,
     }
 
 
@@ -749,6 +848,8 @@ th { color: var(--muted); font-weight: 600; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: var(--muted); font-size: 12px; margin: 2px 0 10px; }
 .empty { color: var(--muted); font-style: italic; }
+td.stack { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; max-width: 760px; word-break: break-all; }
+button { font: inherit; margin-right: 8px; }
 .two { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 24px; }
 @media (max-width: 1000px) { .two { grid-template-columns: minmax(0, 1fr); } }
 code { font-size: 12px; }
@@ -767,9 +868,20 @@ code { font-size: 12px; }
     <label><input type="radio" name="stack" value="stream"> stream</label>
     <span id="axisnote"></span>
   </div>
+  <div class="controls"><button id="unzoom" type="button" disabled>reset zoom</button>
+    drag across a chart to zoom into a time range, double-click to see it all. <span id="zoomnote"></span></div>
   <div class="chart" id="timeline"></div>
   <div class="legend" id="legend"></div>
   <div class="note">Each point is the moment of the largest total in its interval of time, so no peak is lost; the dashed line is the smallest total of the interval. Live = allocated and not yet freed, as the log records them.</div>
+  <h2>Blocks over time</h2>
+  <div class="controls">y axis:
+    <label><input type="radio" name="life" value="order" checked> allocation order</label>
+    <label><input type="radio" name="life" value="address"> address</label>
+  </div>
+  <div class="chart" id="lifetimes"></div>
+  <div class="note" id="lifenote"></div>
+  <h2>Call stacks</h2>
+  <div id="callsites"></div>
   <div class="two">
     <div>
       <h2>The peak: <span id="peaktitle"></span></h2>
@@ -836,14 +948,21 @@ code { font-size: 12px; }
     c.appendChild(el("span", null, label));
     document.getElementById("cards").appendChild(c);
   }
-  function tableOf(columns, rows, emptyText) {
+  function tableOf(columns, rows, emptyText, rowTitle) {
     if (!rows.length) return el("div", { "class": "empty" }, emptyText);
     var t = el("table"), head = el("tr");
     columns.forEach(function (c) { head.appendChild(el("th", c.n ? { "class": "n" } : null, c.title)); });
     t.appendChild(head);
     rows.forEach(function (r) {
       var tr = el("tr");
-      columns.forEach(function (c) { tr.appendChild(el("td", c.n ? { "class": "n" } : null, c.get(r))); });
+      var hover = rowTitle ? rowTitle(r) : "";
+      if (hover) tr.setAttribute("title", hover);
+      columns.forEach(function (c) {
+        var td = el("td", c.n ? { "class": "n" } : (c.cls ? { "class": c.cls } : null));
+        if (c.lines) c.lines(r).forEach(function (text, k) { if (k) td.appendChild(el("br")); td.appendChild(document.createTextNode(text)); });
+        else td.textContent = String(c.get(r));
+        tr.appendChild(td);
+      });
       t.appendChild(tr);
     });
     return t;
@@ -858,22 +977,73 @@ code { font-size: 12px; }
   card("peak live", bytes(D.peak.bytes));
   card("allocations", num(D.counts.allocate));
   card("frees", num(D.counts.free));
-  card("live at the end of the log", bytes(D.live_at_end.bytes) + " in " + num(D.live_at_end.blocks), D.live_at_end.blocks > 0);
-  card("refusals", num(D.refusals.count), D.refusals.count > 0);
-  card("leaked blocks", num(D.leaks.blocks) + " (" + bytes(D.leaks.bytes) + ")", D.leaks.blocks > 0);
+  // A card never reads "0 B in 0": an empty quantity says so in words.
+  card("live at the end of the log", D.live_at_end.blocks ? bytes(D.live_at_end.bytes) + " in " + num(D.live_at_end.blocks) +
+    (D.live_at_end.blocks === 1 ? " block" : " blocks") : "nothing", D.live_at_end.blocks > 0);
+  card("refusals", D.refusals.count ? num(D.refusals.count) : "none", D.refusals.count > 0);
+  card("leaked blocks", D.leaks.blocks ? num(D.leaks.blocks) + " (" + bytes(D.leaks.bytes) + ")" : "none", D.leaks.blocks > 0);
   if (D.held && D.held.known) {
     var hp = D.held.peak, he = D.held.at_end;
-    card("peak held from the driver", bytes(hp.bytes) + " at " + (hp.clock || secs(hp.t)) + ": live " + bytes(hp.live) +
-      ", cached " + bytes(hp.cached) + ", pending " + bytes(hp.pending));
-    card("held at the end of the log", "live " + bytes(he.live) + ", cached " + bytes(he.cached) + ", pending " +
-      bytes(he.pending), he.held > 0);
+    card("peak held from the driver", bytes(hp.bytes) + " at " + (hp.clock || secs(hp.t)) + ": " +
+      ["live", "cached", "pending"].filter(function (k) { return hp[k]; }).map(function (k) { return k + " " + bytes(hp[k]); }).join(", "));
+    card("held at the end of the log", he.held ? ["live", "cached", "pending"].filter(function (k) { return he[k]; })
+      .map(function (k) { return k + " " + bytes(he[k]); }).join(", ") : "nothing", he.held > 0);
   }
 
-  // ---- the timeline ----
+  // ---- the timeline: zoomable (drag across it to select a time range,
+  // double-click or "reset zoom" to see it all again) ----
   var tip = el("div", { "class": "tip" });
   document.getElementById("timeline").appendChild(tip);
-  var W = 1200, H = 380, M = { l: 78, r: 16, t: 14, b: 34 };
+  var W = 1200, H = 390, M = { l: 78, r: 16, t: 28, b: 34 };
+  var XMAX = D.series.t.length ? Math.max(D.series.t[D.series.t.length - 1], 1e-9) : 1;
+  // The view: [VX0, VX1] on the axis (seconds, or event numbers), shared
+  // by the timeline and the per-block view.
+  var VX0 = 0, VX1 = XMAX, stackMode = "tag", zooms = 0;
+  function axisLabel(v) { return D.series.axis === "time" ? secs(v) : "event " + num(Math.round(v)); }
+  function xScale(pw) { return function (v) { return M.l + pw * (v - VX0) / Math.max(VX1 - VX0, 1e-12); }; }
+  function xTicks(s, X, y, h) {
+    for (var gx = 0; gx <= 6; gx++) {
+      var xv = VX0 + (VX1 - VX0) * gx / 6, x = X(xv);
+      var tl = svg("text", { x: x, y: y, "text-anchor": gx === 0 ? "start" : gx === 6 ? "end" : "middle", "font-size": 11, fill: "#5d6678" });
+      tl.textContent = axisLabel(xv); s.appendChild(tl);
+    }
+  }
+  // Dragging across `hit` (a rect over the plot of `s`, whose width in
+  // viewBox units is `w`) selects [a, b]; a double-click resets.
+  function brush(s, hit, w, pw, top, height) {
+    var band = svg("rect", { x: 0, y: top, width: 0, height: height, fill: "#4e79a7", "fill-opacity": 0.18, stroke: "#4e79a7", "stroke-opacity": 0.6, display: "none", "pointer-events": "none" });
+    s.appendChild(band);
+    var from = null;
+    function fx(ev) { var r = s.getBoundingClientRect(); return Math.max(M.l, Math.min(M.l + pw, (ev.clientX - r.left) / r.width * w)); }
+    hit.addEventListener("mousedown", function (ev) { from = fx(ev); band.setAttribute("x", from); band.setAttribute("width", 0); band.setAttribute("display", "inline"); ev.preventDefault(); });
+    hit.addEventListener("mousemove", function (ev) {
+      if (from === null) return;
+      var x = fx(ev); band.setAttribute("x", Math.min(from, x)); band.setAttribute("width", Math.abs(x - from));
+    });
+    function end(ev) {
+      if (from === null) return;
+      var x = fx(ev), a = Math.min(from, x), b = Math.max(from, x); from = null; band.setAttribute("display", "none");
+      if (b - a < 4) return;  // a click, not a drag
+      var span = VX1 - VX0, na = VX0 + span * (a - M.l) / pw, nb = VX0 + span * (b - M.l) / pw;
+      zoomTo(na, nb);
+    }
+    hit.addEventListener("mouseup", end);
+    hit.addEventListener("mouseleave", function (ev) { if (from !== null) end(ev); });
+    hit.addEventListener("dblclick", function () { zoomTo(0, XMAX); });
+  }
+  function zoomTo(a, b) {
+    VX0 = Math.max(0, a); VX1 = Math.min(XMAX, Math.max(b, VX0 + XMAX * 1e-6));
+    if (a <= 0 && b >= XMAX) { VX0 = 0; VX1 = XMAX; }
+    zooms += 1;
+    drawTimeline(stackMode);
+    document.documentElement.setAttribute("data-blocks", String(drawLifetimes(lifeMode)));
+    var zoomed = VX0 > 0 || VX1 < XMAX;
+    document.getElementById("zoomnote").textContent = zoomed ? "showing " + axisLabel(VX0) + " to " + axisLabel(VX1) + " of " + axisLabel(XMAX) : "";
+    document.getElementById("unzoom").disabled = !zoomed;
+    document.documentElement.setAttribute("data-zoom", VX0.toFixed(9) + "," + VX1.toFixed(9));
+  }
   function drawTimeline(mode) {
+    stackMode = mode;
     var box = document.getElementById("timeline");
     var old = box.querySelector("svg"); if (old) box.removeChild(old);
     var labels = mode === "tag" ? D.tag_labels : D.stream_labels;
@@ -884,56 +1054,67 @@ code { font-size: 12px; }
     box.insertBefore(s, tip);
     var legend = document.getElementById("legend"); legend.textContent = "";
     if (!n) { var e = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#5d6678" }); e.textContent = "no allocations in this log"; s.appendChild(e); return 0; }
-    var xmax = Math.max(t[n - 1], 1e-9), ymax = Math.max(D.peak.bytes, 1);
     var pw = W - M.l - M.r, ph = H - M.t - M.b;
-    function X(v) { return M.l + pw * v / xmax; }
+    // The points in view, and one on each side so the areas reach the edges.
+    var i0 = 0, i1 = n - 1;
+    while (i0 < n - 1 && t[i0 + 1] < VX0) i0++;
+    while (i1 > 0 && t[i1 - 1] > VX1) i1--;
+    var ymax = 1;
+    for (var q = i0; q <= i1; q++) if (D.series.total[q] > ymax) ymax = D.series.total[q];
+    var X = xScale(pw);
     function Y(v) { return M.t + ph * (1 - v / ymax); }
-    // grid and axes
+    var clipId = "clip-timeline";
+    var defs = svg("defs", {}), cp = svg("clipPath", { id: clipId });
+    cp.appendChild(svg("rect", { x: M.l, y: 0, width: pw, height: H - M.b })); defs.appendChild(cp); s.appendChild(defs);
     for (var g = 0; g <= 4; g++) {
       var yv = ymax * g / 4, y = Y(yv);
       s.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: y, y2: y, stroke: "#e6e9ef" }));
       var lab = svg("text", { x: M.l - 8, y: y + 4, "text-anchor": "end", "font-size": 11, fill: "#5d6678" }); lab.textContent = bytes(yv); s.appendChild(lab);
     }
-    for (var gx = 0; gx <= 6; gx++) {
-      var xv = xmax * gx / 6, x = X(xv);
-      var tl = svg("text", { x: x, y: H - 12, "text-anchor": gx === 0 ? "start" : gx === 6 ? "end" : "middle", "font-size": 11, fill: "#5d6678" });
-      tl.textContent = D.series.axis === "time" ? secs(xv) : "event " + num(Math.round(xv)); s.appendChild(tl);
-    }
+    xTicks(s, X, H - 12);
+    var plot = svg("g", { "clip-path": "url(#" + clipId + ")" }); s.appendChild(plot);
     // stacked areas, bottom series first
-    var base = new Array(n).fill(0), drawn = 0;
+    var base = [], drawn = 0;
+    for (var b0 = i0; b0 <= i1; b0++) base.push(0);
     values.forEach(function (vals, k) {
-      var top = new Array(n), up = "", down = "";
-      for (var i = 0; i < n; i++) top[i] = base[i] + vals[i];
-      for (var i2 = 0; i2 < n; i2++) up += (i2 ? "L" : "M") + X(t[i2]).toFixed(1) + "," + Y(top[i2]).toFixed(1);
-      for (var j = n - 1; j >= 0; j--) down += "L" + X(t[j]).toFixed(1) + "," + Y(base[j]).toFixed(1);
+      var top = [], up = "", down = "";
+      for (var i = i0; i <= i1; i++) top.push(base[i - i0] + vals[i]);
+      for (var i2 = i0; i2 <= i1; i2++) up += (i2 > i0 ? "L" : "M") + X(t[i2]).toFixed(1) + "," + Y(top[i2 - i0]).toFixed(1);
+      for (var j = i1; j >= i0; j--) down += "L" + X(t[j]).toFixed(1) + "," + Y(base[j - i0]).toFixed(1);
       var c = color(k, values.length, labels[k]);
-      s.appendChild(svg("path", { d: up + down + "Z", fill: c, "fill-opacity": 0.85, stroke: c, "stroke-width": 0.6, "data-series": labels[k] }));
+      plot.appendChild(svg("path", { d: up + down + "Z", fill: c, "fill-opacity": 0.85, stroke: c, "stroke-width": 0.6, "data-series": labels[k] }));
       base = top; drawn += 1;
       var item = el("span"); var sw = el("i"); sw.style.background = c; item.appendChild(sw); item.appendChild(document.createTextNode(labels[k])); legend.appendChild(item);
     });
     var minPath = "";
-    for (var m = 0; m < n; m++) minPath += (m ? "L" : "M") + X(t[m]).toFixed(1) + "," + Y(D.series.total_min[m]).toFixed(1);
-    s.appendChild(svg("path", { d: minPath, fill: "none", stroke: "#1d2330", "stroke-width": 1, "stroke-dasharray": "4 3", "stroke-opacity": 0.6 }));
-    // the peak
-    var px = X(D.series.axis === "time" ? D.peak.t : D.peak.event);
-    s.appendChild(svg("line", { x1: px, x2: px, y1: M.t, y2: H - M.b, stroke: "#c0392b", "stroke-width": 1.2, "stroke-dasharray": "5 3" }));
-    var pl = svg("text", { x: Math.min(px + 6, W - M.r - 4), y: M.t + 12, "font-size": 12, fill: "#c0392b", "text-anchor": px > W - 220 ? "end" : "start" });
-    pl.textContent = "peak " + bytes(D.peak.bytes) + " at " + secs(D.peak.t); s.appendChild(pl);
+    for (var m = i0; m <= i1; m++) minPath += (m > i0 ? "L" : "M") + X(t[m]).toFixed(1) + "," + Y(D.series.total_min[m]).toFixed(1);
+    plot.appendChild(svg("path", { d: minPath, fill: "none", stroke: "#1d2330", "stroke-width": 1, "stroke-dasharray": "4 3", "stroke-opacity": 0.6 }));
+    // the peak (when in view); its label sits in the top margin, above the
+    // plot: never over the areas
+    var pv = D.series.axis === "time" ? D.peak.t : D.peak.event;
+    if (pv >= VX0 && pv <= VX1) {
+      var px = X(pv);
+      s.appendChild(svg("line", { x1: px, x2: px, y1: M.t, y2: H - M.b, stroke: "#c0392b", "stroke-width": 1.2, "stroke-dasharray": "5 3" }));
+      var pl = svg("text", { x: Math.max(M.l, Math.min(px, W - M.r)), y: M.t - 9, "font-size": 12, fill: "#c0392b",
+        "text-anchor": px > W - 220 ? "end" : px < M.l + 220 ? "start" : "middle", "data-role": "peak-label" });
+      pl.textContent = "peak " + bytes(D.peak.bytes) + " at " + secs(D.peak.t); s.appendChild(pl);
+    }
     s.appendChild(svg("line", { x1: M.l, x2: M.l, y1: M.t, y2: H - M.b, stroke: "#9aa3b2" }));
     s.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b, stroke: "#9aa3b2" }));
     // hover: the stack at the nearest point
     var cursor = svg("line", { x1: 0, x2: 0, y1: M.t, y2: H - M.b, stroke: "#1d2330", "stroke-opacity": 0, "stroke-width": 1 });
     s.appendChild(cursor);
-    var hit = svg("rect", { x: M.l, y: M.t, width: pw, height: ph, fill: "transparent" });
+    var hit = svg("rect", { x: M.l, y: M.t, width: pw, height: ph, fill: "transparent", cursor: "crosshair", "data-role": "brush" });
     s.appendChild(hit);
+    brush(s, hit, W, pw, M.t, ph);
     hit.addEventListener("mousemove", function (ev) {
       var r = s.getBoundingClientRect(), fx = (ev.clientX - r.left) / r.width * W;
-      var v = (fx - M.l) / pw * xmax, lo = 0, hi = n - 1;
+      var v = VX0 + (fx - M.l) / pw * (VX1 - VX0), lo = 0, hi = n - 1;
       while (lo < hi) { var mid = (lo + hi) >> 1; if (t[mid] < v) lo = mid + 1; else hi = mid; }
       var i = lo; cursor.setAttribute("x1", X(t[i])); cursor.setAttribute("x2", X(t[i])); cursor.setAttribute("stroke-opacity", 0.5);
       tip.textContent = "";
       var tb = el("table"), head = el("tr");
-      head.appendChild(el("td", null, D.series.axis === "time" ? secs(t[i]) : "event " + num(Math.round(t[i]))));
+      head.appendChild(el("td", null, axisLabel(t[i])));
       head.appendChild(el("td", { "class": "n" }, bytes(D.series.total[i]))); tb.appendChild(head);
       for (var k = values.length - 1; k >= 0; k--) {
         if (!values[k][i]) continue;
@@ -944,6 +1125,74 @@ code { font-size: 12px; }
       tip.style.left = Math.min(bx + 14, box.clientWidth - tip.offsetWidth - 4) + "px"; tip.style.top = "16px";
     });
     hit.addEventListener("mouseleave", function () { tip.style.display = "none"; cursor.setAttribute("stroke-opacity", 0); });
+    return drawn;
+  }
+
+  // ---- the per-block view: each block's lifetime as a bar (time on x;
+  // on y its allocation order packed into lanes, or its address) ----
+  var lifeMode = "order", LH = 340;
+  function drawLifetimes(mode) {
+    lifeMode = mode;
+    var box = document.getElementById("lifetimes"), Lf = D.lifetimes;
+    box.textContent = "";
+    var s = svg("svg", { viewBox: "0 0 " + W + " " + LH, role: "img", "aria-label": "block lifetimes" });
+    box.appendChild(s);
+    var rows = Lf.blocks, n = rows.length;
+    if (!n) { var e = svg("text", { x: W / 2, y: LH / 2, "text-anchor": "middle", fill: "#5d6678" }); e.textContent = "no allocations in this log"; s.appendChild(e); return 0; }
+    var pw = W - M.l - M.r, ph = LH - M.t - M.b, X = xScale(pw);
+    var defs = svg("defs", {}), cp = svg("clipPath", { id: "clip-lifetimes" });
+    cp.appendChild(svg("rect", { x: M.l, y: 0, width: pw, height: LH })); defs.appendChild(cp); s.appendChild(defs);
+    xTicks(s, X, LH - 12);
+    var place = [], lanes = 1, lo = Infinity, hi = -Infinity, useAddress = mode === "address";
+    if (useAddress) rows.forEach(function (r) { if (r[5] === null) useAddress = false; else { lo = Math.min(lo, r[5]); hi = Math.max(hi, r[5] + r[2]); } });
+    if (!useAddress) {
+      // Greedy lanes in allocation order: a block takes the first lane
+      // free at its start (so order reads top to bottom, and few lanes).
+      var laneEnd = [];
+      rows.forEach(function (r) {
+        var end = r[1] === null ? Infinity : r[1], k = 0;
+        while (k < laneEnd.length && laneEnd[k] > r[0]) k++;
+        laneEnd[k] = end; place.push(k);
+      });
+      lanes = laneEnd.length;
+    }
+    var laneH = ph / lanes;
+    var plot = svg("g", { "clip-path": "url(#clip-lifetimes)" }); s.appendChild(plot);
+    var drawn = 0;
+    rows.forEach(function (r, i) {
+      var end = r[1] === null ? XMAX : r[1];
+      if (end < VX0 || r[0] > VX1) return;
+      var x0 = X(r[0]), x1 = X(end), y, h;
+      if (useAddress) { var span = Math.max(hi - lo, 1); y = M.t + ph * (r[5] - lo) / span; h = Math.max(ph * r[2] / span, 1); }
+      else { y = M.t + place[i] * laneH; h = Math.max(laneH - (laneH > 3 ? 1 : 0), 0.8); }
+      var tagName = Lf.tags[r[3]], site = r[4] >= 0 ? Lf.sites[r[4]] : "";
+      // The timeline's colour for the tag (its "(other)" grey when unnamed there).
+      var k = D.tag_labels.indexOf(tagName === "" ? "(no tag)" : tagName);
+      var c = k < 0 ? color(0, 0, "(other)") : color(k, D.tag_labels.length, D.tag_labels[k]);
+      var bar = svg("rect", { x: x0, y: y, width: Math.max(x1 - x0, 1), height: h, fill: c, "fill-opacity": r[1] === null ? 0.55 : 0.9, "data-block": r[6] });
+      var title = svg("title", {});
+      title.textContent = bytes(r[2]) + " (" + num(r[2]) + " bytes), tag " + (tagName || "(no tag)") + "\n" +
+        axisLabel(r[0]) + " to " + (r[1] === null ? "the end of the log (never freed)" : axisLabel(r[1])) +
+        (r[5] !== null ? "\naddress 0x" + r[5].toString(16) : "") + (site ? "\ncall site: " + site.split(" <- ").join("\n  <- ") : "");
+      bar.appendChild(title); plot.appendChild(bar); drawn += 1;
+    });
+    var pv = D.series.axis === "time" ? D.peak.t : D.peak.event;
+    if (pv >= VX0 && pv <= VX1) s.appendChild(svg("line", { x1: X(pv), x2: X(pv), y1: M.t, y2: LH - M.b, stroke: "#c0392b", "stroke-width": 1.2, "stroke-dasharray": "5 3", "pointer-events": "none" }));
+    var yl = svg("text", { x: M.l - 8, y: M.t + 10, "text-anchor": "end", "font-size": 11, fill: "#5d6678" });
+    yl.textContent = useAddress ? "0x" + lo.toString(16) : "first"; s.appendChild(yl);
+    var yl2 = svg("text", { x: M.l - 8, y: LH - M.b, "text-anchor": "end", "font-size": 11, fill: "#5d6678" });
+    yl2.textContent = useAddress ? "0x" + hi.toString(16) : lanes + " lanes"; s.appendChild(yl2);
+    s.appendChild(svg("line", { x1: M.l, x2: W - M.r, y1: LH - M.b, y2: LH - M.b, stroke: "#9aa3b2" }));
+    // The brush lies under the bars' hover titles: drag on empty space.
+    var hit = svg("rect", { x: M.l, y: M.t, width: pw, height: ph, fill: "transparent", cursor: "crosshair" });
+    s.insertBefore(hit, plot);
+    brush(s, hit, W, pw, M.t, ph);
+    plot.addEventListener("dblclick", function () { zoomTo(0, XMAX); });
+    document.getElementById("lifenote").textContent = (Lf.shown < Lf.total
+      ? "The " + num(Lf.shown) + " largest of " + num(Lf.total) + " blocks (" + bytes(Lf.smallest_shown) + " and up; --blocks N draws more)"
+      : "All " + num(Lf.total) + " blocks") + ", " + (useAddress ? "by address (bar height: the block's size)" :
+      "in allocation order, packed into lanes") + "; colour = tag; paler = never freed in the log; hover a bar for its size, lifetime" +
+      (D.call_sites.known ? " and call site" : "") + ".";
     return drawn;
   }
 
@@ -976,6 +1225,11 @@ code { font-size: 12px; }
   }
 
   var drawnSeries = drawTimeline("tag");
+  var drawnBlocks = drawLifetimes("order");
+  Array.prototype.forEach.call(document.querySelectorAll("input[name=life]"), function (r) {
+    r.addEventListener("change", function () { drawLifetimes(r.value); });
+  });
+  document.getElementById("unzoom").addEventListener("click", function () { zoomTo(0, XMAX); });
   var bars = drawHistogram("count");
   Array.prototype.forEach.call(document.querySelectorAll("input[name=stack]"), function (r) {
     r.addEventListener("change", function () { drawTimeline(r.value); });
@@ -998,9 +1252,32 @@ code { font-size: 12px; }
     { title: "tag", get: function (r) { return r.tag || "(no tag)"; } }, { title: "stream", get: function (r) { return r.stream; } },
     { title: "age", n: 1, get: function (r) { return secs(r.age); } }, { title: "pointer", get: function (r) { return r.ptr; } },
     { title: "line", n: 1, get: function (r) { return num(r.line); } }];
+  function siteOf(r) { return r.site ? "call site: " + r.site.split(" <- ").join("\n  <- ") : ""; }
+  if (D.call_sites.known) blockCols.push({ title: "call site", get: function (r) { var f = (r.site || "").split(" <- ")[0]; return f || "(none)"; } });
+
+  // ---- call stacks: the blocks live at the peak (and at the end) grouped
+  // by the call site the log's allocate rows carry ----
+  var cs = document.getElementById("callsites"), C = D.call_sites;
+  if (!C.known) {
+    cs.appendChild(el("div", { "class": "note" }, "This log carries no call sites. Run with XLOG_TRACK_CALLSITES=1 (or track_call_sites=True) and the log's allocate rows name each allocation's call site in Detail; the report then groups the blocks live at the peak by call stack here."));
+  } else {
+    var stackCols = function (what) {
+      return [{ title: "call stack (innermost first)", cls: "stack", lines: function (r) { return r.stack ? r.stack.split(" <- ") : ["(no call site)"]; } },
+        { title: "blocks", n: 1, get: function (r) { return num(r.blocks); } },
+        { title: what, n: 1, get: function (r) { return bytes(r.bytes); } },
+        { title: "share", n: 1, get: function (r) { return (100 * r.bytes / Math.max(what === "bytes at peak" ? D.peak.bytes : D.live_at_end.bytes, 1)).toFixed(1) + "%"; } }];
+    };
+    cs.appendChild(el("div", { "class": "note" }, num(C.sites) + " call site(s); " + num(C.allocations_with_site) + " of " + num(C.allocations) + " allocations name one. The blocks live at the peak (" + bytes(D.peak.bytes) + "), by call stack:"));
+    var st = tableOf(stackCols("bytes at peak"), C.at_peak, "nothing was live at the peak");
+    st.setAttribute("id", "sites-at-peak"); cs.appendChild(st);
+    if (C.at_end.length) {
+      cs.appendChild(el("div", { "class": "note" }, "Live at the end of the log, by call stack:"));
+      cs.appendChild(tableOf(stackCols("bytes at end"), C.at_end, ""));
+    }
+  }
   var pb = document.getElementById("peakblocks");
   pb.appendChild(el("div", { "class": "note" }, "Blocks live at the peak, largest first" + (D.peak.blocks > D.peak.listed.length ? " (the " + D.peak.listed.length + " largest of " + num(D.peak.blocks) + ")" : "") + "; age = time since its allocation."));
-  pb.appendChild(tableOf(blockCols, D.peak.listed, "nothing was live"));
+  pb.appendChild(tableOf(blockCols, D.peak.listed, "nothing was live", siteOf));
 
   // ---- leaks ----
   var lk = document.getElementById("leaks"), L = D.leaks;
@@ -1008,7 +1285,7 @@ code { font-size: 12px; }
     num(L.never_freed) + " allocated in this log and never freed in it (" + bytes(L.never_freed_bytes) + "), and " +
     num(L.reported_rows) + " leak row(s) the runtime wrote at close for blocks still live then (it frees them itself)."));
   if (L.by_tag.length) lk.appendChild(tableOf([{ title: "tag", get: function (r) { return r[0] || "(no tag)"; } }, { title: "blocks", n: 1, get: function (r) { return num(r[1]); } }, { title: "bytes", n: 1, get: function (r) { return bytes(r[2]); } }], L.by_tag, ""));
-  lk.appendChild(tableOf(blockCols.concat([{ title: "leak row", get: function (r) { return r.reported ? "yes" : ""; } }]), L.listed, "no leaks: every allocation in the log was freed by its owner"));
+  lk.appendChild(tableOf(blockCols.concat([{ title: "leak row", get: function (r) { return r.reported ? "yes" : ""; } }]), L.listed, "no leaks: every allocation in the log was freed by its owner", siteOf));
   if (L.reported_not_allocated_in_log.length) {
     lk.appendChild(el("div", { "class": "note" }, "Leak rows for blocks allocated before the log started:"));
     lk.appendChild(tableOf([{ title: "size", n: 1, get: function (r) { return bytes(r.size); } }, { title: "tag", get: function (r) { return r.tag; } }, { title: "stream", get: function (r) { return r.stream; } }, { title: "pointer", get: function (r) { return r.ptr; } }, { title: "line", n: 1, get: function (r) { return num(r.line); } }], L.reported_not_allocated_in_log, ""));
@@ -1050,6 +1327,8 @@ code { font-size: 12px; }
   root.setAttribute("data-series", String(drawnSeries));
   root.setAttribute("data-bars", String(bars));
   root.setAttribute("data-points", String(D.series.t.length));
+  root.setAttribute("data-blocks", String(drawnBlocks));
+  root.setAttribute("data-sites", String(D.call_sites.known ? D.call_sites.at_peak.length : 0));
   root.setAttribute("data-report", "drawn");
 })();
 </script>
@@ -1120,14 +1399,14 @@ def _short_bytes(n: int) -> str:
 
 
 def write_report(log: str, html_path: str, png_path: Optional[str] = None, points: int = DEFAULT_POINTS,
-                 top: int = DEFAULT_TOP, title: Optional[str] = None) -> Dict[str, Any]:
+                 top: int = DEFAULT_TOP, title: Optional[str] = None, blocks: int = DEFAULT_BLOCKS) -> Dict[str, Any]:
     """Analyze `log`, write the HTML page (and the PNG); return the data."""
     if png_path:  # fail before the work when --png cannot be honoured
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             render_png({}, png_path)  # raises ReportError with the explanation
-    data = analyze(log, points=points, top=top)
+    data = analyze(log, points=points, top=top, blocks=blocks)
     page = render_html(data, title)
     tmp = html_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -1142,18 +1421,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m xlog_cuda.report",
         description="Turn an xlog CSV log (XLOG_LOG_PATH) into one self-contained HTML memory report.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "The log's columns are found by name, in any order (Action, Pointer and Size are required):\n"
+            f"  xlog writes 10 columns: {XLOG_COLUMNS}\n"
+            f"  RMM's logging adaptor writes 6 columns: {RMM_COLUMNS}\n"
+            "With call-site tracking (XLOG_TRACK_CALLSITES=1) Detail holds each allocation's call site,\n"
+            "and the report groups the blocks live at the peak by call stack."
+        ),
     )
-    ap.add_argument("log", help="the CSV log (Thread,Time,Action,Pointer,Size,Stream,Tag)")
+    ap.add_argument("log", help="the CSV log: xlog's 10 columns or RMM's 6 (listed below)")
     ap.add_argument("-o", "--output", help="the HTML file to write (default: LOG with .html)")
     ap.add_argument("--png", help="also write a PNG picture (needs matplotlib)")
     ap.add_argument("--points", type=int, default=DEFAULT_POINTS, help=f"time-series samples (default {DEFAULT_POINTS})")
     ap.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"tags/streams named in the chart (default {DEFAULT_TOP})")
     ap.add_argument("--title", help="the page's title")
+    ap.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS,
+                    help=f"the largest blocks drawn in the per-block lifetime view (default {DEFAULT_BLOCKS})")
     args = ap.parse_args(argv)
     out = args.output or os.path.splitext(args.log)[0] + ".html"
     started = time.perf_counter()
     try:
-        data = write_report(args.log, out, args.png, points=args.points, top=args.top, title=args.title)
+        data = write_report(args.log, out, args.png, points=args.points, top=args.top, title=args.title, blocks=args.blocks)
     except ReportError as e:
         print(f"xlog_cuda.report: {e}", file=sys.stderr)
         return 2

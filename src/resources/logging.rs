@@ -9,6 +9,10 @@
 //! [`RMM_ACTIONS`]). Actions, with `Size` in device bytes:
 //!
 //! - `allocate` (RMM): a block handed to the caller; cached → live.
+//!   `Detail` is the allocation's call site when the runtime tracks them
+//!   (`Config::track_call_sites`, `XLOG_TRACK_CALLSITES=1`): `file:line`
+//!   from C/C++, a traceback summary from Python, or the thread's label;
+//!   empty otherwise.
 //! - `free` (RMM): the caller gave it back; live → cached (with the cache
 //!   off a `release` row follows at once).
 //! - `allocate failure` (RMM): a refused allocation, written by the runtime
@@ -70,6 +74,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::device::RawStream;
 use crate::resources::announced_pools::PoolKey;
+use crate::telemetry::AllocationSite;
 use crate::resource::{
     forward_to_inner, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock,
     DeviceMemoryResource, ResourceError, ResourceResult, StreamRef, Trimmed,
@@ -332,8 +337,12 @@ impl DeviceMemoryResource for LoggingResource {
         let result = self.inner.allocate_gated(bytes, stream, tag, gate);
         // Failures are the runtime's to log, once per call: a budget above
         // may retry a refusal after relieving pressure.
+        // Detail: the call site, when the runtime tracks them (it names the
+        // allocation under way on this thread; see `AllocationSite`).
         if let Ok(b) = &result {
-            self.log.row("allocate", b.id.ptr, b.held, stream.id.0, &tag.name(), "");
+            let site = AllocationSite::current();
+            let detail = if site.is_none() { String::new() } else { site.name() };
+            self.log.row("allocate", b.id.ptr, b.held, stream.id.0, &tag.name(), &detail);
         }
         result
     }

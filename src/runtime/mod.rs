@@ -30,7 +30,7 @@ use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
 use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
-use crate::telemetry::{summary, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
+use crate::telemetry::{summary, AllocationSite, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
 
 pub use crate::telemetry::Stats;
 
@@ -371,10 +371,20 @@ impl Runtime {
     #[inline]
     fn allocate_resolved(&self, bytes: u64, s: StreamRef, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
         let stream = s.id;
-        let result = self.stack.allocate(bytes, s, tag);
+        let tracks = self.telemetry.tracks_call_sites();
+        // Tracked: the site (given, or this thread's label) is known to the
+        // logging layer while the stack allocates, for the `allocate` row's
+        // Detail.
+        let site = if tracks && site.is_none() { CallSite::thread_current() } else { site };
+        let result = if tracks {
+            let _site = AllocationSite::enter(site);
+            self.stack.allocate(bytes, s, tag)
+        } else {
+            self.stack.allocate(bytes, s, tag)
+        };
         match &result {
             Ok(b) => {
-                if self.telemetry.tracks_call_sites() {
+                if tracks {
                     self.telemetry.allocated(b, site);
                 }
                 result

@@ -65,6 +65,38 @@ fn site_table() -> &'static Mutex<SiteTable> {
 thread_local! {
     /// The label `set_thread_call_site` gave this thread.
     static THREAD_SITE: Cell<CallSite> = const { Cell::new(CallSite(0)) };
+    /// The call site of the allocation this thread is making right now, on
+    /// a runtime that tracks call sites: the log's `allocate` row writes it
+    /// into `Detail` (see [`AllocationSite`]).
+    static ALLOCATING_SITE: Cell<CallSite> = const { Cell::new(CallSite(0)) };
+}
+
+/// While alive, the allocation this thread is making has `site`: the
+/// runtime sets it around its resource stack's `allocate` (only when it
+/// tracks call sites), and the logging layer, deep in that stack, reads it
+/// with [`AllocationSite::current`] for the `Detail` of the `allocate` row.
+/// Dropping it restores the site before (nested runtimes on one thread).
+pub struct AllocationSite {
+    before: CallSite,
+}
+
+impl AllocationSite {
+    pub fn enter(site: CallSite) -> AllocationSite {
+        AllocationSite { before: ALLOCATING_SITE.with(|s| s.replace(site)) }
+    }
+
+    /// The site of the allocation under way on this thread (NONE: none,
+    /// or its runtime does not track call sites).
+    #[inline]
+    pub fn current() -> CallSite {
+        ALLOCATING_SITE.with(|s| s.get())
+    }
+}
+
+impl Drop for AllocationSite {
+    fn drop(&mut self) {
+        ALLOCATING_SITE.with(|s| s.set(self.before));
+    }
 }
 
 impl CallSite {

@@ -49,7 +49,7 @@ pub mod summary;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use call_sites::{tag_c_name, CallSite};
+pub use call_sites::{tag_c_name, AllocationSite, CallSite};
 use call_sites::SiteRecords;
 pub use counters::{CountSummary, TotalCounts};
 
