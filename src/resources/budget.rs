@@ -204,27 +204,26 @@ impl GlobalDeviceBudget {
                 Err(refused @ ResourceError::OutOfBudget { .. }) if self.is_mine(&refused) => {
                     // Waiting for frees can only help if the request fits
                     // next to the live bytes (`requested` is its device size).
-                    let could_fit = match &refused {
+                    let (fits_next_to_live, could_fit) = match &refused {
                         ResourceError::OutOfBudget { requested, live, pending, cached, limit, .. } => {
-                            pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit)
+                            let fits = live.checked_add(*requested).is_some_and(|t| t <= *limit);
+                            (fits, fits && pending + cached > 0)
                         }
-                        _ => false,
+                        _ => (false, false),
                     };
-                    let wait = if !relieved {
+                    // A request that cannot fit next to the live bytes is
+                    // refused at once: giving the cache back could not help,
+                    // and the refusal leaves everything as it was.
+                    let wait = if !fits_next_to_live {
+                        return Err(Self::naming(refused, bytes));
+                    } else if !relieved {
                         relieved = true;
                         false
                     } else if self.wait_on_pressure && !waited && could_fit {
                         waited = true;
                         true
                     } else {
-                        // Name the caller's request (the charge was its
-                        // device size).
-                        return Err(match refused {
-                            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
-                                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
-                            }
-                            other => other,
-                        });
+                        return Err(Self::naming(refused, bytes));
                     };
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     let retired = self.inner.relieve_pressure(bytes, wait)?;
@@ -232,6 +231,17 @@ impl GlobalDeviceBudget {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// The refusal, naming the caller's request (the charge was its device
+    /// size, or the pages it still lacked).
+    fn naming(refused: ResourceError, bytes: u64) -> ResourceError {
+        match refused {
+            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
+                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
+            }
+            other => other,
         }
     }
 

@@ -246,7 +246,7 @@ impl Arena {
             None => self.carve_in_new_region(stream, len)?,
         };
         let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-        self.peak_live.fetch_max(live, Ordering::Relaxed);
+        let peak_before = self.peak_live.fetch_max(live, Ordering::Relaxed);
         if missing.is_empty() {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
@@ -262,6 +262,9 @@ impl Arena {
         if let Err(e) = mapped {
             lock(&region).unreserve(addr, len, freed);
             self.live.fetch_sub(len, Ordering::AcqRel);
+            // A refused block was never live: its bytes leave the peak
+            // (unless another allocation has raised it since).
+            let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
             return Err(e);
         }
         Ok(addr)
@@ -487,12 +490,24 @@ impl Arena {
             got.extend(self.recycle(count - got.len(), Completion::Query));
         }
         while got.len() < count {
-            match self.create(gate) {
-                Ok(handle) => {
-                    got.push(handle);
-                    created += 1;
+            // All the pages still missing are charged at once, so a refusal
+            // creates none: it changes nothing the caller can see (held,
+            // peak held), however many pages the block would have needed.
+            match self.create_all(count - got.len(), gate) {
+                Ok(handles) => {
+                    created += handles.len();
+                    got.extend(handles);
                 }
-                Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
+                Err((handles, e)) if !handles.is_empty() => {
+                    // The driver failed part way: the pages made are kept
+                    // as spare (held and charged), as any other spare page.
+                    lock(&self.spare).pages.extend(got);
+                    lock(&self.spare).pages.extend(handles);
+                    return Err(e);
+                }
+                Err((_, refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })))
+                    if may_unmap =>
+                {
                     let mut more = self.recycle(count - got.len(), Completion::Query);
                     if more.is_empty() && self.wait_on_pressure {
                         more = self.recycle(count - got.len(), Completion::Wait);
@@ -503,7 +518,7 @@ impl Arena {
                     }
                     got.extend(more);
                 }
-                Err(e) => {
+                Err((_, e)) => {
                     lock(&self.spare).pages.extend(got);
                     return Err(e);
                 }
@@ -512,27 +527,33 @@ impl Arena {
         Ok((got, created))
     }
 
+    /// `count` new physical pages, charged first in one charge: all of them,
+    /// or none charged (the gate's refusal) or the ones the driver made
+    /// before it failed (charged and held), with the error.
+    fn create_all(&self, count: usize, gate: &dyn ChargeGate) -> Result<Vec<PhysHandle>, (Vec<PhysHandle>, ResourceError)> {
+        gate.try_charge(count as u64 * self.granularity).map_err(|e| (Vec::new(), e))?;
+        let mut made = Vec::with_capacity(count);
+        for done in 0..count {
+            match self.device.vm_create(self.granularity) {
+                Ok(handle) => {
+                    self.held.add(self.granularity);
+                    made.push(handle);
+                }
+                Err(e) => {
+                    gate.uncharge((count - done) as u64 * self.granularity);
+                    return Err((made, e.into()));
+                }
+            }
+        }
+        Ok(made)
+    }
+
     /// Whether `pages` more would take the held bytes past the live peak
     /// plus the slack.
     fn over_soft_cap(&self, pages: usize) -> bool {
         let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.granularity);
         let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.granularity;
         self.held.now() + pages as u64 * self.granularity > cap
-    }
-
-    /// One new physical page, charged first.
-    fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
-        gate.try_charge(self.granularity)?;
-        match self.device.vm_create(self.granularity) {
-            Ok(handle) => {
-                self.held.add(self.granularity);
-                Ok(handle)
-            }
-            Err(e) => {
-                gate.uncharge(self.granularity);
-                Err(e.into())
-            }
-        }
     }
 
     fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
