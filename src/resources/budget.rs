@@ -206,8 +206,12 @@ impl GlobalDeviceBudget {
                     // next to the live bytes (`requested` is its device size).
                     let (fits_next_to_live, could_fit) = match &refused {
                         ResourceError::OutOfBudget { requested, live, pending, cached, limit, .. } => {
-                            let fits = live.checked_add(*requested).is_some_and(|t| t <= *limit);
-                            (fits, fits && pending + cached > 0)
+                            // The block itself (`bytes`) must fit next to the
+                            // live bytes; waiting also needs the charge that
+                            // was refused (its device size, or the pages it
+                            // still lacked) to fit.
+                            let fits = live.checked_add(bytes).is_some_and(|t| t <= *limit);
+                            (fits, fits && pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit))
                         }
                         _ => (false, false),
                     };
@@ -215,7 +219,7 @@ impl GlobalDeviceBudget {
                     // refused at once: giving the cache back could not help,
                     // and the refusal leaves everything as it was.
                     let wait = if !fits_next_to_live {
-                        return Err(Self::naming(refused, bytes));
+                        return Err(self.naming(refused, bytes));
                     } else if !relieved {
                         relieved = true;
                         false
@@ -223,7 +227,7 @@ impl GlobalDeviceBudget {
                         waited = true;
                         true
                     } else {
-                        return Err(Self::naming(refused, bytes));
+                        return Err(self.naming(refused, bytes));
                     };
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     let retired = self.inner.relieve_pressure(bytes, wait)?;
@@ -235,12 +239,11 @@ impl GlobalDeviceBudget {
     }
 
     /// The refusal, naming the caller's request (the charge was its device
-    /// size, or the pages it still lacked).
-    fn naming(refused: ResourceError, bytes: u64) -> ResourceError {
+    /// size, or the pages it still lacked) and the state it leaves (what
+    /// the inner resource made for the request and gave back is not in it).
+    fn naming(&self, refused: ResourceError, bytes: u64) -> ResourceError {
         match refused {
-            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
-                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
-            }
+            ResourceError::OutOfBudget { .. } => self.refusal(bytes, self.reserved.load(Ordering::Acquire)),
             other => other,
         }
     }

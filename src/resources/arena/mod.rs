@@ -480,7 +480,9 @@ impl Arena {
     /// (the gate or the device refuses) idle pages are recycled before the
     /// refusal stands.
     fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<(Vec<PhysHandle>, usize)> {
-        let mut created = 0;
+        let held_peak_before = self.held.peak();
+        // Pages from spare or recycled, and pages this call created.
+        let mut made = Vec::new();
         let mut got = {
             let mut spare = lock(&self.spare);
             let keep = spare.pages.len().saturating_sub(count);
@@ -489,63 +491,58 @@ impl Arena {
         if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
             got.extend(self.recycle(count - got.len(), Completion::Query));
         }
-        while got.len() < count {
-            // All the pages still missing are charged at once, so a refusal
-            // creates none: it changes nothing the caller can see (held,
-            // peak held), however many pages the block would have needed.
-            match self.create_all(count - got.len(), gate) {
-                Ok(handles) => {
-                    created += handles.len();
-                    got.extend(handles);
-                }
-                Err((handles, e)) if !handles.is_empty() => {
-                    // The driver failed part way: the pages made are kept
-                    // as spare (held and charged), as any other spare page.
-                    lock(&self.spare).pages.extend(got);
-                    lock(&self.spare).pages.extend(handles);
-                    return Err(e);
-                }
-                Err((_, refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })))
-                    if may_unmap =>
-                {
-                    let mut more = self.recycle(count - got.len(), Completion::Query);
+        while got.len() + made.len() < count {
+            match self.create(gate) {
+                Ok(handle) => made.push(handle),
+                Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
+                    let missing = count - got.len() - made.len();
+                    let mut more = self.recycle(missing, Completion::Query);
                     if more.is_empty() && self.wait_on_pressure {
-                        more = self.recycle(count - got.len(), Completion::Wait);
+                        more = self.recycle(missing, Completion::Wait);
                     }
                     if more.is_empty() {
+                        // A refusal leaves nothing behind: the pages this
+                        // call created go back to the driver (and out of
+                        // the held peak), the others back to spare.
                         lock(&self.spare).pages.extend(got);
+                        self.unmake(made, gate, held_peak_before);
                         return Err(refused);
                     }
                     got.extend(more);
                 }
-                Err((_, e)) => {
-                    lock(&self.spare).pages.extend(got);
+                Err(e) => {
+                    let mut spare = lock(&self.spare);
+                    spare.pages.extend(got);
+                    spare.pages.extend(made);
                     return Err(e);
                 }
             }
         }
+        let created = made.len();
+        got.extend(made);
         Ok((got, created))
     }
 
-    /// `count` new physical pages, charged first in one charge: all of them,
-    /// or none charged (the gate's refusal) or the ones the driver made
-    /// before it failed (charged and held), with the error.
-    fn create_all(&self, count: usize, gate: &dyn ChargeGate) -> Result<Vec<PhysHandle>, (Vec<PhysHandle>, ResourceError)> {
-        gate.try_charge(count as u64 * self.granularity).map_err(|e| (Vec::new(), e))?;
-        let mut made = Vec::with_capacity(count);
-        for done in 0..count {
-            match self.device.vm_create(self.granularity) {
-                Ok(handle) => {
-                    self.held.add(self.granularity);
-                    made.push(handle);
+    /// Give back pages `obtain` created for a request it then refused:
+    /// released and uncharged (a page the driver will not release stays
+    /// spare, held and charged), the held peak as it was before.
+    fn unmake(&self, made: Vec<PhysHandle>, gate: &dyn ChargeGate, held_peak_before: u64) {
+        let peak = self.held.peak();
+        for handle in made {
+            match self.device.vm_release(handle) {
+                Ok(()) => {
+                    self.held.sub(self.granularity);
+                    gate.uncharge(self.granularity);
                 }
-                Err(e) => {
-                    gate.uncharge((count - done) as u64 * self.granularity);
-                    return Err((made, e.into()));
-                }
+                Err(_) => lock(&self.spare).pages.push(handle),
             }
         }
-        Ok(made)
+        let _ = self.held.peak.compare_exchange(
+            peak,
+            held_peak_before.max(self.held.now()),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether `pages` more would take the held bytes past the live peak
@@ -554,6 +551,21 @@ impl Arena {
         let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.granularity);
         let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.granularity;
         self.held.now() + pages as u64 * self.granularity > cap
+    }
+
+    /// One new physical page, charged first.
+    fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
+        gate.try_charge(self.granularity)?;
+        match self.device.vm_create(self.granularity) {
+            Ok(handle) => {
+                self.held.add(self.granularity);
+                Ok(handle)
+            }
+            Err(e) => {
+                gate.uncharge(self.granularity);
+                Err(e.into())
+            }
+        }
     }
 
     fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
