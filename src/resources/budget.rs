@@ -204,30 +204,27 @@ impl GlobalDeviceBudget {
                 Err(refused @ ResourceError::OutOfBudget { .. }) if self.is_mine(&refused) => {
                     // Waiting for frees can only help if the request fits
                     // next to the live bytes (`requested` is its device size).
-                    let (fits_next_to_live, could_fit) = match &refused {
+                    let could_fit = match &refused {
                         ResourceError::OutOfBudget { requested, live, pending, cached, limit, .. } => {
-                            // The block itself (`bytes`) must fit next to the
-                            // live bytes; waiting also needs the charge that
-                            // was refused (its device size, or the pages it
-                            // still lacked) to fit.
-                            let fits = live.checked_add(bytes).is_some_and(|t| t <= *limit);
-                            (fits, fits && pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit))
+                            pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit)
                         }
-                        _ => (false, false),
+                        _ => false,
                     };
-                    // A request that cannot fit next to the live bytes is
-                    // refused at once: giving the cache back could not help,
-                    // and the refusal leaves everything as it was.
-                    let wait = if !fits_next_to_live {
-                        return Err(self.naming(refused, bytes));
-                    } else if !relieved {
+                    let wait = if !relieved {
                         relieved = true;
                         false
                     } else if self.wait_on_pressure && !waited && could_fit {
                         waited = true;
                         true
                     } else {
-                        return Err(self.naming(refused, bytes));
+                        // Name the caller's request (the charge was its
+                        // device size).
+                        return Err(match refused {
+                            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
+                                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
+                            }
+                            other => other,
+                        });
                     };
                     self.retries.fetch_add(1, Ordering::Relaxed);
                     let retired = self.inner.relieve_pressure(bytes, wait)?;
@@ -235,16 +232,6 @@ impl GlobalDeviceBudget {
                 }
                 other => return other,
             }
-        }
-    }
-
-    /// The refusal, naming the caller's request (the charge was its device
-    /// size, or the pages it still lacked) and the state it leaves (what
-    /// the inner resource made for the request and gave back is not in it).
-    fn naming(&self, refused: ResourceError, bytes: u64) -> ResourceError {
-        match refused {
-            ResourceError::OutOfBudget { .. } => self.refusal(bytes, self.reserved.load(Ordering::Acquire)),
-            other => other,
         }
     }
 

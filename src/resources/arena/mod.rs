@@ -506,7 +506,18 @@ impl Arena {
                         // the held peak), the others back to spare.
                         lock(&self.spare).pages.extend(got);
                         self.unmake(made, gate, held_peak_before);
-                        return Err(refused);
+                        // The refusal names the state it leaves, not the
+                        // pages made meanwhile: asked again, the gate refuses
+                        // with the numbers of now (kept as it was should the
+                        // pages fit after all, freed meanwhile).
+                        let pages = count as u64 * self.granularity;
+                        return Err(match gate.try_charge(pages) {
+                            Err(now) => now,
+                            Ok(()) => {
+                                gate.uncharge(pages);
+                                refused
+                            }
+                        });
                     }
                     got.extend(more);
                 }
