@@ -246,7 +246,7 @@ impl Arena {
             None => self.carve_in_new_region(stream, len)?,
         };
         let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-        self.peak_live.fetch_max(live, Ordering::Relaxed);
+        let peak_before = self.peak_live.fetch_max(live, Ordering::Relaxed);
         if missing.is_empty() {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
@@ -262,6 +262,9 @@ impl Arena {
         if let Err(e) = mapped {
             lock(&region).unreserve(addr, len, freed);
             self.live.fetch_sub(len, Ordering::AcqRel);
+            // A refused block was never live: its bytes leave the peak
+            // (unless another allocation has raised it since).
+            let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
             return Err(e);
         }
         Ok(addr)
@@ -477,7 +480,9 @@ impl Arena {
     /// (the gate or the device refuses) idle pages are recycled before the
     /// refusal stands.
     fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<(Vec<PhysHandle>, usize)> {
-        let mut created = 0;
+        let held_peak_before = self.held.peak();
+        // Pages from spare or recycled, and pages this call created.
+        let mut made = Vec::new();
         let mut got = {
             let mut spare = lock(&self.spare);
             let keep = spare.pages.len().saturating_sub(count);
@@ -486,30 +491,69 @@ impl Arena {
         if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
             got.extend(self.recycle(count - got.len(), Completion::Query));
         }
-        while got.len() < count {
+        while got.len() + made.len() < count {
             match self.create(gate) {
-                Ok(handle) => {
-                    got.push(handle);
-                    created += 1;
-                }
+                Ok(handle) => made.push(handle),
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
-                    let mut more = self.recycle(count - got.len(), Completion::Query);
+                    let missing = count - got.len() - made.len();
+                    let mut more = self.recycle(missing, Completion::Query);
                     if more.is_empty() && self.wait_on_pressure {
-                        more = self.recycle(count - got.len(), Completion::Wait);
+                        more = self.recycle(missing, Completion::Wait);
                     }
                     if more.is_empty() {
+                        // A refusal leaves nothing behind: the pages this
+                        // call created go back to the driver (and out of
+                        // the held peak), the others back to spare.
                         lock(&self.spare).pages.extend(got);
-                        return Err(refused);
+                        self.unmake(made, gate, held_peak_before);
+                        // The refusal names the state it leaves, not the
+                        // pages made meanwhile: asked again, the gate refuses
+                        // with the numbers of now (kept as it was should the
+                        // pages fit after all, freed meanwhile).
+                        let pages = count as u64 * self.granularity;
+                        return Err(match gate.try_charge(pages) {
+                            Err(now) => now,
+                            Ok(()) => {
+                                gate.uncharge(pages);
+                                refused
+                            }
+                        });
                     }
                     got.extend(more);
                 }
                 Err(e) => {
-                    lock(&self.spare).pages.extend(got);
+                    let mut spare = lock(&self.spare);
+                    spare.pages.extend(got);
+                    spare.pages.extend(made);
                     return Err(e);
                 }
             }
         }
+        let created = made.len();
+        got.extend(made);
         Ok((got, created))
+    }
+
+    /// Give back pages `obtain` created for a request it then refused:
+    /// released and uncharged (a page the driver will not release stays
+    /// spare, held and charged), the held peak as it was before.
+    fn unmake(&self, made: Vec<PhysHandle>, gate: &dyn ChargeGate, held_peak_before: u64) {
+        let peak = self.held.peak();
+        for handle in made {
+            match self.device.vm_release(handle) {
+                Ok(()) => {
+                    self.held.sub(self.granularity);
+                    gate.uncharge(self.granularity);
+                }
+                Err(_) => lock(&self.spare).pages.push(handle),
+            }
+        }
+        let _ = self.held.peak.compare_exchange(
+            peak,
+            held_peak_before.max(self.held.now()),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether `pages` more would take the held bytes past the live peak
