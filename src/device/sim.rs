@@ -752,7 +752,21 @@ impl Device for SimDevice {
 
     fn stream_query(&self, raw: RawStream) -> DeviceResult<bool> {
         let stream = self.stream(raw)?;
-        let q = lock(&stream.queue);
+        let mut q = lock(&stream.queue);
+        // With the worker idle, event records and satisfied waits at the
+        // front of the queue are done here: a GPU passes them as soon as
+        // the work before them is done, and the answer should not depend
+        // on how soon the worker thread is scheduled.
+        while !q.busy {
+            match q.tasks.front() {
+                Some(Task::Record(ev, epoch)) => {
+                    ev.complete(*epoch);
+                }
+                Some(Task::Wait(ev, epoch)) if lock(&ev.state).is_complete(*epoch) => {}
+                _ => break,
+            }
+            q.tasks.pop_front();
+        }
         Ok(q.tasks.is_empty() && !q.busy)
     }
 
@@ -788,7 +802,17 @@ impl Device for SimDevice {
             st.recorded += 1;
             st.recorded
         };
-        stream.push(Task::Record(ev, epoch));
+        // On an idle stream (nothing queued, the worker waiting) every
+        // earlier piece of work is done: the record completes at once, as
+        // it would on a GPU, whenever the worker thread gets to run.
+        let mut q = lock(&stream.queue);
+        if q.tasks.is_empty() && !q.busy {
+            ev.complete(epoch);
+        } else {
+            q.tasks.push_back(Task::Record(ev, epoch));
+            drop(q);
+            stream.ready.notify_one();
+        }
         Ok(())
     }
 
@@ -798,7 +822,14 @@ impl Device for SimDevice {
         if let WaitKind::Captured = lock(&self.captures).wait(raw, event)? {
             return Ok(());
         }
-        let epoch = lock(&ev.state).recorded;
+        let epoch = {
+            let st = lock(&ev.state);
+            if st.is_complete(st.recorded) {
+                // Nothing to wait for: the record already completed.
+                return Ok(());
+            }
+            st.recorded
+        };
         stream.push(Task::Wait(ev, epoch));
         Ok(())
     }
