@@ -189,10 +189,6 @@ impl Arena {
         self.log = log;
     }
 
-    pub fn granularity(&self) -> u64 {
-        self.granularity
-    }
-
     /// The bytes a request of `bytes` takes (`None` on overflow).
     pub fn block_bytes(bytes: u64) -> Option<u64> {
         bytes.checked_add(BLOCK_ALIGN - 1).map(|b| b / BLOCK_ALIGN * BLOCK_ALIGN)
@@ -727,12 +723,6 @@ impl Arena {
             }
         }
         Ok(())
-    }
-
-    /// Bytes mapped in regions plus spare pages: what the arena holds.
-    pub fn held_pages_bytes(&self) -> u64 {
-        let mapped: usize = self.every_region().iter().map(|r| lock(r).mapped_pages().len()).sum();
-        (mapped + lock(&self.spare).pages.len()) as u64 * self.granularity
     }
 }
 
