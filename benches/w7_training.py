@@ -214,9 +214,15 @@ def run_ratios(run: Dict[str, Any]) -> Dict[str, Optional[float]]:
     x = run.get("xlog") or {}
     charged, _ = charged_peak_of(x)
     held = x.get("peak_held_bytes")
+    device = run.get("device_peak_bytes")
+    # What the device holds for xlog: the device peak less what the process
+    # took that no allocator accounts for (lazily loaded kernels, say).
+    untracked = run.get("untracked_growth_bytes")
+    for_xlog = device - untracked if device and untracked is not None and 0 <= untracked < device else device
     return {
-        "device_per_live": ratio(run.get("device_peak_bytes"), run.get("peak_live_bytes")),
-        "charged_vs_device": ratio(charged, run.get("device_peak_bytes")) if x else None,
+        "device_per_live": ratio(device, run.get("peak_live_bytes")),
+        "charged_vs_device": ratio(charged, device) if x else None,
+        "charged_vs_xlog_device": ratio(charged, for_xlog) if x else None,
         "held_per_live": ratio(held, run.get("peak_live_bytes")) if x else None,
     }
 
@@ -262,6 +268,7 @@ def aggregate(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, A
             summary["charged_peak_bytes"] = max((c for c, _ in charged if c is not None), default=None)
             summary["charged_source"] = next((n for _, n in charged if n), None)
             summary["charged_vs_device"] = median(x["charged_vs_device"] for x in ratios)
+            summary["charged_vs_xlog_device"] = median(x["charged_vs_xlog_device"] for x in ratios)
             summary["held_per_live"] = median(x["held_per_live"] for x in ratios)
             summary["peak_held_bytes"] = max((x["peak_held_bytes"] for x in xlog if x.get("peak_held_bytes") is not None), default=None)
             summary["peak_outstanding_bytes"] = max(x.get("peak_outstanding_bytes", 0) for x in xlog)
@@ -382,7 +389,8 @@ def evaluate_targets(w7: Dict[str, Dict[str, Dict[str, Any]]], w8: Optional[List
                 x.get("peak_vs_smallest_peer"), PEAK_VS_SMALLEST_PEER)
             add(f"{who}: step time / caching", x.get("step_vs_caching"), STEP_TIME_VS_CACHING)
             add(f"{who}: device peak / peak live", x.get("device_per_live"), DEVICE_VS_LIVE)
-            add(f"{who}: charged peak / device peak", x.get("charged_vs_device"), CHARGED_VS_DEVICE_HIGH,
+            add(f"{who}: charged peak / device peak for xlog (less untracked)",
+                x.get("charged_vs_xlog_device", x.get("charged_vs_device")), CHARGED_VS_DEVICE_HIGH,
                 low=CHARGED_VS_DEVICE_LOW)
     for s in w8 or []:
         who = f"W8 {s['model']} [{s['allocator']}]"
@@ -1219,6 +1227,8 @@ def self_test() -> int:
     assert abs(d["xlog"]["charged_vs_device"] - 1.02) < 1e-6 and d["xlog"]["charged_source"] == "peak_held_bytes"
     assert abs(d["xlog_pool"]["charged_vs_device"] - 1.05) < 1e-6 and d["xlog_pool"]["charged_source"] == "peak_outstanding_bytes"
     assert d["xlog_pool"]["held_per_live"] is None
+    # Less the 64 MiB untracked, the device holds less for xlog.
+    assert d["xlog"]["charged_vs_xlog_device"] > d["xlog"]["charged_vs_device"]
     assert w7["gen_kv"]["xlog"]["smallest_peer"] == "caching"
     assert w8_budget(100) == 105 and w8_budget(101) == 107  # 106.05 rounds up
     assert w8_budget(8 * GiB) == 8 * GiB + -(-8 * GiB * 5 // 100)
@@ -1263,8 +1273,8 @@ def self_test() -> int:
     assert targets["W7 gpt2_dyn [xlog]: device peak / smallest PyTorch peak (expandable)"]["met"] is False  # 14.5 vs 14.3
     assert targets["W7 resnet50 [xlog]: device peak / smallest PyTorch peak (expandable)"]["met"] is True
     assert targets["W7 gpt2_dyn [xlog]: device peak / peak live"]["met"] is False  # 1.21
-    assert targets["W7 gpt2_dyn [xlog]: charged peak / device peak"]["met"] is True  # 1.02
-    assert targets["W7 gpt2_dyn [xlog]: charged peak / device peak"]["limit"] == "1.000-1.050"
+    assert targets["W7 gpt2_dyn [xlog]: charged peak / device peak for xlog (less untracked)"]["met"] is True  # 1.02
+    assert targets["W7 gpt2_dyn [xlog]: charged peak / device peak for xlog (less untracked)"]["limit"] == "1.000-1.050"
     assert targets["W7 gen_kv [xlog]: device peak / peak live"]["met"] is True  # 1.5 / 1.4 = 1.07
     assert targets["W8 gpt2_dyn [xlog]: refusals"]["met"] is True
     assert targets["W8 gpt2_dyn [xlog]: NVML used - baseline - budget, max (GiB)"]["met"] is True
