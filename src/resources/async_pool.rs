@@ -1,17 +1,23 @@
 //! `AsyncPool`: stream-ordered allocation with per-block cross-stream use
-//! tracking, a per-stream cache of freed blocks, and deferred free/reap.
+//! tracking, over one of two memories: xlog's arena on the virtual-memory
+//! API (`arena/`, the default where the device supports it: allocate and
+//! free hand the block's memory to it, which charges the budget where it
+//! creates pages), or the driver's pool with a per-stream cache of freed
+//! blocks and deferred free/reap (`PoolOptions::arena` off, described
+//! below from "Free" on).
 //!
 //! Tracking: every block keeps its last-write event and one outstanding
 //! read event per stream (a later read on the same stream subsumes an
 //! earlier one, because the stream runs in order).
 //!
 //! Free: the allocation stream S first waits on the recorded uses of other
-//! streams. With the cache on (the default), the memory then goes to S's
+//! streams (with either memory). With the arena, the memory then goes back
+//! to it. With the cache on, it goes to S's
 //! cache (`stream_cache.rs`): the generation dies, the bytes move from live
 //! to cached and stay charged. With the cache off, the free is queued on S
 //! and the bytes move to pending, as in the seed.
 //!
-//! Allocate: a fitting block of S's own cache (no driver call, no event:
+//! Allocate (the pool): a fitting block of S's own cache (no driver call, no event:
 //! stream order is the fence), else one of another stream T's cache with S
 //! made to wait on an event recorded on T after the free (a GPU-side wait,
 //! never a host wait), else the driver (xlog's own memory pool on CUDA),

@@ -231,8 +231,7 @@ impl Arena {
                 if let Some((region, addr, freed, _)) = carved {
                     lock(&region).unreserve(addr, len, freed);
                 }
-                let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-                self.peak_live.fetch_max(live, Ordering::Relaxed);
+                self.count_live(len);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(addr);
             }
@@ -241,8 +240,7 @@ impl Arena {
             Some(found) => found,
             None => self.carve_in_new_region(stream, len)?,
         };
-        let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-        let peak_before = self.peak_live.fetch_max(live, Ordering::Relaxed);
+        let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
@@ -264,6 +262,12 @@ impl Arena {
             return Err(e);
         }
         Ok(addr)
+    }
+
+    /// `len` more live bytes: the live total and the peak before it.
+    fn count_live(&self, len: u64) -> (u64, u64) {
+        let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
+        (live, self.peak_live.fetch_max(live, Ordering::Relaxed))
     }
 
     /// The memory of a block freed on `stream`, its allocation stream
@@ -640,25 +644,26 @@ impl Arena {
     /// bytes are held beyond the live blocks (synchronising streams as
     /// needed, unless a capture is active). Returns the bytes released.
     pub fn trim(&self, keep: u64, may_unmap: bool) -> u64 {
-        let excess = || self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
-        let mut released = self.release_spare(excess().div_ceil(self.granularity) as usize);
-        if may_unmap && excess() > 0 {
-            let pages = self.recycle(excess().div_ceil(self.granularity) as usize, Completion::Wait);
-            lock(&self.spare).pages.extend(pages);
-            released += self.release_spare(usize::MAX);
-        }
-        released
+        let excess = self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
+        self.give_back(excess.div_ceil(self.granularity) as usize, Completion::Wait, may_unmap)
     }
 
     /// Give idle memory back for a caller outside the arena that needs
     /// `need` bytes under the same budget (`wait`: synchronise streams).
     pub fn relieve(&self, need: u64, wait: bool, may_unmap: bool) -> u64 {
-        let pages = need.div_ceil(self.granularity) as usize;
+        let completion = if wait { Completion::Wait } else { Completion::Query };
+        self.give_back(need.div_ceil(self.granularity) as usize, completion, may_unmap)
+    }
+
+    /// Release `pages` pages to the device: spare ones first, then idle
+    /// ones whose frees are complete (as sure as `completion` asks). The
+    /// bytes released.
+    fn give_back(&self, pages: usize, completion: Completion, may_unmap: bool) -> u64 {
         let mut released = self.release_spare(pages);
-        if may_unmap && released < need {
-            let completion = if wait { Completion::Wait } else { Completion::Query };
-            let more = self.recycle(pages.saturating_sub((released / self.granularity) as usize), completion);
-            lock(&self.spare).pages.extend(more);
+        let left = pages.saturating_sub((released / self.granularity) as usize);
+        if may_unmap && left > 0 {
+            let idle = self.recycle(left, completion);
+            lock(&self.spare).pages.extend(idle);
             released += self.release_spare(usize::MAX);
         }
         released
