@@ -72,7 +72,6 @@ DEFAULT_FILL = 0.7
 MIN_SIZE = 256 * KiB
 SIZE_ALIGN = 512
 SEED = 12
-SAMPLE_INTERVAL_S = 0.001
 PROCESSES = 2
 
 
@@ -431,56 +430,24 @@ def run_child(index: int, workload: str, backend: str, seconds: float, fill: flo
 # ---------------------------------------------------------------------------
 
 
-class DeviceMemory:
-    """NVML's used memory of the device, sampled by a thread when started."""
+def device_memory() -> Any:
+    """NVML's used memory of the device, sampled by a thread when started:
+    W7's sampler (`w7_training.NvmlPeak`), here with no CUDA context."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from w7_training import NvmlPeak
 
-    def __init__(self):
-        import pynvml
+    return NvmlPeak()
 
-        self.nv = pynvml
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
-        self.peak = 0
-        self.samples = 0
-        self.over = 0
-        self.limit: Optional[int] = None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
 
-    def used(self) -> int:
-        return int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).used)
-
-    def meta(self) -> Dict[str, Any]:
-        name = self.nv.nvmlDeviceGetName(self.handle)
-        drv = self.nv.nvmlSystemGetDriverVersion()
-        return {"device": name.decode() if isinstance(name, bytes) else str(name),
-                "driver": drv.decode() if isinstance(drv, bytes) else str(drv),
-                "device_total_bytes": int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).total)}
-
-    def _note(self, value: int) -> None:
-        self.samples += 1
-        self.peak = max(self.peak, value)
-        if self.limit is not None and value > self.limit:
-            self.over += 1
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._note(self.used())
-            time.sleep(SAMPLE_INTERVAL_S)
-
-    def start(self, limit: Optional[int]) -> None:
-        self.limit = limit
-        self._note(self.used())
-        self._thread = threading.Thread(target=self._run, name="nvml-w12", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> int:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._note(self.used())
-        return self.peak
+def device_meta(nvml: Any) -> Dict[str, Any]:
+    """The device's name, the driver version and the device's total memory."""
+    nv = nvml._nvml
+    name, drv = nv.nvmlDeviceGetName(nvml.handle), nv.nvmlSystemGetDriverVersion()
+    return {"device": name.decode() if isinstance(name, bytes) else str(name),
+            "driver": drv.decode() if isinstance(drv, bytes) else str(drv),
+            "device_total_bytes": int(nv.nvmlDeviceGetMemoryInfo(nvml.handle).total)}
 
 
 def child_env(budget: int, backend: str, memory: Optional[str]) -> Dict[str, str]:
@@ -588,11 +555,11 @@ def drive(args) -> int:
         "memory": args.memory, "backend": args.backend, "workload": args.workload, "seconds": args.seconds,
         "fill": args.fill, "min_size": args.min_size, "budget_bytes": args.budget,
     }
-    nvml: Optional[DeviceMemory] = None
+    nvml: Optional[Any] = None
     if args.backend == "cuda":
         try:
-            nvml = DeviceMemory()
-            meta.update(nvml.meta())
+            nvml = device_memory()
+            meta.update(device_meta(nvml))
         except Exception as e:  # noqa: BLE001
             why = f"NVML is needed on CUDA: {type(e).__name__}: {e}"
             print(f"w12: {why}", file=sys.stderr)
