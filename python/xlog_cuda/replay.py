@@ -623,24 +623,22 @@ def _ratio_arg(text: str) -> float:
     return r
 
 
-def _count_arg(text: str) -> int:
+def _non_negative(text: str, what: str) -> int:
     try:
         n = int(text)
     except ValueError:
         n = -1
     if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} >= 0")
     return n
 
 
+def _count_arg(text: str) -> int:
+    return _non_negative(text, "a whole number")
+
+
 def _device_arg(text: str) -> int:
-    try:
-        d = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a device number") from None
-    if d < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a device number >= 0")
-    return d
+    return _non_negative(text, "a device number")
 
 
 def _mib(n: Optional[int]) -> str:
