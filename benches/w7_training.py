@@ -913,7 +913,11 @@ def run_child(spec: Dict[str, Any], wait_go: Optional[Callable[[], bool]] = None
 # ---------------------------------------------------------------------------
 
 
-def child_env(allocator: str, budget: Optional[int] = None) -> Dict[str, str]:
+def child_env(allocator: str, budget: Optional[int] = None, trace: Optional[str] = None) -> Dict[str, str]:
+    """The environment of one run. `trace`: for xlog's allocators, the path
+    of the memory log (XLOG_LOG_PATH) the run writes: a trace for
+    `python -m xlog_cuda.replay` (the log's write per row costs step time,
+    so traced runs are not timed runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLOG_") or k in ("XLOG_CUDA_LIBRARY", "XLOG_CUDA_CACHE_DIR")}
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
         env.pop(name, None)
@@ -927,6 +931,8 @@ def child_env(allocator: str, budget: Optional[int] = None) -> Dict[str, str]:
             env["XLOG_MEMORY"] = XLOG_MEMORY[allocator]
         if budget is not None:
             env["XLOG_BUDGET_BYTES"] = str(budget)
+        if trace is not None:
+            env["XLOG_LOG_PATH"] = trace
     python_dir = os.path.join(REPO, "python")
     env["PYTHONPATH"] = python_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     nvidia = "/usr/local/nvidia/lib64"
@@ -1106,7 +1112,14 @@ def drive(args) -> int:
     runner = Runner(out_dir, args.timeout, args.prestart, args.time_budget)
 
     def w7_phase(r: int) -> List[Dict[str, Any]]:
-        items = [(make_spec(args, m, a, "w7", r), child_env(a)) for m in args.models for a in args.allocators]
+        def trace(m: str, a: str) -> Optional[str]:
+            if not args.trace_dir or a not in XLOG_ALLOCATORS:
+                return None
+            os.makedirs(args.trace_dir, exist_ok=True)
+            return os.path.join(args.trace_dir, f"{m}-{a}-r{r}.csv")
+
+        items = [(make_spec(args, m, a, "w7", r), child_env(a, trace=trace(m, a)))
+                 for m in args.models for a in args.allocators]
         return runner.run_phase(items)
 
     runs: List[Dict[str, Any]] = w7_phase(0)
@@ -1341,6 +1354,8 @@ def parse_args(argv: Optional[List[str]] = None):
     ap.add_argument("--w8-models", default=",".join(W8_MODELS), help=f"comma-separated (default {','.join(W8_MODELS)})")
     ap.add_argument("--w8-allocators", default="xlog", help=f"comma-separated, from {list(XLOG_ALLOCATORS)} (default xlog)")
     ap.add_argument("--w8-repeat", type=int, default=1, help="repeats of every W8 run (default 1)")
+    ap.add_argument("--trace-dir", help="xlog runs write their memory log (a replayable trace) here, "
+                    "MODEL-ALLOCATOR-rN.csv; the log costs step time, so do not time such runs")
     ap.add_argument("--self-test", action="store_true", help="check the pure-Python parts and exit (no GPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)

@@ -178,12 +178,15 @@ fn a_refusal_never_stands_while_the_call_could_use_what_it_frees() {
 }
 
 #[test]
-fn another_streams_idle_pages_move_only_once_its_work_is_done() {
+fn another_streams_idle_pages_are_lent_behind_a_gpu_wait() {
     // Three pages of budget. Stream a frees two pages that are not
     // adjacent (x and z, around y) behind a host callback that holds the
     // stream. Stream b needs two contiguous pages: no mapped range anywhere
-    // fits, so pages must move, and a's may still be in use: b is refused
-    // (no host wait without wait_on_pressure). Once a has run, b gets them.
+    // fits, and a's frees are still running, so the pages cannot be
+    // unmapped and moved. They are lent: mapped a second time for b, with
+    // b made to wait on the GPU for a's work: no refusal, no new page and
+    // no host wait (the allocation returns while a is still held), and
+    // b's work runs only after a's.
     let rt = open(3 * PAGE);
     let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
     let [x, y, z] = ["x", "y", "z"].map(|tag| rt.allocate(PAGE, a, tag).unwrap());
@@ -201,19 +204,29 @@ fn another_streams_idle_pages_move_only_once_its_work_is_done() {
     .unwrap();
     rt.deallocate(&x.id).unwrap();
     rt.deallocate(&z.id).unwrap();
-    let refused = rt.allocate(2 * PAGE, b, "w");
+    let w = rt.allocate(2 * PAGE, b, "w").unwrap_or_else(|e| panic!("refused while a's idle pages could be lent: {e}"));
+    let a_was_done = !gate.load(Ordering::Acquire);
+    assert!(a_was_done, "the allocation did not wait for stream a on the host");
+    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE, "a's two idle pages, lent: no new page");
+    assert!(w.id.ptr != x.id.ptr && w.id.ptr != z.id.ptr, "the pages are mapped at a new address for b");
+    check_exact(&rt, "after the lending");
+    // b's work is ordered after a's (the gate) by a GPU-side wait.
+    let b_saw_gate = Arc::new(AtomicBool::new(false));
+    let (g, seen) = (gate.clone(), b_saw_gate.clone());
+    rt.enqueue_host(b, Box::new(move || seen.store(g.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
     gate.store(true, Ordering::Release);
-    match refused {
-        Err(ResourceError::OutOfBudget { .. }) => {}
-        other => panic!("expected a refusal while stream a still runs, got {other:?}"),
-    }
-    check_exact(&rt, "after the refusal");
+    rt.synchronize(b).unwrap();
+    assert!(b_saw_gate.load(Ordering::Acquire), "b's work ran before a's had finished");
+    // a's old addresses never served anything meanwhile; once a is done
+    // they are unmapped (recycling) and the budget still holds exactly.
     rt.synchronize(a).unwrap();
-    let w = rt.allocate(2 * PAGE, b, "w").unwrap();
-    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE, "a's two idle pages, moved");
-    check_exact(&rt, "after the move");
     rt.deallocate(&w.id).unwrap();
     rt.deallocate(&y.id).unwrap();
+    let again = rt.allocate(3 * PAGE, a, "all").unwrap_or_else(|e| panic!("the three pages, idle and complete: {e}"));
+    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE);
+    check_exact(&rt, "after the old addresses were given up");
+    rt.deallocate(&again.id).unwrap();
 }
 
 #[test]

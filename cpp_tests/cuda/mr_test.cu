@@ -22,10 +22,12 @@ using xlog_test::check;
 using xlog_test::str;
 
 // ---- the concepts ----
-// CCCL 3 calls the stream-ordered concept `resource` and the blocking one
-// `synchronous_resource`; CCCL 2 called them `async_resource` and
-// `resource`. Checked here with CCCL 3.5 (the pip nvcc 13).
-#if CCCL_MAJOR_VERSION >= 3
+// CCCL 3.1 and later call the stream-ordered concept `resource` and the
+// blocking one `synchronous_resource`; CCCL 2.x and 3.0 (CUDA 13.0's) called
+// them `async_resource` and `resource` (the rename, CCCL PR 5313, was
+// backported to 3.1). Checked with CCCL 3.5 (the pip nvcc 13.5, CI) and
+// CCCL 3.0 (CUDA 13.0, the GPU machine).
+#if CCCL_MAJOR_VERSION > 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION >= 1)
 static_assert(cuda::mr::synchronous_resource_with<xlog::memory_resource, cuda::mr::device_accessible>,
               "blocking pair: allocate_sync / deallocate_sync, ==, device_accessible");
 static_assert(cuda::mr::resource_with<xlog::memory_resource, cuda::mr::device_accessible>,

@@ -14,11 +14,11 @@
 //     state (a pointer → block map and a stream cache); two resources compare
 //     equal exactly when they share that state, because only then can one
 //     free what the other allocated.
-//   * Members, both CCCL generations. CCCL 3.x (CUDA 13) names the
+//   * Members, both CCCL generations. CCCL 3.1 and later name the
 //     stream-ordered pair `allocate(stream, bytes, alignment)` /
 //     `deallocate(stream, ptr, bytes, alignment)` (concept cuda::mr::resource)
 //     and the blocking pair `allocate_sync` / `deallocate_sync`
-//     (cuda::mr::synchronous_resource). CCCL 2.x (CUDA 12) named the blocking
+//     (cuda::mr::synchronous_resource). CCCL 2.x and 3.0 (CUDA 12, 13.0) named the blocking
 //     pair `allocate(bytes, alignment)` / `deallocate(ptr, bytes, alignment)`
 //     (its cuda::mr::resource) and the stream-ordered pair
 //     `allocate_async(bytes, alignment, stream)` / `deallocate_async(ptr,
@@ -51,18 +51,18 @@
 //     not a power of two or is above 256 throws xlog::bad_alloc with status
 //     XLOG_ERR_INVALID_ARGUMENT; nothing is allocated.
 //   * Refusals. XLOG_ERR_OUT_OF_BUDGET and XLOG_ERR_OUT_OF_MEMORY throw
-//     xlog::bad_alloc, which derives from std::bad_alloc. RMM's own refusal,
-//     rmm::out_of_memory, derives from rmm::bad_alloc, which derives from
-//     std::bad_alloc (rmm/error.hpp); this header cannot name RMM's types
-//     without depending on RMM, so code that catches `std::bad_alloc` (or
-//     `rmm::bad_alloc`'s base) sees xlog's refusals, while a catch of
-//     `rmm::out_of_memory` itself does not (RMM's failure_callback and
-//     failure_alternate adaptors default to that type; instantiate them
-//     with std::bad_alloc over this resource). Every other failure (a closed
-//     runtime, a stream pool exhausted by imports, a driver error) throws
-//     xlog::Error. Deallocation never throws; a failed xlog_deallocate is
-//     dropped (the runtime's close reports the block as leaked).
-//
+//     xlog::bad_alloc. Without RMM it derives from std::bad_alloc. Where
+//     RMM's headers come first (any RMM header included before this one,
+//     which is how RMM code reads anyway), or with XLOG_MR_RMM_ERRORS
+//     defined to 1, it derives from rmm::out_of_memory instead (itself an
+//     rmm::bad_alloc, itself a std::bad_alloc), so RMM code and RMM's
+//     failure_callback / failure_alternate adaptors see xlog's refusal as
+//     RMM's own; XLOG_MR_RMM_ERRORS 0 turns that off. Either way status()
+//     tells the cases apart and what() carries the library's numbers. Every
+//     other failure (a closed runtime, a stream pool exhausted by imports,
+//     a driver error) throws xlog::Error. Deallocation never throws; a
+//     failed xlog_deallocate is dropped (the runtime's close reports the
+//     block as leaked).
 // Typical use with RMM (RMM 25.x/26.x, CCCL 3):
 //
 //   xlog::Runtime rt{xlog::Config().budget_bytes(8ull << 30)};
@@ -105,22 +105,56 @@
 
 namespace xlog {
 
+// RMM's exception types, when RMM is in use (see "Refusals" above).
+// RMM_NAMESPACE_BEGIN comes from rmm/detail/export.hpp, which every RMM
+// header includes first.
+#ifndef XLOG_MR_RMM_ERRORS
+#  if defined(RMM_NAMESPACE_BEGIN)
+#    define XLOG_MR_RMM_ERRORS 1
+#  else
+#    define XLOG_MR_RMM_ERRORS 0
+#  endif
+#endif
+#if XLOG_MR_RMM_ERRORS
+#  include <rmm/error.hpp>
+#endif
+
+namespace detail {
+#if XLOG_MR_RMM_ERRORS
+/// rmm::out_of_memory keeps the message it is given and returns it from what().
+class bad_alloc_base : public ::rmm::out_of_memory {
+ protected:
+  explicit bad_alloc_base(const std::string& message) : ::rmm::out_of_memory(message) {}
+};
+#else
+/// std::bad_alloc has no message of its own: keep ours and return it.
+class bad_alloc_base : public std::bad_alloc {
+ public:
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ protected:
+  explicit bad_alloc_base(std::string message) : what_(std::move(message)) {}
+
+ private:
+  std::string what_;
+};
+#endif
+}  // namespace detail
+
 /// An allocation the memory resource could not make: the budget or the
 /// device refused it (XLOG_ERR_OUT_OF_BUDGET / XLOG_ERR_OUT_OF_MEMORY), or
 /// the alignment asked for is one xlog does not give
 /// (XLOG_ERR_INVALID_ARGUMENT). A std::bad_alloc, as allocators' callers
-/// expect; status() tells the cases apart and what() carries the library's
-/// message with its numbers.
-class bad_alloc : public std::bad_alloc {
+/// expect (an rmm::out_of_memory where RMM is in use); status() tells the
+/// cases apart and what() carries the library's message with its numbers.
+class bad_alloc : public detail::bad_alloc_base {
  public:
-  bad_alloc(xlog_status status, std::string message)
-      : status_(status), what_(std::string(xlog_status_name(status)) + ": " + message) {}
+  bad_alloc(xlog_status status, const std::string& message)
+      : detail::bad_alloc_base(std::string(xlog_status_name(status)) + ": " + message), status_(status) {}
   xlog_status status() const noexcept { return status_; }
-  const char* what() const noexcept override { return what_.c_str(); }
 
  private:
   xlog_status status_;
-  std::string what_;
 };
 
 class memory_resource {
@@ -137,7 +171,7 @@ class memory_resource {
 
   xlog_runtime* runtime_handle() const noexcept { return state_->runtime; }
 
-  // ---- blocking pair (CCCL 3 names) ----
+  // ---- blocking pair (CCCL 3.1+ names) ----
   void* allocate_sync(std::size_t bytes, std::size_t alignment) {
     const xlog_stream stream = import_stream(nullptr);
     void* ptr = allocate_ordered(stream, bytes, alignment);
@@ -155,7 +189,7 @@ class memory_resource {
     release(nullptr, ptr);
   }
 
-  // ---- blocking pair (CCCL 2 names) ----
+  // ---- blocking pair (CCCL 2 / 3.0 names) ----
   void* allocate(std::size_t bytes, std::size_t alignment) { return allocate_sync(bytes, alignment); }
   void deallocate(void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
     deallocate_sync(ptr, bytes, alignment);
@@ -170,7 +204,7 @@ class memory_resource {
   }
 
 #if XLOG_MR_HAVE_CCCL
-  // ---- stream-ordered pair (CCCL 3 names) ----
+  // ---- stream-ordered pair (CCCL 3.1+ names) ----
   void* allocate(::cuda::stream_ref stream, std::size_t bytes, std::size_t alignment) {
     return allocate_on(static_cast<void*>(stream.get()), bytes, alignment);
   }
@@ -178,7 +212,7 @@ class memory_resource {
     deallocate_on(static_cast<void*>(stream.get()), ptr, bytes, alignment);
   }
 
-  // ---- stream-ordered pair (CCCL 2 names) ----
+  // ---- stream-ordered pair (CCCL 2 / 3.0 names) ----
   void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref stream) {
     return allocate(stream, bytes, alignment);
   }

@@ -60,6 +60,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -497,8 +498,17 @@ def replay(
     capacity: Optional[int] = None,
     cache: bool = True,
     reap_every: int = 0,
+    gpu_lag: int = 0,
 ) -> Dict[str, Any]:
     """Run `trace` through a fresh sim runtime; returns what happened.
+
+    `gpu_lag` N > 0 keeps the sim's streams N to 2N operations behind the
+    host, as a GPU is behind the program that feeds it: every N
+    operations a host callback is queued on each stream that holds it
+    until the replay has issued N more (or 50 ms have passed, so a wait
+    for a stream inside xlog cannot deadlock). Frees are then not known
+    complete when the next allocations come, which is what a real trace
+    meets; 0 (the default) lets every stream run at once.
 
     `budget` and `capacity` are in the trace's (scaled) bytes; `capacity`
     None: `default_capacity`. `reap_every` N > 0 calls `Runtime.reap()`
@@ -531,6 +541,13 @@ def replay(
     refusals = refused_bytes = 0
     first_refusal = ""
     done = 0
+    gates: List[threading.Event] = []
+
+    def hold(stream: Any) -> None:
+        gate = threading.Event()
+        gates.append(gate)
+        stream.enqueue_host(lambda: gate.wait(0.05))
+
     started = time.perf_counter()
     try:
         streams = [rt.acquire_stream() for _ in trace.streams]
@@ -541,6 +558,12 @@ def replay(
         refused = (_errors.OutOfBudgetError, _errors.OutOfMemoryError)
         countdown = reap_every
         for done, op in enumerate(trace.ops):
+            if gpu_lag and done % gpu_lag == 0:
+                # Release the gates of N operations ago; queue the next ones.
+                while len(gates) > len(streams):
+                    gates.pop(0).set()
+                for s in streams:
+                    hold(s)
             if reap_every:
                 countdown -= 1
                 if countdown == 0:
@@ -561,6 +584,8 @@ def replay(
                     blocks[~op] = None
         seconds = time.perf_counter() - started
         stats = rt.stats()
+        for gate in gates:
+            gate.set()
         for block in blocks:
             if block is not None:
                 block.free()
@@ -569,6 +594,8 @@ def replay(
     except _errors.XlogError as e:
         raise ReplayError(f"the replay stopped at operation {done + 1:,} of {len(trace.ops):,}: {e}") from None
     finally:
+        for gate in gates:
+            gate.set()
         rt.close()
     ops = len(trace.ops)
     return {
@@ -576,6 +603,7 @@ def replay(
         "memory": memory,
         "cache": cache,
         "reap_every": reap_every,
+        "gpu_lag": gpu_lag,
         "budget_bytes": budget,
         "capacity_bytes": capacity,
         "refusals": refusals,
@@ -727,6 +755,7 @@ def run(
     cache: bool = True,
     max_held_ratio: Optional[float] = None,
     reap_every: int = 0,
+    gpu_lag: int = 0,
 ) -> Dict[str, Any]:
     """Read, replay and judge one log; `scale` 0 means auto. Returns the
     result (what --json writes). Raises ReplayError (exit 2)."""
@@ -743,7 +772,7 @@ def run(
         scaled_budget = max(1, budget // k) if budget else 0
         try:
             rep = replay(trace, memory=memory, budget=scaled_budget, capacity=capacity, cache=cache,
-                         reap_every=reap_every)
+                         reap_every=reap_every, gpu_lag=gpu_lag)
             break
         except CapacityRefusedError as e:
             if auto and capacity is None and k < (1 << 20):
@@ -794,6 +823,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--reap-every", type=_count_arg, default=0, metavar="N",
                     help="call reap() after every N operations (default 0: never; the log does not say "
                     "where the application synchronised)")
+    ap.add_argument("--gpu-lag", type=_count_arg, default=0, metavar="N",
+                    help="keep the sim's streams N to 2N operations behind the host, as a GPU runs behind "
+                    "its program (default 0: streams run at once)")
     ap.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE ('-': stdout)")
     ap.add_argument("--max-held-ratio", type=_ratio_arg, default=None, metavar="R",
                     help="exit 1 when xlog's peak held / the trace's live peak exceeds R (e.g. 1.10)")
@@ -810,6 +842,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cache=not args.no_cache,
             max_held_ratio=args.max_held_ratio,
             reap_every=args.reap_every,
+            gpu_lag=args.gpu_lag,
         )
     except ReplayError as e:
         print(f"xlog_cuda.replay: {e}", file=sys.stderr)

@@ -13,7 +13,9 @@
 //!   it is `OutOfMemory`, as `cuMemCreate` is on a full GPU.
 //! - A mapping covers one whole physical allocation at a granularity-aligned
 //!   offset of a reservation; the same address cannot be mapped twice, and
-//!   an unmap must cover whole mappings. Reads and writes through
+//!   an unmap must cover whole mappings. One physical allocation may be
+//!   mapped at several addresses at once (as `cuMemMap` allows), and is
+//!   released only once every mapping of it is gone. Reads and writes through
 //!   `SimDevice::read`/`write`/`fill` of a reserved address that is not
 //!   mapped fail: the sim's stand-in for a GPU fault.
 //! - The host memory behind an address does not move with a remapping: what
@@ -59,8 +61,8 @@ pub(crate) struct SimVm {
     pub physical: u64,
     /// Mappings: address → (handle, bytes).
     mapped: BTreeMap<u64, (PhysHandle, u64)>,
-    /// Handles mapped somewhere (a handle is mapped at most once here).
-    in_use: HashMap<PhysHandle, u64>,
+    /// How many mappings each mapped handle has.
+    in_use: HashMap<PhysHandle, u32>,
     /// Devices granted access to each mapping (by its address).
     access: HashMap<u64, Vec<i32>>,
 }
@@ -151,15 +153,12 @@ impl SimVm {
         if (va - base) % SIM_VM_GRANULARITY != 0 {
             return Err(invalid(format!("sim map at {va:#x} is not granularity-aligned")));
         }
-        if self.in_use.contains_key(&handle) {
-            return Err(invalid(format!("sim physical allocation {handle} is already mapped")));
-        }
         let overlaps = self.mapped.range(..va + bytes).next_back().is_some_and(|(&a, &(_, len))| a + len > va);
         if overlaps {
             return Err(invalid(format!("sim map at {va:#x} overlaps an existing mapping")));
         }
         self.mapped.insert(va, (handle, bytes));
-        self.in_use.insert(handle, va);
+        *self.in_use.entry(handle).or_default() += 1;
         Ok(())
     }
 
@@ -182,7 +181,12 @@ impl SimVm {
         }
         for (a, h, _) in inside {
             self.mapped.remove(&a);
-            self.in_use.remove(&h);
+            if let Some(count) = self.in_use.get_mut(&h) {
+                *count -= 1;
+                if *count == 0 {
+                    self.in_use.remove(&h);
+                }
+            }
             self.access.remove(&a);
         }
         Ok(())
@@ -286,6 +290,22 @@ mod tests {
         vm.release(h2).unwrap();
         assert_eq!(vm.physical, 0);
         vm.free(base, 4 * G).unwrap();
+    }
+
+    #[test]
+    fn one_physical_allocation_mapped_twice_is_released_after_both_unmaps() {
+        let mut vm = SimVm::default();
+        let base = vm.reserve(4 * G).unwrap();
+        let h = vm.create(G, 4 * G).unwrap();
+        vm.map(base, G, h).unwrap();
+        vm.map(base + 2 * G, G, h).unwrap();
+        assert_eq!(vm.mapped_bytes(), 2 * G);
+        assert_eq!(vm.physical, G, "two mappings, one physical allocation");
+        vm.unmap(base, G).unwrap();
+        assert!(vm.release(h).is_err(), "still mapped at its second address");
+        vm.unmap(base + 2 * G, G).unwrap();
+        vm.release(h).unwrap();
+        assert_eq!(vm.physical, 0);
     }
 
     #[test]

@@ -30,6 +30,18 @@
 //!   event recorded after the frees has completed, or the stream has nothing
 //!   left to run (`cuStreamQuery`). With `wait_on_pressure`, a refusal first
 //!   synchronises the streams whose idle pages are still in use.
+//! - **Lending.** When no idle page is known complete (the GPU runs behind
+//!   the program, so the latest frees are still running), an idle page is
+//!   *lent* instead: mapped a second time where it is needed, while its
+//!   old address stays mapped, out of use, until those frees complete
+//!   (`region.rs`). The new block's work is ordered after them by the
+//!   stream itself (the page's region is the stream's own) or by a
+//!   GPU-side wait on an event of the page's stream. So a miss past the
+//!   soft cap, and a would-be refusal, take memory the program has freed
+//!   without a new page and without a host wait. The old address is
+//!   unmapped (and its granule free address space again) when recycling
+//!   next finds the frees complete; a page is never released while an old
+//!   address still maps it.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
 //!   calls run in relaxed capture mode).
@@ -125,6 +137,9 @@ pub struct ArenaUsage {
     pub misses: u64,
     /// Pages unmapped from one place and mapped in another.
     pub recycled_pages: u64,
+    /// Idle pages mapped a second time where they were needed before their
+    /// frees were complete (lending).
+    pub lent_pages: u64,
 }
 
 pub struct Arena {
@@ -144,6 +159,7 @@ pub struct Arena {
     hits: AtomicU64,
     misses: AtomicU64,
     recycled: AtomicU64,
+    lent: AtomicU64,
     /// Other devices that use this memory: every mapping grants them access.
     peers: Mutex<Vec<i32>>,
     /// The runtime's CSV log: `reserve` rows for pages created, `release`
@@ -180,6 +196,7 @@ impl Arena {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
+            lent: AtomicU64::new(0),
             peers: Mutex::default(),
             log: None,
         })
@@ -201,6 +218,7 @@ impl Arena {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             recycled_pages: self.recycled.load(Ordering::Relaxed),
+            lent_pages: self.lent.load(Ordering::Relaxed),
         }
     }
 
@@ -246,7 +264,7 @@ impl Arena {
             return Ok(addr);
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let mapped = self.obtain(missing.len(), gate, may_unmap).and_then(|(handles, created)| {
+        let mapped = self.obtain(missing.len(), stream, gate, may_unmap).and_then(|(handles, created)| {
             self.map_pages(&region, &missing, handles)?;
             if let (Some(log), true) = (&self.log, created > 0) {
                 log.reserved(lock(&region).page_addr(missing[0]), created as u64 * self.granularity, stream_id);
@@ -475,11 +493,17 @@ impl Arena {
         result
     }
 
-    /// `count` physical pages: spare ones first; then, past the soft cap,
-    /// recycled idle ones; then new ones charged to `gate`. Under pressure
-    /// (the gate or the device refuses) idle pages are recycled before the
-    /// refusal stands.
-    fn obtain(&self, count: usize, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<(Vec<PhysHandle>, usize)> {
+    /// `count` physical pages for `stream`: spare ones first; then, past the
+    /// soft cap, recycled idle ones, then lent ones; then new ones charged
+    /// to `gate`. Under pressure (the gate or the device refuses) idle pages
+    /// are recycled or lent before the refusal stands.
+    fn obtain(
+        &self,
+        count: usize,
+        stream: RawStream,
+        gate: &dyn ChargeGate,
+        may_unmap: bool,
+    ) -> ResourceResult<(Vec<PhysHandle>, usize)> {
         let held_peak_before = self.held.peak();
         // Pages from spare or recycled, and pages this call created.
         let mut made = Vec::new();
@@ -490,6 +514,9 @@ impl Arena {
         };
         if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
             got.extend(self.recycle(count - got.len(), Completion::Query));
+            if got.len() < count {
+                got.extend(self.lend(count - got.len(), stream));
+            }
         }
         while got.len() + made.len() < count {
             match self.create(gate) {
@@ -497,6 +524,9 @@ impl Arena {
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let missing = count - got.len() - made.len();
                     let mut more = self.recycle(missing, Completion::Query);
+                    if more.is_empty() {
+                        more = self.lend(missing, stream);
+                    }
                     if more.is_empty() && self.wait_on_pressure {
                         more = self.recycle(missing, Completion::Wait);
                     }
@@ -595,6 +625,7 @@ impl Arena {
             r.settle_recent();
             self.settle_foreign(&mut r, completion == Completion::Wait, false);
             self.refresh(&mut r, completion);
+            self.unmap_lent(&mut r);
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {
                 if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
@@ -604,6 +635,64 @@ impl Arena {
         }
         self.recycled.fetch_add(got.len() as u64, Ordering::Relaxed);
         got
+    }
+
+    /// Up to `count` idle pages whose frees may still be running, lent to
+    /// `stream` (region.rs): `stream` is made to wait on the GPU for the
+    /// work of every other stream whose pages it gets (the stream's own
+    /// order covers its own). A region whose fence fails lends nothing.
+    fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
+        let mut got = Vec::new();
+        for region in self.every_region() {
+            if got.len() >= count {
+                break;
+            }
+            let mut r = lock(&region);
+            r.settle_recent();
+            // Blocks other streams took from here and freed join the free
+            // ranges behind a GPU-side wait of this region's stream, so the
+            // fence below covers them too.
+            self.settle_foreign(&mut r, false, true);
+            let before = r.lent.len();
+            let pages = r.lend_pages(count - got.len());
+            if pages.is_empty() {
+                continue;
+            }
+            if r.stream != stream {
+                let fenced = self.record_on(r.stream).map(|event| {
+                    let waited = self.device.stream_wait_event(stream, event);
+                    lock(&self.spare).events.push(event);
+                    waited.is_ok()
+                });
+                if fenced != Some(true) {
+                    r.take_back_lent(before);
+                    continue;
+                }
+            }
+            got.extend(pages);
+        }
+        self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
+        got
+    }
+
+    /// Unmap the old addresses of `r`'s lent pages whose frees are now
+    /// known complete: free address space again.
+    fn unmap_lent(&self, r: &mut Region) {
+        for (page, freed, handle) in r.lent_done() {
+            let addr = r.page_addr(page);
+            if self.device.vm_unmap(addr, self.granularity).is_ok() {
+                r.unreserve(addr, self.granularity, freed);
+            } else {
+                // Still mapped: keep it out of use (and its page out of a
+                // release) until a later try.
+                r.lent_again(page, freed, handle);
+            }
+        }
+    }
+
+    /// Whether an old address of some region still maps `handle`.
+    fn still_lent(&self, handle: PhysHandle) -> bool {
+        self.every_region().iter().any(|region| lock(region).lent.iter().any(|&(_, _, h)| h == handle))
     }
 
     /// Learn how far the GPU got through `region`'s frees: completed seal
@@ -678,6 +767,12 @@ impl Arena {
         };
         let mut released = 0;
         for handle in pages {
+            if self.still_lent(handle) {
+                // Its old address still maps it: releasing it now would
+                // not free the memory (the budget would count it gone).
+                lock(&self.spare).pages.push(handle);
+                continue;
+            }
             match self.device.vm_release(handle) {
                 Ok(()) => {
                     self.held.sub(self.granularity);
@@ -736,6 +831,13 @@ impl Drop for Arena {
         // Close waited for every stream; unmap and release everything.
         let regions = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
         let mut released = 0;
+        for (_, (_, region)) in regions.iter() {
+            let mut r = lock(region);
+            let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
+            for page in lent {
+                let _ = self.device.vm_unmap(r.page_addr(page), self.granularity);
+            }
+        }
         for (_, (_, region)) in regions {
             let mut r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {

@@ -78,6 +78,26 @@ impl FreeRanges {
         Some((addr, span.freed))
     }
 
+    /// Take `[addr, addr + len)`, which one free range covers whole, out of
+    /// the free ranges (what is left of that range on either side stays
+    /// free with its `freed`): that range's `freed`, or `None` (changing
+    /// nothing) when no free range covers it.
+    pub fn withdraw(&mut self, addr: u64, len: u64) -> Option<u64> {
+        let (&start, &span) = self.by_addr.range(..=addr).next_back()?;
+        if start + span.len < addr + len {
+            return None;
+        }
+        self.remove_raw(start);
+        if addr > start {
+            self.insert_raw(start, Span { len: addr - start, freed: span.freed });
+        }
+        let end = addr + len;
+        if start + span.len > end {
+            self.insert_raw(end, Span { len: start + span.len - end, freed: span.freed });
+        }
+        Some(span.freed)
+    }
+
     /// Every range, in address order: (start, span).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Span)> + '_ {
         self.by_addr.iter().map(|(&a, &s)| (a, s))
@@ -99,6 +119,23 @@ mod tests {
         assert_eq!(r.take(101), None);
         assert_eq!(r.take(100), Some((0, 0)));
         assert_eq!(r.iter().collect::<Vec<_>>(), vec![(2050, Span { len: 10, freed: 0 })], "the rest of the 60-byte range");
+    }
+
+    #[test]
+    fn withdraw_cuts_a_covered_piece_out_and_keeps_both_sides() {
+        let mut r = FreeRanges::default();
+        r.insert(0, 1000, 7);
+        assert_eq!(r.withdraw(900, 200), None, "not covered whole: nothing changes");
+        assert_eq!(r.withdraw(200, 100), Some(7));
+        assert_eq!(
+            r.iter().collect::<Vec<_>>(),
+            vec![(0, Span { len: 200, freed: 7 }), (300, Span { len: 700, freed: 7 })]
+        );
+        assert_eq!(r.take(700), Some((300, 7)), "the size index follows the cut");
+        assert_eq!(r.withdraw(0, 200), Some(7));
+        assert_eq!(r.iter().count(), 0);
+        r.insert(200, 100, 9);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(200, Span { len: 100, freed: 9 })]);
     }
 
     #[test]

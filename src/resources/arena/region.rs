@@ -25,6 +25,14 @@
 //!   cover it. It joins the free ranges once that event has completed, or
 //!   when this region's stream needs room and waits for the event on the
 //!   GPU; the stream that freed it may take it back as it is.
+//! - An idle page whose frees are not yet known complete may be *lent*:
+//!   its physical page is mapped a second time elsewhere (the arena orders
+//!   the new use after this stream's work), and its granule here leaves
+//!   the free ranges and the page table (`lent`), still mapped but never
+//!   handed out, until those frees are complete; then the arena unmaps it
+//!   and the granule is free address space again (`unlend`). So memory
+//!   the GPU is still finishing with serves a new block at once, with no
+//!   new physical page and no host wait.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -54,6 +62,10 @@ pub(crate) struct Region {
     /// Blocks another stream took from here and freed: (address, length,
     /// an event recorded on that stream after the free, that stream).
     pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
+    /// Granules whose page was lent while still mapped here: (granule,
+    /// its free's sequence, the page). Out of the free ranges and the page
+    /// table until `unlend`.
+    pub lent: Vec<(usize, u64, PhysHandle)>,
 }
 
 /// Frees kept unmerged for same-size reuse.
@@ -64,7 +76,20 @@ impl Region {
         let mut free = FreeRanges::default();
         free.insert(base, len, 0);
         let pages = vec![None; (len / granularity) as usize];
-        Region { stream, base, len, granularity, free, pages, frees: 0, done: 0, seals: VecDeque::new(), recent: Vec::new(), foreign: Vec::new() }
+        Region {
+            stream,
+            base,
+            len,
+            granularity,
+            free,
+            pages,
+            frees: 0,
+            done: 0,
+            seals: VecDeque::new(),
+            recent: Vec::new(),
+            foreign: Vec::new(),
+            lent: Vec::new(),
+        }
     }
 
     /// The granules `[addr, addr + len)` touches.
@@ -174,6 +199,60 @@ impl Region {
         out
     }
 
+    /// Lend up to `max` idle pages whose frees are not known complete yet
+    /// (the complete ones are `idle_pages`'): each leaves the free ranges
+    /// and the page table, and is listed in `lent` until `unlend`. The
+    /// pages, in address order.
+    pub fn lend_pages(&mut self, max: usize) -> Vec<PhysHandle> {
+        let mut candidates = Vec::new();
+        for (start, span) in self.free.iter() {
+            if candidates.len() >= max {
+                break;
+            }
+            if span.freed <= self.done {
+                continue;
+            }
+            let first = (start - self.base).div_ceil(self.granularity) as usize;
+            let end = ((start + span.len - self.base) / self.granularity) as usize;
+            candidates.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - candidates.len()));
+        }
+        let mut out = Vec::with_capacity(candidates.len());
+        for page in candidates {
+            let freed = self.free.withdraw(self.page_addr(page), self.granularity).expect("an idle page is free whole");
+            let handle = self.uninstall(page);
+            self.lent.push((page, freed, handle));
+            out.push(handle);
+        }
+        out
+    }
+
+    /// Lent granules whose frees are now complete, taken off the list:
+    /// (granule, sequence, page). The caller unmaps each, then gives it
+    /// back with `unreserve` (free address space, nothing mapped).
+    pub fn lent_done(&mut self) -> Vec<(usize, u64, PhysHandle)> {
+        let done = self.done;
+        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|&(_, freed, _)| freed <= done);
+        self.lent = running;
+        finished
+    }
+
+    /// Undo the lending of every page lent after the first `keep` entries
+    /// of `lent` (the arena could not fence them): mapped and free here
+    /// again, as they were.
+    pub fn take_back_lent(&mut self, keep: usize) {
+        for (page, freed, handle) in self.lent.split_off(keep) {
+            self.install(page, handle);
+            let addr = self.page_addr(page);
+            self.free.insert(addr, self.granularity, freed);
+        }
+    }
+
+    /// A lent granule `lent_done` returned whose old address could not be
+    /// unmapped: back on the list.
+    pub fn lent_again(&mut self, page: usize, freed: u64, handle: PhysHandle) {
+        self.lent.push((page, freed, handle));
+    }
+
     /// Every mapped page, in address order (close).
     pub fn mapped_pages(&self) -> Vec<usize> {
         (0..self.pages.len()).filter(|&p| self.pages[p].is_some()).collect()
@@ -237,6 +316,29 @@ mod tests {
         r.release(2000, 2000);
         assert!(r.settle_recent());
         assert_eq!(r.take(4000), Some((0, 4)), "merged, the three frees are one range from 0");
+    }
+
+    #[test]
+    fn a_lent_page_leaves_the_free_ranges_until_its_frees_are_done() {
+        let mut r = Region::new(1, 0, 4 * G, G);
+        let (a, _) = r.take(2 * G).unwrap();
+        for p in r.unmapped_in(a, 2 * G) {
+            r.install(p, p as u64 + 100);
+        }
+        r.release(a, 2 * G);
+        r.settle_recent();
+        assert!(r.idle_pages(4).is_empty(), "not complete: recycling cannot take them");
+        assert_eq!(r.lend_pages(1), vec![100], "lending can");
+        assert!(!r.is_mapped(0) && r.is_mapped(1));
+        let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
+        assert_eq!(free(&r), vec![(G, 3 * G)], "the lent granule is out of the free ranges");
+        assert!(r.lent_done().is_empty(), "its free is still running");
+        r.all_done();
+        assert_eq!(r.lent_done(), vec![(0, 1, 100)]);
+        assert!(r.lent.is_empty());
+        r.unreserve(0, G, 1);
+        assert_eq!(free(&r), vec![(0, 4 * G)], "given back, it is free address space again");
+        assert_eq!(r.unmapped_in(0, 2 * G), vec![0], "and unmapped");
     }
 
     #[test]
