@@ -23,7 +23,7 @@
 //!   path holds device memory, so the charge is the device's number.
 //! - **Recycling.** A page no live block overlaps is idle. Before the
 //!   arena creates a page while it holds more than its live peak plus
-//!   1/64 (at least two pages), and before any refusal, it takes idle pages
+//!   1/256 (at least two pages), and before any refusal, it takes idle pages
 //!   whose frees are complete on the GPU, unmaps them and maps them where
 //!   they are needed (GMLake's stitching, in page units): what the call
 //!   frees serves the call. Completion is known without a host wait: an
@@ -73,7 +73,7 @@ pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
 /// `MIN_SLACK_PAGES` pages) before idle pages are recycled instead of new
 /// ones created.
-const SLACK_DIV: u64 = 64;
+const SLACK_DIV: u64 = 256;
 const MIN_SLACK_PAGES: u64 = 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
