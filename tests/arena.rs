@@ -393,3 +393,26 @@ fn peer_access_reaches_every_mapping_present_and_future() {
     rt0.deallocate(&before.id).unwrap();
     rt0.deallocate(&after.id).unwrap();
 }
+
+#[test]
+fn two_arenas_on_one_thread_keep_their_regions_apart() {
+    // The arena remembers, per thread, the region it allocated from last;
+    // two runtimes used in turn from one thread (whose streams may have the
+    // same native values) must never take or free in each other's memory.
+    let (one, two) = (open(0), open(0));
+    let (s1, s2) = (one.acquire_stream().unwrap(), two.acquire_stream().unwrap());
+    for round in 0..50u64 {
+        let size = (round % 5 + 1) * 300 * KIB;
+        let a = one.allocate(size, s1, "one").unwrap();
+        let b = two.allocate(size, s2, "two").unwrap();
+        assert_ne!(a.id.ptr, b.id.ptr, "round {round}: one address in two arenas");
+        one.sim().unwrap().fill(a.id.ptr, size, 1).unwrap();
+        two.sim().unwrap().fill(b.id.ptr, size, 2).unwrap();
+        assert_eq!(one.sim().unwrap().read(a.id.ptr + size - 1, 1).unwrap(), vec![1]);
+        two.deallocate(&b.id).unwrap();
+        one.deallocate(&a.id).unwrap();
+        check_exact(&one, "first runtime");
+        check_exact(&two, "second runtime");
+    }
+    assert_eq!((one.usage().live_bytes, two.usage().live_bytes), (0, 0));
+}

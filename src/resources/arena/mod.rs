@@ -82,6 +82,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 type SharedRegion = Arc<Mutex<Region>>;
 
+/// Each arena's identity, for the per-thread region cache.
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The region this thread allocated from last, so a hit (and the free
+/// after it) finds its region without the arena's shared maps: the arena,
+/// the stream, and the region with its address range. Regions live as long
+/// as their arena, and a new arena has a new id, so an entry is never
+/// used for another arena's memory.
+struct HotRegion {
+    arena: u64,
+    stream: RawStream,
+    base: u64,
+    len: u64,
+    region: SharedRegion,
+}
+
+thread_local! {
+    static HOT_REGION: std::cell::RefCell<Option<HotRegion>> = const { std::cell::RefCell::new(None) };
+}
+
 /// A range carved for a block: its region, address, the range's free
 /// sequence (to put it back as it was) and the granules still to map.
 type Carved = (SharedRegion, u64, u64, Vec<usize>);
@@ -143,6 +163,7 @@ pub struct ArenaUsage {
 }
 
 pub struct Arena {
+    id: u64,
     device: Arc<dyn Device>,
     granularity: u64,
     region_bytes: u64,
@@ -183,6 +204,7 @@ impl Arena {
         let granularity = device.vm_granularity();
         let region_bytes = device.vm_region_bytes().max(granularity);
         Some(Arena {
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             device,
             granularity,
             region_bytes,
@@ -242,6 +264,11 @@ impl Arena {
     pub fn allocate(&self, len: u64, stream: StreamRef, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
         let (stream_id, stream) = (stream.id.0, stream.raw);
         debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
+        if let Some(addr) = self.hot_hit(stream, len) {
+            self.count_live(len);
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(addr);
+        }
         let mut carved = self.carve(stream, len);
         if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
             // A miss here: a mapped range of another stream first.
@@ -282,9 +309,54 @@ impl Arena {
         Ok(addr)
     }
 
+    /// A hit in the region this thread used last for `stream`: a mapped
+    /// range of `len` bytes, or `None` (nothing changed).
+    fn hot_hit(&self, stream: RawStream, len: u64) -> Option<u64> {
+        HOT_REGION.with(|hot| {
+            let hot = hot.borrow();
+            let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream)?;
+            let mut r = lock(&hot.region);
+            let (addr, freed) = r.take(len)?;
+            if r.all_mapped(addr, len) {
+                return Some(addr);
+            }
+            r.unreserve(addr, len, freed);
+            None
+        })
+    }
+
+    /// Remember `region` as the one this thread allocates from on `stream`.
+    fn make_hot(&self, stream: RawStream, region: &SharedRegion) {
+        let (base, len) = {
+            let r = lock(region);
+            (r.base, r.len)
+        };
+        HOT_REGION.with(|hot| {
+            *hot.borrow_mut() = Some(HotRegion { arena: self.id, stream, base, len, region: region.clone() });
+        });
+    }
+
+    /// The region of `ptr`: the thread's hot region when it holds `ptr`,
+    /// else a lookup in the arena's map.
+    fn region_holding(&self, ptr: u64) -> Option<SharedRegion> {
+        let hot = HOT_REGION.with(|hot| {
+            hot.borrow()
+                .as_ref()
+                .filter(|h| h.arena == self.id && ptr >= h.base && ptr < h.base + h.len)
+                .map(|h| h.region.clone())
+        });
+        hot.or_else(|| self.region_of(ptr))
+    }
+
     /// `len` more live bytes: the live total and the peak before it.
     fn count_live(&self, len: u64) -> (u64, u64) {
         let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
+        // A read first: in a steady loop the peak is not passed, and a
+        // plain load costs less than a read-modify-write.
+        let peak = self.peak_live.load(Ordering::Relaxed);
+        if live <= peak {
+            return (live, peak);
+        }
         (live, self.peak_live.fetch_max(live, Ordering::Relaxed))
     }
 
@@ -292,7 +364,7 @@ impl Arena {
     /// (every use of it was made to happen before this point of that
     /// stream); `None`: no work uses it any more (a released capture's).
     pub fn free(&self, ptr: u64, len: u64, stream: Option<RawStream>) {
-        let region = self.region_of(ptr).expect("an arena block's region outlives the block");
+        let region = self.region_holding(ptr).expect("an arena block's region outlives the block");
         let mut r = lock(&region);
         match stream.filter(|&s| s != r.stream) {
             None => r.release(ptr, len),
@@ -423,6 +495,8 @@ impl Arena {
             let mut r = lock(region);
             if let Some((addr, freed)) = r.take(len) {
                 if r.all_mapped(addr, len) {
+                    drop(r);
+                    self.make_hot(stream, region);
                     return Some((region.clone(), addr, freed, Vec::new()));
                 }
                 r.unreserve(addr, len, freed);
@@ -436,6 +510,8 @@ impl Arena {
             self.settle_foreign(&mut r, false, true);
             if let Some((addr, freed)) = r.take(len) {
                 let missing = r.unmapped_in(addr, len);
+                drop(r);
+                self.make_hot(stream, region);
                 return Some((region.clone(), addr, freed, missing));
             }
         }
@@ -455,6 +531,7 @@ impl Arena {
         let region = Arc::new(Mutex::new(region));
         self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, region.clone()));
         self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push(region.clone());
+        self.make_hot(stream, &region);
         Ok((region, addr, freed, missing))
     }
 
