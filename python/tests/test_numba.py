@@ -163,6 +163,9 @@ def test_module_imports_without_numba(tmp_path):
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr
 
 
+# SCENARIO's byte counts are the driver pool's (size classes, one cached
+# block handed from PyTorch to Numba at the same address): pinned to it.
+@pytest.mark.pool_memory
 def test_env_var_plugin_through_the_numba_stand_in(tmp_path):
     """NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba: the hook runtime opens from
     XLOG_* (budget 1 MiB, a log), Numba's allocations and PyTorch's hook
@@ -173,6 +176,7 @@ def test_env_var_plugin_through_the_numba_stand_in(tmp_path):
     assert out.returncode == 0 and "SCENARIO OK" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.pool_memory
 def test_enable_sets_the_memory_manager(tmp_path):
     code = textwrap.dedent(
         """
@@ -196,6 +200,7 @@ def test_a_broken_plugin_module_is_numbas_error(tmp_path):
 
 
 @pytest.mark.skipif(not _real_numba_available(), reason="numba-cuda is not installed (or cannot import without CUDA libraries)")
+@pytest.mark.pool_memory
 def test_with_the_real_numba_cuda(tmp_path):
     out = _run(SCENARIO, tmp_path, fake=False, DEV="64", NUMBA_CUDA_MEMORY_MANAGER="xlog_cuda.numba",
                XLOG_BUDGET_BYTES="1MiB")
