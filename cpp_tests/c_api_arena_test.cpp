@@ -234,6 +234,36 @@ TEST_F(ArenaPages, AnotherStreamTakesIdleMemoryOrderedAfterTheFree) {
   XLOG_ASSERT_OK(xlog_stream_release(rt_, b));
 }
 
+void SleepThenOpenLater(void* user) {
+  SleepMs(250);
+  static_cast<Gate*>(user)->opened.store(1);
+}
+
+// Trim unmaps a page only once the frees in it are complete on the GPU:
+// behind a sleeping stream it returns only once the stream got there
+// (drain, with nothing pending, does not wait).
+TEST_F(ArenaPages, TrimWaitsForTheStreamBeforeUnmapping) {
+  Gate slept;
+  XLOG_ASSERT_OK(xlog_stream_enqueue_host(rt_, stream_, SleepThenOpenLater, &slept));
+  xlog_block a = Allocate(1000);
+  xlog_block b = Allocate(3000);
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, a));
+  XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
+  EXPECT_EQ(StatsOf(rt_).cached_bytes, kPage);
+  std::uint64_t drained = 12345;
+  XLOG_ASSERT_OK(xlog_drain(rt_, &drained));
+  EXPECT_EQ(drained, 0u);
+  EXPECT_EQ(slept.opened.load(), 0) << "nothing was pending, so drain must not have waited";
+  std::uint64_t released = 0;
+  XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
+  EXPECT_EQ(slept.opened.load(), 1) << "trim unmapped a page before the stream was done with it";
+  EXPECT_EQ(released, kPage);
+  const xlog_stats s = StatsOf(rt_);
+  EXPECT_EQ(s.outstanding_bytes, 0u);
+  EXPECT_EQ(s.budget_remaining, budget_);
+  ExpectPagePhysics(s);
+}
+
 // Fault injection: XLOG_FAULT_ALLOC fires on the arena's page creation. A
 // failed page creation is a driver error that charges and holds nothing; a
 // block that fits in pages already mapped makes no driver call, so an armed
