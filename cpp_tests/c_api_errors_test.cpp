@@ -797,18 +797,22 @@ TEST_F(CApiErrors, HugeAllocationWithoutBudgetIsOutOfMemory) {
     ++failed;
   }
   EXPECT_EQ(out.size, 0x6666666666666666ull) << "out written on failure";
-  ExpectStatsUnchanged(before, StatsOf(rt_), failed);
+  ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), failed);
 }
+
+// A budget of whole pages (the arena charges 2 MiB pages): every number
+// below is the same under either memory.
+constexpr std::uint64_t kBudget = 2 * kPage;
 
 class CApiBudget : public SimRuntimeTest {
  protected:
-  void Configure(xlog_config& cfg) override { cfg.budget_bytes = 1 << 20; }
+  void Configure(xlog_config& cfg) override { cfg.budget_bytes = kBudget; }
 };
 
 TEST_F(CApiBudget, HugeAllocationWithBudgetIsOutOfBudgetAndChargesNothing) {
   const xlog_stats before = StatsOf(rt_);
-  EXPECT_EQ(before.budget_limit, 1u << 20);
-  EXPECT_EQ(before.budget_remaining, 1u << 20);
+  EXPECT_EQ(before.budget_limit, kBudget);
+  EXPECT_EQ(before.budget_remaining, kBudget);
   xlog_block out;
   // Their device size (the size class) does not even fit in 64 bits: the
   // budget refuses them, naming the caller's request.
@@ -816,18 +820,19 @@ TEST_F(CApiBudget, HugeAllocationWithBudgetIsOutOfBudgetAndChargesNothing) {
     SCOPED_TRACE(huge);
     XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, huge, stream_, "huge", &out));
     EXPECT_TRUE(Contains(LastError(), "requested " + std::to_string(huge) + " bytes")) << LastError();
-    EXPECT_TRUE(Contains(LastError(), "limit 1048576")) << LastError();
+    EXPECT_TRUE(Contains(LastError(), "limit " + std::to_string(kBudget))) << LastError();
   }
-  ExpectStatsUnchanged(before, StatsOf(rt_), 2);
+  ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), 2);
   // The whole budget is still there.
-  xlog_block all = Allocate(1 << 20);
+  xlog_block all = Allocate(kBudget);
   EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u);
+  ExpectBooksBalance(StatsOf(rt_));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, all));
-  EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u) << "the freed block is cached, still charged";
+  EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u) << "the freed memory is held (idle), still charged";
   std::uint64_t released = 0;
   XLOG_ASSERT_OK(xlog_trim(rt_, 0, &released));
-  EXPECT_EQ(released, 1u << 20);
-  EXPECT_EQ(StatsOf(rt_).budget_remaining, 1u << 20);
+  EXPECT_EQ(released, kBudget);
+  EXPECT_EQ(StatsOf(rt_).budget_remaining, kBudget);
 }
 
 TEST_F(CApiBudget, ZeroByteBlockChargesNothingAndFreesOnce) {
@@ -835,51 +840,60 @@ TEST_F(CApiBudget, ZeroByteBlockChargesNothingAndFreesOnce) {
   EXPECT_EQ(z.ptr, nullptr);
   EXPECT_NE(z.generation, 0u);
   xlog_stats s = StatsOf(rt_);
-  EXPECT_EQ(s.budget_remaining, 1u << 20);
+  EXPECT_EQ(s.budget_remaining, kBudget);
   EXPECT_EQ(s.outstanding_bytes, 0u);
   EXPECT_EQ(s.live_blocks, 1u);
   XLOG_ASSERT_OK(xlog_deallocate(rt_, z));
   const xlog_stats before = StatsOf(rt_);
-  EXPECT_EQ(before.budget_remaining, 1u << 20);
+  EXPECT_EQ(before.budget_remaining, kBudget);
   EXPECT_EQ(before.pending_bytes, 0u);
   XLOG_EXPECT_REJECTED(XLOG_ERR_USE_AFTER_FREE, xlog_deallocate(rt_, z));
   ExpectStatsUnchanged(before, StatsOf(rt_));
 }
 
+// Budget 4 pages, 3 held: the numbers are the same under either memory.
 TEST_F(CApiBudget, BudgetExceededNamesTheNumbers) {
-  xlog_block held = Allocate(768 << 10);
+  xlog_runtime* const fixture_rt = rt_;
+  xlog_config cfg = SimConfig();
+  cfg.budget_bytes = 4 * kPage;
+  XLOG_ASSERT_OK(xlog_runtime_open(0, &cfg, &rt_));
+  XLOG_ASSERT_OK(xlog_stream_acquire(rt_, &stream_));
+  xlog_block held = Allocate(3 * kPage);
   const xlog_stats before = StatsOf(rt_);
-  EXPECT_EQ(before.budget_remaining, 256u << 10);
+  EXPECT_EQ(before.budget_remaining, kPage);
   xlog_block out;
-  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, 512 << 10, stream_, "too_big", &out));
+  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, 2 * kPage, stream_, "too_big", &out));
   const std::string msg = LastError();
-  EXPECT_TRUE(Contains(msg, "requested 524288")) << msg;
-  EXPECT_TRUE(Contains(msg, "limit 1048576")) << msg;
-  EXPECT_TRUE(Contains(msg, "live 786432")) << msg;
-  EXPECT_TRUE(Contains(msg, "remaining 262144")) << msg;
-  ExpectStatsUnchanged(before, StatsOf(rt_), 1);
+  EXPECT_TRUE(Contains(msg, "requested " + std::to_string(2 * kPage))) << msg;
+  EXPECT_TRUE(Contains(msg, "limit " + std::to_string(4 * kPage))) << msg;
+  EXPECT_TRUE(Contains(msg, "live " + std::to_string(3 * kPage))) << msg;
+  EXPECT_TRUE(Contains(msg, "remaining " + std::to_string(kPage))) << msg;
+  ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), 1);
   // Exactly the remainder still fits.
-  xlog_block rest = Allocate(256 << 10);
+  xlog_block rest = Allocate(kPage);
   EXPECT_EQ(StatsOf(rt_).budget_remaining, 0u);
   XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_BUDGET, xlog_allocate(rt_, 1, stream_, "one_more", &out));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, held));
   XLOG_ASSERT_OK(xlog_deallocate(rt_, rest));
   XLOG_ASSERT_OK(xlog_drain(rt_, nullptr));
+  XLOG_ASSERT_OK(xlog_stream_release(rt_, stream_));
+  Close(rt_);
+  rt_ = fixture_rt;  // TearDown closes the fixture's runtime
 }
 
 TEST_F(CApiBudget, SimCapacityExhaustedWithinBudgetIsOutOfMemory) {
   xlog_runtime* rt = nullptr;
   xlog_config cfg = SimConfig();
-  cfg.budget_bytes = 1 << 20;
-  cfg.sim_capacity_bytes = 64 << 10;
+  cfg.budget_bytes = kBudget;
+  cfg.sim_capacity_bytes = kPage;  // a device of one page, a budget of two
   XLOG_ASSERT_OK(xlog_runtime_open(0, &cfg, &rt));
   xlog_stream s = 0;
   XLOG_ASSERT_OK(xlog_stream_acquire(rt, &s));
   const xlog_stats before = StatsOf(rt);
   xlog_block out;
-  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_MEMORY, xlog_allocate(rt, 128 << 10, s, "bigger_than_device", &out));
-  ExpectStatsUnchanged(before, StatsOf(rt), 1);
-  EXPECT_EQ(StatsOf(rt).budget_remaining, 1u << 20) << "the reservation was rolled back";
+  XLOG_EXPECT_REJECTED(XLOG_ERR_OUT_OF_MEMORY, xlog_allocate(rt, 2 * kPage, s, "bigger_than_device", &out));
+  ExpectStatsUnchangedByRefusal(before, StatsOf(rt), 1);
+  EXPECT_EQ(StatsOf(rt).budget_remaining, kBudget) << "the reservation was rolled back";
   Close(rt);
 }
 
@@ -942,12 +956,16 @@ TEST_F(CApiDirect, RoundsTo256BytesAndCachesNothing) {
 // hit a cross-stream cache hand-out. CApiFaultsNoCache runs with
 // `cache = 0`, where every free is a driver free (the seed's behaviour).
 
+// These count the driver pool's calls (cuMemAllocAsync on a miss, a free
+// on trim, an event record on a cross-stream hand-out): pinned to the pool.
+// The arena's page creation under a fault is in c_api_arena_test.cpp.
 class CApiFaults : public SimRuntimeTest {
  protected:
   void Configure(xlog_config& cfg) override {
     cfg.budget_bytes = 1 << 20;
     cfg.stream_pool_size = 2;
     cfg.cache = cache_;
+    cfg.memory = XLOG_MEMORY_POOL;
   }
   std::uint8_t cache_ = 1;
 };

@@ -132,6 +132,15 @@ inline void ExpectStatsUnchanged(const xlog_stats& before, const xlog_stats& aft
       << Describe(after);
 }
 
+// The same for a refused allocation, with one difference the arena has
+// today: a refusal may count cache misses (it counts one for each attempt to
+// map pages, even one that fails; the pool counts only allocations the
+// driver served). Every other field must be unchanged.
+inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
+                                          std::uint64_t refusals, bool arena);
+inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
+                                          std::uint64_t refusals);
+
 // Defaults from xlog_config_init, on the sim backend.
 inline xlog_config SimConfig() {
   xlog_config cfg;
@@ -140,6 +149,49 @@ inline xlog_config SimConfig() {
   EXPECT_EQ(cfg.struct_size, sizeof(xlog_config)) << LastError();
   cfg.backend = XLOG_BACKEND_SIM;
   return cfg;
+}
+
+// The memory xlog_config_init picks (XLOG_MEMORY, else the arena): ctest
+// runs these suites under both. Tests about one mechanism set cfg.memory
+// themselves; the others hold under either.
+inline bool DefaultMemoryIsPool() { return SimConfig().memory == XLOG_MEMORY_POOL; }
+
+inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
+                                          std::uint64_t refusals, bool arena) {
+  xlog_stats seen = after;
+  if (arena) {
+    EXPECT_GE(after.cache_misses, before.cache_misses);
+    seen.cache_misses = before.cache_misses;
+  }
+  ExpectStatsUnchanged(before, seen, refusals);
+}
+// ...for a runtime of the default memory.
+inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
+                                          std::uint64_t refusals) {
+  ExpectStatsUnchangedByRefusal(before, after, refusals, !DefaultMemoryIsPool());
+}
+
+// The arena maps device memory in pages of this size (sim models 2 MiB, as
+// Hopper has); a budget below one page refuses every arena allocation.
+constexpr std::uint64_t kPage = std::uint64_t{2} << 20;
+
+// Bytes the runtime holds for `live` live bytes while everything fits in
+// `pages` arena pages and the pool keeps no freed block: the pool holds
+// exactly the live blocks, the arena the pages they lie in.
+inline std::uint64_t HeldFor(std::uint64_t live, std::uint64_t pages = 1) {
+  return DefaultMemoryIsPool() ? live : pages * kPage;
+}
+
+// What holds under either memory: outstanding is live + cached + pending,
+// reserved (on sim) is outstanding, and with a budget the charge is
+// outstanding too.
+inline void ExpectBooksBalance(const xlog_stats& s) {
+  EXPECT_EQ(s.outstanding_bytes, s.live_bytes + s.cached_bytes + s.pending_bytes) << Describe(s);
+  EXPECT_EQ(s.reserved_bytes, s.outstanding_bytes) << Describe(s);
+  EXPECT_GE(s.peak_outstanding_bytes, s.outstanding_bytes) << Describe(s);
+  if (s.budget_limit != 0) {
+    EXPECT_EQ(s.budget_limit - s.budget_remaining, s.outstanding_bytes) << Describe(s);
+  }
 }
 
 inline xlog_runtime* OpenSim(const xlog_config& cfg, std::int32_t device = 0) {

@@ -1,7 +1,7 @@
 /* Built by check.sh with nothing but `cc main.c $(pkg-config --cflags --libs
  * xlog-cuda)`: the installed header and library, found through the
  * installed xlog-cuda.pc. One allocation round trip on the sim backend:
- * allocate, free into the stream's cache, trim back to the driver. */
+ * allocate, free (the memory stays held, idle), trim back to the driver. */
 #include <stdio.h>
 #include <xlog_cuda.h>
 
@@ -9,9 +9,11 @@ int main(void) {
   xlog_config cfg;
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
-  cfg.budget_bytes = 1u << 20;
-  cfg.memory = XLOG_MEMORY_POOL; /* byte-exact blocks: the numbers below are the pool's */
+  cfg.budget_bytes = 4u << 20; /* two 2 MiB pages */
   cfg.cache = 1; /* the default, whatever XLOG_CACHE says */
+  /* What the 4096-byte block makes the runtime hold: the arena (the
+     default) maps a 2 MiB page, the pool (XLOG_MEMORY=pool) the block. */
+  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (2u << 20);
   xlog_runtime *rt = NULL;
   xlog_stream s = 0;
   xlog_block b;
@@ -22,22 +24,25 @@ int main(void) {
     fprintf(stderr, "setup failed: %s\n", message);
     return 1;
   }
-  /* The free puts the block in its stream's cache (still charged); trim
-   * hands exactly those bytes back to the driver and retires them. */
+  /* The free leaves the memory held (still charged): the block in its
+   * stream's cache, or its page in the arena; trim hands exactly those
+   * bytes back to the driver and retires them. */
   uint64_t released = 0;
   xlog_stats stats;
   stats.struct_size = sizeof stats;
-  if (xlog_deallocate(rt, b) != XLOG_OK || xlog_get_stats(rt, &stats) != XLOG_OK || stats.cached_bytes != 4096 ||
-      stats.budget_remaining != (1u << 20) - 4096) {
-    fprintf(stderr, "free failed or cached %llu bytes, not 4096\n", (unsigned long long)stats.cached_bytes);
+  if (xlog_deallocate(rt, b) != XLOG_OK || xlog_get_stats(rt, &stats) != XLOG_OK || stats.cached_bytes != held ||
+      stats.budget_remaining != (4u << 20) - held) {
+    fprintf(stderr, "free failed or cached %llu bytes, not %llu\n", (unsigned long long)stats.cached_bytes,
+            (unsigned long long)held);
     return 1;
   }
-  if (xlog_trim(rt, 0, &released) != XLOG_OK || released != 4096) {
-    fprintf(stderr, "trim failed or released %llu bytes, not 4096\n", (unsigned long long)released);
+  if (xlog_trim(rt, 0, &released) != XLOG_OK || released != held) {
+    fprintf(stderr, "trim failed or released %llu bytes, not %llu\n", (unsigned long long)released,
+            (unsigned long long)held);
     return 1;
   }
   stats.struct_size = sizeof stats;
-  if (xlog_get_stats(rt, &stats) != XLOG_OK || stats.outstanding_bytes != 0 || stats.budget_remaining != 1u << 20) {
+  if (xlog_get_stats(rt, &stats) != XLOG_OK || stats.outstanding_bytes != 0 || stats.budget_remaining != 4u << 20) {
     fprintf(stderr, "after trim: outstanding %llu, budget remaining %llu\n",
             (unsigned long long)stats.outstanding_bytes, (unsigned long long)stats.budget_remaining);
     return 1;

@@ -32,8 +32,35 @@ XLOG_ENV = (
 )
 
 
+# The memory under test. XLOG_MEMORY is deliberately not in XLOG_ENV: ctest
+# runs this suite on xlog's default memory (the arena; XLOG_MEMORY unset)
+# and again under XLOG_MEMORY=pool, and the tests hold under either. A test
+# about the driver pool's own mechanics (per-stream caches of whole blocks,
+# pending frees, reap, byte-exact cached counts) carries
+# @pytest.mark.pool_memory: it runs with XLOG_MEMORY=pool whatever the
+# environment says (subprocesses included).
+PAGE = 2 << 20  # the arena maps and charges device memory in 2 MiB pages
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "pool_memory: the test is about the driver pool's mechanics; it runs with XLOG_MEMORY=pool")
+
+
+def pool_memory() -> bool:
+    """Whether runtimes opened now get the driver pool (else the arena)."""
+    return xc.Config().memory == "pool"
+
+
+def held_for(live: int, pages: int = 1) -> int:
+    """What a runtime holds for `live` bytes of blocks that all fit in
+    `pages` arena pages while the pool keeps no other block: the pool holds
+    the blocks, the arena the pages they were carved from."""
+    return live if pool_memory() else pages * PAGE
+
+
 @pytest.fixture(autouse=True)
-def _clean_xlog_env(monkeypatch):
+def _clean_xlog_env(monkeypatch, request):
     """Tests start without the XLOG_* defaults a developer may have set.
 
     The framework-hook tests keep their hook state apart by giving each test
@@ -43,6 +70,8 @@ def _clean_xlog_env(monkeypatch):
     for name in XLOG_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XLOG_SIM_DEVICES", "1024")
+    if request.node.get_closest_marker("pool_memory") is not None:
+        monkeypatch.setenv("XLOG_MEMORY", "pool")
 
 
 @pytest.fixture

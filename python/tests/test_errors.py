@@ -8,6 +8,8 @@ import pytest
 import xlog_cuda as xc
 from xlog_cuda import _errors
 
+from conftest import PAGE
+
 EXPECTED_CLASSES = {
     xc.Status.INVALID_ARGUMENT: xc.InvalidArgumentError,
     xc.Status.OUT_OF_BUDGET: xc.OutOfBudgetError,
@@ -75,34 +77,38 @@ def test_check_ok_does_nothing():
 
 
 def test_out_of_budget_names_the_numbers(make_runtime):
-    # 640 KiB and 384 KiB are sizes the allocator hands out unrounded.
-    rt = make_runtime(budget_bytes=1 << 20)
+    # Whole 2 MiB pages (what the arena maps and charges; the pool hands
+    # these sizes out unrounded): the message is the same under either memory.
+    rt = make_runtime(budget_bytes=4 * PAGE)
     with rt.acquire_stream() as s:
-        first = rt.allocate(640 * 1024, s)
+        first = rt.allocate(3 * PAGE, s)
         with pytest.raises(xc.OutOfBudgetError) as info:
-            rt.allocate(640 * 1024, s, tag="too-much")
+            rt.allocate(3 * PAGE, s, tag="too-much")
         err = info.value
         assert err.status == xc.Status.OUT_OF_BUDGET
         assert err.message == (
-            "xlog_allocate: out of budget: requested 655360 bytes, live 655360, cached 0, pending 0, "
-            "limit 1048576, remaining 393216"
+            "xlog_allocate: out of budget: requested 6291456 bytes, live 6291456, cached 0, pending 0, "
+            "limit 8388608, remaining 2097152"
         )
         assert xc.last_error() == err.message
         st = rt.stats()
-        assert (st.failed_allocations, st.live_blocks, st.live_bytes) == (1, 1, 655360)
+        assert (st.failed_allocations, st.live_blocks, st.live_bytes) == (1, 1, 3 * PAGE)
         # A refusal changes nothing: what still fits is still granted.
-        rt.allocate(1048576 - 655360, s).free()
+        rt.allocate(PAGE, s).free()
         first.free()
 
 
 def test_wait_on_pressure_waits_for_pending_frees(make_runtime):
-    rt = make_runtime(budget_bytes="1MiB", wait_on_pressure=True)
+    rt = make_runtime(budget_bytes=2 * PAGE, wait_on_pressure=True)
     with rt.acquire_stream() as s:
         for _ in range(20):
-            # Each allocation only fits once the previous block's free has
-            # completed; with wait_on_pressure the runtime waits for it.
-            rt.allocate(800 * 1024, s).free()
-        assert rt.stats().failed_allocations == 0
+            # Each allocation only fits once the previous block's memory is
+            # free again (the pool: its free completed; the arena: its range
+            # back in the stream's mapped pages); nothing is refused.
+            rt.allocate(3200 * 1024, s).free()
+        st = rt.stats()
+        assert st.failed_allocations == 0
+        assert st.peak_outstanding_bytes <= 2 * PAGE
 
 
 def test_out_of_memory_is_a_memory_error(make_runtime):

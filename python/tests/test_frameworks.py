@@ -33,6 +33,8 @@ import xlog_cuda.cupy as xcp
 import xlog_cuda.interop as xi
 import xlog_cuda.torch as xt
 
+from conftest import PAGE, held_for, pool_memory
+
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _devices = itertools.count(300)
@@ -283,9 +285,12 @@ def test_torch_enable_installs_the_hooks_of_this_library(fake_torch, dev):
     b.free()
     after = xt.stats(dev)
     assert (after.live_bytes, after.live_blocks, after.deallocations) == (0, 0, 2)
-    # Freed memory stays cached for the next step (charged) until trimmed.
-    assert (after.cached_bytes, after.cached_blocks) == (st.live_bytes, 2)
-    assert xt.trim(dev) == st.live_bytes
+    # Freed memory stays cached for the next step (charged) until trimmed:
+    # the pool's two blocks, the arena's page.
+    assert after.cached_bytes == after.outstanding_bytes == held_for(st.live_bytes)
+    if pool_memory():
+        assert after.cached_blocks == 2
+    assert xt.trim(dev) == held_for(st.live_bytes)
     assert xt.stats(dev).outstanding_bytes == 0
 
 
@@ -371,7 +376,10 @@ def test_enable_from_environment_and_csv_log(fake_torch, dev, monkeypatch, tmp_p
     assert rows[0] == ["Thread", "Time", "Action", "Pointer", "Size", "Stream", "Tag", "Device", "Process", "Detail"]
     # The caller's events (the driver's reserve rows are xlog's own).
     actions = [(r[2], int(r[3], 16), int(r[4]), r[6]) for r in rows[1:] if r[2] in ("allocate", "free")]
-    assert [r[2] for r in rows[1:]].count("reserve") == 2
+    # A reserve row for each driver allocation (the pool's blocks, the
+    # arena's pages): together what the runtime holds, nothing released yet.
+    reserved = [int(r[4]) for r in rows[1:] if r[2] == "reserve"]
+    assert reserved and sum(reserved) == xt.stats(dev).outstanding_bytes > 0
     assert actions == [
         ("allocate", a.ptr, 1024, "torch"),
         ("allocate", b.ptr, 3072, "torch"),
@@ -401,23 +409,32 @@ def test_malformed_environment_is_an_error_naming_the_variable(fake_torch, dev, 
 
 
 def test_refusal_returns_null_with_the_numbers_and_recovers(fake_torch, dev):
-    xt.enable(budget="1MiB", backend="sim", device=dev)
+    # A budget of two pages; 3 MiB live leaves 1 MiB: 2 MiB does not fit
+    # (the arena's idle 1 MiB in its second page is too small as well).
+    budget, first, second = 2 * PAGE, 3 * MiB, 2 * MiB
+    xt.enable(budget=budget, backend="sim", device=dev)
     alloc = fake_torch._fake.current
-    a = alloc.malloc(704 * KiB, dev, None)
+    a = alloc.malloc(first, dev, None)
     assert a
-    assert alloc.malloc(400 * KiB, dev, None) is None  # NULL: PyTorch's signal of failure
-    assert xc.last_error() == refusal("xlog_torch_malloc", 400 * KiB, 704 * KiB, 0, MiB)
+    held = xt.stats(dev).outstanding_bytes
+    assert held == held_for(first, pages=2)
+    assert alloc.malloc(second, dev, None) is None  # NULL: PyTorch's signal of failure
+    assert xc.last_error() == refusal("xlog_torch_malloc", second, first, 0, budget, cached=held - first)
     st = xt.stats(dev)
-    assert (st.failed_allocations, st.live_bytes, st.allocations) == (1, 704 * KiB, 1)
-    alloc.free(a, 704 * KiB, dev, None)
-    assert xt.stats(dev).cached_bytes == 704 * KiB
-    # Fits once the first block is gone: its cached memory goes back to the
-    # driver under pressure instead of the allocation being refused.
-    b = alloc.malloc(400 * KiB, dev, None)
+    assert (st.failed_allocations, st.live_bytes, st.allocations) == (1, first, 1)
+    alloc.free(a, first, dev, None)
+    assert xt.stats(dev).cached_bytes == held
+    # Fits once the first block is gone: its memory (the pool's cached
+    # block, handed back to the driver; the arena's idle pages) serves the
+    # allocation instead of it being refused.
+    b = alloc.malloc(second, dev, None)
     assert b and xc.last_error() == ""
     st = xt.stats(dev)
-    assert (st.failed_allocations, st.live_bytes, st.cached_bytes) == (1, 400 * KiB, 0)
-    alloc.free(b, 400 * KiB, dev, None)
+    assert (st.failed_allocations, st.live_bytes) == (1, second)
+    assert st.outstanding_bytes == st.live_bytes + st.cached_bytes + st.pending_bytes <= budget
+    if pool_memory():
+        assert st.cached_bytes == 0
+    alloc.free(b, second, dev, None)
     assert xi.live_blocks(dev) == 0
 
 
@@ -464,11 +481,13 @@ def test_record_stream_fences_the_next_owner_of_a_cached_block(fake_torch, dev):
             t = fake_torch.Tensor(4096, dev)
             xt.record_stream(t, fake_torch.cuda.Stream(other))
             t.free()
-            assert rt.stats().cached_bytes == 4096  # cached, not waiting on the host
+            assert rt.stats().cached_bytes == held_for(4096)  # cached, not waiting on the host
             start = time.monotonic()
             again = fake_torch.Tensor(4096, dev)  # the next owner, served from the cache
             assert time.monotonic() - start < 0.5
-            assert again.ptr == t.ptr and rt.stats().cache_hits == 1
+            assert rt.stats().cache_hits == 1 and rt.stats().outstanding_bytes == held_for(4096)
+            if pool_memory():
+                assert again.ptr == t.ptr
             home.enqueue_host(lambda: order.append("next owner's work"))
             time.sleep(0.1)
             assert order == []  # held behind `other`
@@ -503,20 +522,23 @@ def test_record_stream_arguments(fake_torch, dev):
 
 def test_cupy_refusal_raises_cupy_out_of_memory_with_our_reason(fake_cupy, dev):
     fake_cupy._fake.device = dev
-    xcp.enable(budget="1MiB", backend="sim", device=dev)
+    # Two pages; 3.5 MiB live leaves 512 KiB (idle, in the arena): 800 KiB
+    # does not fit.
+    xcp.enable(budget=2 * PAGE, backend="sim", device=dev)
     assert xcp.is_enabled()
     allocator = fake_cupy.cuda.get_allocator().xlog_allocator
     assert allocator.malloc_address == xi.hook_address("xlog_cupy_malloc")
     assert allocator.free_address == xi.hook_address("xlog_cupy_free")
 
-    m = fake_cupy.cuda.memory.alloc(896 * KiB)
+    m = fake_cupy.cuda.memory.alloc(3584 * KiB)
     assert m.ptr
+    held = xcp.stats(dev).outstanding_bytes
     with pytest.raises(fake_cupy.cuda.memory.OutOfMemoryError) as info:
-        fake_cupy.cuda.memory.alloc(200 * KiB)
-    reason = refusal("xlog_cupy_malloc", 200 * KiB, 896 * KiB, 0, MiB)
+        fake_cupy.cuda.memory.alloc(800 * KiB)
+    reason = refusal("xlog_cupy_malloc", 800 * KiB, 3584 * KiB, 0, 2 * PAGE, cached=held - 3584 * KiB)
     assert str(info.value) == (
-        "Out of memory allocating 204,800 bytes (allocated so far: 917,504 bytes, "
-        f"limit set to: 1,048,576 bytes). [xlog: {reason}]"
+        "Out of memory allocating 819,200 bytes (allocated so far: 3,670,016 bytes, "
+        f"limit set to: 4,194,304 bytes). [xlog: {reason}]"
     )
     assert info.value.xlog_message == reason
     assert xcp.stats(dev).failed_allocations == 1
@@ -524,9 +546,9 @@ def test_cupy_refusal_raises_cupy_out_of_memory_with_our_reason(fake_cupy, dev):
     empty = fake_cupy.cuda.memory.alloc(0)  # CuPy does not call malloc for 0 bytes
     assert empty.ptr == 0
     del m  # CuPy frees when the memory object dies
-    again = fake_cupy.cuda.memory.alloc(200 * KiB)
+    again = fake_cupy.cuda.memory.alloc(800 * KiB)
     assert again.ptr
-    assert xcp.stats(dev).live_bytes == 200 * KiB
+    assert xcp.stats(dev).live_bytes == 800 * KiB
     del again
     assert xi.live_blocks(dev) == 0
 
@@ -559,8 +581,10 @@ def test_torch_and_cupy_share_one_budget_and_one_set_of_stats(fake_torch, fake_c
     assert xi.live_blocks(dev) == 5
 
     alloc = fake_torch._fake.current
+    idle = st.outstanding_bytes - held  # the rest of the arena's page (the pool: 0)
     assert alloc.malloc(4 * MiB, dev, None) is None  # counted against both frameworks' bytes
-    assert xc.last_error() == refusal("xlog_torch_malloc", 4 * MiB, held, 0, 4 * MiB)
+    assert xc.last_error() == refusal("xlog_torch_malloc", 4 * MiB, held, 0, 4 * MiB, cached=idle)
+    # One byte more than the budget leaves beside the live bytes.
     with pytest.raises(fake_cupy.cuda.memory.OutOfMemoryError, match="xlog_cupy_malloc: out of budget"):
         fake_cupy.cuda.memory.alloc(4 * MiB - held + 1)
     assert xt.stats(dev).failed_allocations == 2
@@ -571,8 +595,8 @@ def test_torch_and_cupy_share_one_budget_and_one_set_of_stats(fake_torch, fake_c
     st = xt.stats(dev)
     assert (st.live_bytes, st.live_blocks, st.deallocations) == (0, 0, 5)
     # One cache for both frameworks: either module's trim empties it.
-    assert st.cached_bytes == held
-    assert xcp.trim(dev, keep_bytes=4096) + xt.trim(dev) == held
+    assert st.cached_bytes == st.outstanding_bytes == held + idle
+    assert xcp.trim(dev, keep_bytes=4096) + xt.trim(dev) == held + idle
     assert xt.stats(dev).outstanding_bytes == 0
 
 
@@ -635,7 +659,7 @@ def test_cached_block_goes_to_another_stream_without_a_host_wait(lib, dev):
     """Cache on: a block freed on a busy stream is handed to an allocation
     on another stream at once; that stream waits on the GPU (here: the sim
     worker), not the caller."""
-    xi.setup_hooks(dev, budget="1MiB", backend="sim")
+    xi.setup_hooks(dev, budget=2 * PAGE, backend="sim")
     a = lib.xlog_torch_malloc(704 * KiB, dev, None)
     gate = threading.Event()
     order = []

@@ -27,13 +27,14 @@ CHILD = textwrap.dedent(
     import xlog_cuda as xc
 
     mode, path = sys.argv[1], sys.argv[2]
-    rt = xc.Runtime(0, xc.Config(backend="sim"), budget_bytes=1 << 20, log_path=path)
+    # Whole 2 MiB pages: the same numbers under either memory.
+    rt = xc.Runtime(0, xc.Config(backend="sim"), budget_bytes=8 << 20, log_path=path)
     stream = rt.acquire_stream()
-    kept = [rt.allocate(256 << 10, stream, tag=f"kept {i}") for i in range(3)]
+    kept = [rt.allocate(2 << 20, stream, tag=f"kept {i}") for i in range(3)]
     if mode == "raise":
-        rt.allocate(512 << 10, stream, tag="refused")
+        rt.allocate(4 << 20, stream, tag="refused")
     try:
-        rt.allocate(512 << 10, stream, tag="refused")
+        rt.allocate(4 << 20, stream, tag="refused")
     except xc.OutOfBudgetError:
         print("refused", flush=True)
     time.sleep(60)
@@ -68,8 +69,8 @@ def check_log(log: str, killed: bool) -> None:
     refusals = [r for r in rows if r["Action"] == "allocate failure"]
     assert len(refusals) == 1, rows
     refusal = refusals[0]
-    assert (refusal["Tag"], int(refusal["Size"])) == ("refused", 512 << 10)
-    for needle in ("out of budget", "requested 524288", "live 786432", "limit 1048576"):
+    assert (refusal["Tag"], int(refusal["Size"])) == ("refused", 4 << 20)
+    for needle in ("out of budget", "requested 4194304", "live 6291456", "limit 8388608"):
         assert needle in refusal["Detail"], refusal["Detail"]
     if killed:
         # Nothing ran after the kill: no close, so no leak or free rows.

@@ -15,8 +15,9 @@ import xlog_cuda as xc
 @pytest.fixture
 def devices():
     cfg = xc.Config(backend="sim", sim_devices=2, sim_capacity_bytes="64MiB")
-    d0 = xc.Runtime(0, cfg, budget_bytes="1MiB")
-    d1 = xc.Runtime(1, cfg, budget_bytes="4MiB")
+    # Whole 2 MiB pages (what the arena maps and charges).
+    d0 = xc.Runtime(0, cfg, budget_bytes="2MiB")
+    d1 = xc.Runtime(1, cfg, budget_bytes="8MiB")
     yield d0, d1
     d0.close()
     d1.close()
@@ -54,13 +55,14 @@ def test_device_1_reads_device_0s_block_in_order(devices):
 def test_budgets_and_stats_are_per_device(devices):
     d0, d1 = devices
     s0, s1 = d0.acquire_stream(), d1.acquire_stream()
-    a = d0.allocate(1 << 20, s0)
+    a = d0.allocate(2 << 20, s0)
     with pytest.raises(xc.OutOfBudgetError):
-        d0.allocate(1 << 20, s0)
-    b = d1.allocate(3 << 20, s1)
+        d0.allocate(2 << 20, s0)
+    b = d1.allocate(6 << 20, s1)
     st0, st1 = d0.stats(), d1.stats()
-    assert (st0.live_bytes, st1.live_bytes) == (1 << 20, 3 << 20)
-    assert (st0.budget_limit, st1.budget_limit) == (1 << 20, 4 << 20)
+    assert (st0.live_bytes, st1.live_bytes) == (2 << 20, 6 << 20)
+    assert (st0.budget_limit, st1.budget_limit) == (2 << 20, 8 << 20)
+    assert (st0.budget_remaining, st1.budget_remaining) == (0, 2 << 20)
     assert (st0.failed_allocations, st1.failed_allocations) == (1, 0)
     a.free()
     b.free()

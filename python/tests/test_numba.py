@@ -30,7 +30,8 @@ SCENARIO = textwrap.dedent(
     import xlog_cuda, xlog_cuda.interop as xi, xlog_cuda.numba as xn
 
     DEV = int(os.environ["DEV"])
-    MiB = 1 << 20
+    BUDGET = 4 << 20  # two 2 MiB pages (the arena's unit); the callers set it
+    SIZE = 2400 << 10  # PyTorch's block; twice it does not fit beside `p`
     fake = getattr(numba, "FAKE", False)
     if fake:
         ctx = driver.Context(DEV)          # binds the manager named by NUMBA_CUDA_MEMORY_MANAGER
@@ -53,7 +54,9 @@ SCENARIO = textwrap.dedent(
     assert ptr and ptr % 256 == 0 and p.size == 4096
     st = xn.stats(DEV)
     assert st.live_bytes - base.live_bytes == 4096 and st.live_blocks - base.live_blocks == 1, st
-    assert mm.get_memory_info() == cuda.MemoryInfo(free=MiB - 4096, total=MiB)
+    # Free is what the budget has left: less what the runtime holds (the
+    # pool: the block; the arena: its page).
+    assert mm.get_memory_info() == cuda.MemoryInfo(free=BUDGET - st.outstanding_bytes, total=BUDGET)
 
     # Zero bytes: a NULL pointer, nothing charged, freed like any other.
     z = mm.memalloc(0)
@@ -63,32 +66,38 @@ SCENARIO = textwrap.dedent(
 
     # One budget with the PyTorch/CuPy hooks of the same device.
     lib = xlog_cuda.load_library()
-    t = lib.xlog_torch_malloc(600 << 10, DEV, None)
+    t = lib.xlog_torch_malloc(SIZE, DEV, None)
     assert t, xlog_cuda.last_error()
+    with_t = xn.stats(DEV)
+    t_bytes = with_t.live_bytes - st.live_bytes  # device bytes: SIZE rounded up by the allocator
+    assert SIZE <= t_bytes < SIZE + (64 << 10), with_t
     cleared = mm.deallocations.cleared if fake else None
     try:
-        mm.memalloc(600 << 10)
+        mm.memalloc(SIZE)
         raise SystemExit("an allocation over the shared budget succeeded")
     except driver.CudaAPIError as e:
         assert e.code == driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY, e.code
         assert isinstance(e, MemoryError) and isinstance(e, xn.NumbaOutOfMemoryError)
-        assert "out of budget" in str(e) and "requested 614400 bytes" in str(e) and "limit 1048576" in str(e), str(e)
+        assert "out of budget" in str(e) and "requested 2457600 bytes" in str(e) and "limit 4194304" in str(e), str(e)
         assert e.xlog_message.startswith("xlog_allocate: out of budget"), e.xlog_message
         if fake:
             assert mm.deallocations.cleared == cleared + 1  # Numba's pending frees flushed before the retry
     assert xn.stats(DEV).failed_allocations >= 1
-    lib.xlog_torch_free(t, 600 << 10, DEV, None)
-    # Byte counts are device bytes: 600 KiB takes its 608 KiB size class.
-    CLASS_600K = 622592
+    lib.xlog_torch_free(t, SIZE, DEV, None)
     st = xn.stats(DEV)
-    assert st.cached_bytes - base.cached_bytes == CLASS_600K, st   # PyTorch's block waits in the cache
-    q = mm.memalloc(600 << 10)                  # fits once PyTorch's block is gone
-    assert q.size == 600 << 10
+    # PyTorch's block waits in the cache (the arena: its range, in pages
+    # still mapped): held and charged, not live.
+    assert st.live_bytes - base.live_bytes == 4096 and st.outstanding_bytes == with_t.outstanding_bytes, st
+    assert st.cached_bytes - with_t.cached_bytes == t_bytes, st
+    hits = st.cache_hits
+    q = mm.memalloc(SIZE)                       # fits once PyTorch's block is gone
+    assert q.size == SIZE
     st = xn.stats(DEV)
-    assert st.live_bytes - base.live_bytes == 4096 + CLASS_600K, st
+    assert st.live_bytes - base.live_bytes == 4096 + t_bytes, st
     # Both hooks order on the legacy default stream: Numba reuses PyTorch's
-    # cached block with no new memory from the driver.
-    assert st.cache_hits - base.cache_hits == 1 and st.cached_bytes == base.cached_bytes, st
+    # memory with none new from the driver.
+    assert st.cache_hits - hits == 1 and st.outstanding_bytes == with_t.outstanding_bytes, st
+    assert st.cached_bytes == with_t.cached_bytes, st
     assert q.device_pointer_value == t, (hex(q.device_pointer_value), hex(t))
 
     # Dropping the arrays frees their memory (stream-ordered) into the
@@ -98,11 +107,12 @@ SCENARIO = textwrap.dedent(
     xi.drain(DEV)
     st = xn.stats(DEV)
     assert st.live_bytes == base.live_bytes and st.pending_bytes == 0, st
-    assert st.cached_bytes - base.cached_bytes == 4096 + CLASS_600K, st
+    assert st.outstanding_bytes == with_t.outstanding_bytes, st  # all of it still held, idle
+    assert st.cached_bytes == st.outstanding_bytes - st.live_bytes, st
     assert xi.trim(DEV) == st.cached_bytes
     st = xn.stats(DEV)
     assert st.cached_bytes == 0 and st.pending_bytes == 0 and st.outstanding_bytes == st.live_bytes, st
-    assert mm.get_memory_info() == cuda.MemoryInfo(free=MiB - st.outstanding_bytes, total=MiB)
+    assert mm.get_memory_info() == cuda.MemoryInfo(free=BUDGET - st.outstanding_bytes, total=BUDGET)
 
     try:
         mm.get_ipc_handle(None)
@@ -165,11 +175,11 @@ def test_module_imports_without_numba(tmp_path):
 
 def test_env_var_plugin_through_the_numba_stand_in(tmp_path):
     """NUMBA_CUDA_MEMORY_MANAGER=xlog_cuda.numba: the hook runtime opens from
-    XLOG_* (budget 1 MiB, a log), Numba's allocations and PyTorch's hook
+    XLOG_* (budget 4 MiB, a log), Numba's allocations and PyTorch's hook
     share the budget, refusals are Numba's out-of-memory error."""
     log = tmp_path / "numba.csv"
     out = _run(SCENARIO, tmp_path, fake=True, DEV="61", NUMBA_CUDA_MEMORY_MANAGER="xlog_cuda.numba",
-               XLOG_BUDGET_BYTES="1MiB", XLOG_LOG_PATH=str(log))
+               XLOG_BUDGET_BYTES="4MiB", XLOG_LOG_PATH=str(log))
     assert out.returncode == 0 and "SCENARIO OK" in out.stdout, out.stdout + out.stderr
 
 
@@ -178,7 +188,7 @@ def test_enable_sets_the_memory_manager(tmp_path):
         """
         import xlog_cuda.numba as xn
         from numba.cuda.cudadrv import driver
-        xn.enable(budget="1MiB", backend="sim", device=62)
+        xn.enable(budget="4MiB", backend="sim", device=62)
         assert driver._memory_manager is xn.XlogNumbaManager and xn.is_enabled()
         """
     ) + SCENARIO
@@ -198,5 +208,5 @@ def test_a_broken_plugin_module_is_numbas_error(tmp_path):
 @pytest.mark.skipif(not _real_numba_available(), reason="numba-cuda is not installed (or cannot import without CUDA libraries)")
 def test_with_the_real_numba_cuda(tmp_path):
     out = _run(SCENARIO, tmp_path, fake=False, DEV="64", NUMBA_CUDA_MEMORY_MANAGER="xlog_cuda.numba",
-               XLOG_BUDGET_BYTES="1MiB")
+               XLOG_BUDGET_BYTES="4MiB")
     assert out.returncode == 0 and "SCENARIO OK" in out.stdout, out.stdout + out.stderr

@@ -15,7 +15,7 @@ import pytest
 
 from xlog_cuda import report
 
-from conftest import PYTHON_DIR
+from conftest import PYTHON_DIR, pool_memory
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream,Tag\n"
 
@@ -215,27 +215,34 @@ def test_a_real_log_rebuilds_cached_pending_and_refusals(tmp_path, make_runtime)
     import xlog_cuda as xc
 
     path = tmp_path / "run.csv"
-    rt = make_runtime(log_path=str(path), budget_bytes=1 << 20)
+    # Four 2 MiB pages (the arena maps and charges pages; the pool blocks).
+    rt = make_runtime(log_path=str(path), budget_bytes=8 << 20)
     with rt.acquire_stream() as s:
-        a = rt.allocate(300 << 10, s, tag="a")
-        b = rt.allocate(200 << 10, s, tag="b")
+        a = rt.allocate(2400 << 10, s, tag="a")
+        b = rt.allocate(1600 << 10, s, tag="b")
         a.free()
         with pytest.raises(xc.OutOfBudgetError):
-            rt.allocate(900 << 10, s, tag="huge")
-        c = rt.allocate(64 << 10, s, tag="c")
+            rt.allocate(7200 << 10, s, tag="huge")
+        c = rt.allocate(512 << 10, s, tag="c")
         rt.trim(keep_bytes=0)
         rt.reap()
         st = rt.stats()
         d = report.analyze(str(path))
         held = d["held"]
-        assert held["known"] and held["counts"]["reserve"] == st.cache_misses
+        assert held["known"]
+        if pool_memory():
+            assert held["counts"]["reserve"] == st.cache_misses  # a reserve row per driver allocation
+        else:
+            # A reserve row per page-mapping call that created pages; the
+            # arena also counts a miss for the refused call's attempts.
+            assert 1 <= held["counts"]["reserve"] <= st.cache_misses
         assert held["at_end"]["live"] == st.live_bytes
         assert (held["at_end"]["cached"], held["at_end"]["pending"]) == (st.cached_bytes, st.pending_bytes)
         assert held["peak"]["bytes"] == st.peak_outstanding_bytes
         r = d["refusals"]
         assert r["count"] == st.failed_allocations == 1
         msg = r["listed"][0]["message"]
-        assert r["listed"][0]["tag"] == "huge" and "requested 921600" in msg and "limit 1048576" in msg, msg
+        assert r["listed"][0]["tag"] == "huge" and "requested 7372800" in msg and "limit 8388608" in msg, msg
         assert d["other_actions"] == {}
         b.free()
         c.free()

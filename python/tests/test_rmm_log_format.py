@@ -151,9 +151,11 @@ def _make_log(tmp_path, make_runtime):
     made = []
     for i, tag in enumerate(["plain", "with, comma", 'with "quote"', "", "x" * 40]):
         made.append(rt.allocate(4096 * (i + 1), streams[i % 3], tag=tag))
+    # Armed for the next driver allocation: 4 MiB fits in no page the arena
+    # mapped already (nor in a pool cache), so it is one.
     rt.sim_inject_fault("alloc", 1)
     with pytest.raises(xc.DriverError):
-        rt.allocate(1 << 20, streams[0], tag="refused")
+        rt.allocate(4 << 20, streams[0], tag="refused")
     for b in made:
         b.free()
     rt.drain()
@@ -185,7 +187,7 @@ def test_rmm_parser_reads_an_xlog_log(tmp_path, make_runtime):
     # What RMM reads is what happened: pointers, sizes, streams.
     assert [(e[3], e[2], e[4]) for e in allocs] == [(b.ptr, b.size, b.stream) for b in made]
     assert sorted(e[3] for e in frees) == sorted(b.ptr for b in made)
-    assert failures[0][2] == 1 << 20 and failures[0][3] == 0
+    assert failures[0][2] == 4 << 20 and failures[0][3] == 0
     assert {e[4] for e in allocs} == {s.id for s in streams}
     # The replay pairs every free with an earlier allocate of that pointer.
     seen = set()

@@ -13,6 +13,8 @@ import pytest
 
 import xlog_cuda as xc
 
+from conftest import PAGE, held_for
+
 U64_MAX = (1 << 64) - 1
 
 
@@ -103,8 +105,9 @@ def test_stats_track_allocate_free_reap_drain_without_the_cache(make_runtime):
     assert rt.drain() == 0
 
 
+@pytest.mark.pool_memory
 def test_stats_track_allocate_free_reuse_trim_with_the_cache(rt, stream):
-    """The default: a free goes to its stream's cache and stays charged;
+    """The pool: a free goes to its stream's cache and stays charged;
     trim hands it back to the driver."""
     s0 = rt.stats()
     assert s0 == xc.Stats(0, 0, 0, 0, 0, U64_MAX, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -158,16 +161,58 @@ def test_trim_arguments_and_closed_runtime(make_runtime):
         rt.trim()
 
 
+def test_stats_track_allocate_free_reuse_trim_in_the_arena(make_runtime):
+    """The arena (the default memory): blocks are carved from 2 MiB pages it
+    maps and charges; a free leaves the page mapped (idle, still charged),
+    the next block is carved from it without a driver call, and trim
+    unmaps only pages no live block lies in."""
+    rt = make_runtime(memory="arena", budget_bytes=4 * PAGE)
+    with rt.acquire_stream() as stream:
+        a = rt.allocate(4096, stream, tag="a")
+        b = rt.allocate(12288, stream, tag="b")
+        s1 = rt.stats()
+        assert (s1.live_bytes, s1.outstanding_bytes, s1.cache_hits, s1.cache_misses) == (16384, PAGE, 1, 1)
+        assert (s1.cached_bytes, s1.reserved_bytes, s1.budget_remaining) == (PAGE - 16384, PAGE, 3 * PAGE)
+
+        a.free()
+        b.free()
+        s2 = rt.stats()
+        assert (s2.live_bytes, s2.pending_bytes, s2.cached_bytes, s2.outstanding_bytes) == (0, 0, PAGE, PAGE)
+        assert (s2.deallocations, s2.budget_remaining) == (2, 3 * PAGE)
+        assert rt.drain() == 0 and rt.reap() == 0  # nothing was handed to the driver
+
+        # The next block comes from the mapped page: a new generation, and
+        # the old handles are stale.
+        c = rt.allocate(4096, stream, tag="c")
+        assert c.generation > b.generation
+        with pytest.raises(xc.UseAfterFreeError):
+            a.copy().validate()
+        s3 = rt.stats()
+        assert (s3.cache_hits, s3.cache_misses, s3.allocations) == (2, 1, 3)
+        assert (s3.live_bytes, s3.cached_bytes, s3.outstanding_bytes) == (4096, PAGE - 4096, PAGE)
+
+        # The page holds a live block: trim cannot release it, whatever keep.
+        assert rt.trim(keep_bytes=PAGE) == 0
+        assert rt.trim() == 0
+        assert rt.stats().outstanding_bytes == PAGE
+        c.free()
+        assert rt.trim() == PAGE
+        s4 = rt.stats()
+        assert (s4.outstanding_bytes, s4.cached_bytes, s4.reserved_bytes, s4.budget_remaining) == (0, 0, 0, 4 * PAGE)
+        assert s4.peak_outstanding_bytes == PAGE
+
+
 def test_budget_stats(make_runtime):
-    rt = make_runtime(budget_bytes="1MiB")
+    rt = make_runtime(budget_bytes="4MiB")
+    held = held_for(4096)  # the block (the pool), its page (the arena)
     with rt.acquire_stream() as s:
         with rt.allocate(4096, s):
             st = rt.stats()
-            assert (st.budget_limit, st.budget_remaining) == (1 << 20, (1 << 20) - 4096)
-        # A cached block is still charged; trim gives it back to the budget.
-        assert rt.stats().budget_remaining == (1 << 20) - 4096
-        assert rt.trim() == 4096
-        assert rt.stats().budget_remaining == 1 << 20
+            assert (st.budget_limit, st.budget_remaining) == (4 << 20, (4 << 20) - held)
+        # Freed memory that stays held is still charged; trim gives it back.
+        assert rt.stats().budget_remaining == (4 << 20) - held
+        assert rt.trim() == held
+        assert rt.stats().budget_remaining == 4 << 20
 
 
 def test_block_fields_alignment_and_generations(rt, stream):
@@ -436,7 +481,9 @@ def test_readme_example_runs(capsys):
     assert blocks, "README has no python example"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
-    assert "cached_bytes=4096" in capsys.readouterr().out
+    from conftest import held_for
+
+    assert f"cached_bytes={held_for(4096)}," in capsys.readouterr().out
 
 
 def test_sim_native_token_of_another_runtime_is_not_aliased(make_runtime):

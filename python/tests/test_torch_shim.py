@@ -262,7 +262,7 @@ def test_shim_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_first_enable_builds_later_ones_load_the_cached_shim(shim_env, monkeypatch):
     dev = next(_devices)
-    xt.enable(backend="sim", budget="1MiB", device=dev)
+    xt.enable(backend="sim", budget="2MiB", device=dev)  # one page (the arena's unit)
     info = xt.enable_info()
     assert (info["shim_origin"], builds(shim_env)) == ("built", 1)
     shim = info["shim"]
@@ -274,7 +274,7 @@ def test_first_enable_builds_later_ones_load_the_cached_shim(shim_env, monkeypat
     # A new process: the same file, no build, cpp_extension never imported.
     fresh_process(monkeypatch)
     dev2 = next(_devices)
-    xt.enable(backend="sim", budget="1MiB", device=dev2)
+    xt.enable(backend="sim", budget="2MiB", device=dev2)
     info = xt.enable_info()
     assert (info["shim"], info["shim_origin"], builds(shim_env)) == (shim, "cached", 1)
     assert "torch.utils.cpp_extension" not in sys.modules
@@ -288,7 +288,7 @@ def test_first_enable_builds_later_ones_load_the_cached_shim(shim_env, monkeypat
     assert alloc.path == shim
     p = alloc.malloc(4096, dev2, None)
     assert p and xt.stats(dev2).live_bytes == 4096
-    assert not alloc.malloc(2 << 20, dev2, None)  # over the budget: the shim sees the refusal
+    assert not alloc.malloc(4 << 20, dev2, None)  # over the budget: the shim sees the refusal
     assert "out of budget" in xc.last_error()
     alloc.free(p, 4096, dev2, None)
     assert xt.stats(dev2).live_bytes == 0
@@ -493,7 +493,7 @@ def test_fallback_without_the_shim_refusals_are_null_with_the_numbers(shim_env, 
     monkeypatch.setenv("XLOG_TORCH_OOM_SHIM", "0")
     dev = next(_devices)
     with pytest.warns(RuntimeWarning) as got:
-        xt.enable(backend="sim", budget="1MiB", device=dev)
+        xt.enable(backend="sim", budget="4MiB", device=dev)
     texts = [str(w.message) for w in got]
     assert any("without the OOM shim (XLOG_TORCH_OOM_SHIM=0)" in t and "data_ptr() 0" in t for t in texts), texts
     assert any("Tensor.record_stream does not reach xlog (no shim: XLOG_TORCH_OOM_SHIM=0)" in t for t in texts), texts
@@ -505,13 +505,13 @@ def test_fallback_without_the_shim_refusals_are_null_with_the_numbers(shim_env, 
 
     alloc = torch.cuda.memory.current
     assert alloc.path == xc.library_path()  # the plain hooks
-    p = alloc.malloc(512 << 10, dev, None)
+    p = alloc.malloc(2 << 20, dev, None)
     assert p
-    assert not alloc.malloc(768 << 10, dev, None)  # refused: NULL
+    assert not alloc.malloc(3 << 20, dev, None)  # refused: NULL
     reason = xc.last_error()
-    assert "out of budget" in reason and "requested 786432 bytes" in reason and "limit 1048576" in reason, reason
+    assert "out of budget" in reason and "requested 3145728 bytes" in reason and "limit 4194304" in reason, reason
     assert xt.stats(dev).failed_allocations == 1
-    alloc.free(p, 512 << 10, dev, None)
+    alloc.free(p, 2 << 20, dev, None)
     # The explicit call still reaches xlog without the hook.
     import xlog_cuda.interop as xi
 
