@@ -162,7 +162,7 @@ TEST_F(ArenaPages, RefusalComesOnlyAfterIdlePagesAreReleased) {
   EXPECT_TRUE(Contains(msg, "live " + std::to_string(budget_))) << msg;
   EXPECT_TRUE(Contains(msg, "limit " + std::to_string(budget_))) << msg;
   EXPECT_TRUE(Contains(msg, "remaining 0")) << msg;
-  ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), 1, /*arena=*/true);
+  ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), 1);
   for (const xlog_block& b : taken) XLOG_ASSERT_OK(xlog_deallocate(rt_, b));
   XLOG_ASSERT_OK(xlog_stream_release(rt_, other));
 }
@@ -281,7 +281,7 @@ TEST_F(ArenaPages, PageCreationFaultIsADriverErrorAndChargesNothing) {
   XLOG_EXPECT_REJECTED(XLOG_ERR_DRIVER, xlog_allocate(rt_, 2 * kPage, stream_, "faulted", &out));
   EXPECT_TRUE(Contains(LastError(), "injected")) << LastError();
   const xlog_stats after = StatsOf(rt_);
-  ExpectStatsUnchangedByRefusal(before, after, 1, /*arena=*/true);
+  ExpectStatsUnchangedByRefusal(before, after, 1);
   EXPECT_EQ(after.budget_remaining, budget_ - kPage) << "a failed page creation left a charge";
   ExpectPagePhysics(after);
 

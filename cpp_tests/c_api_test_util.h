@@ -132,14 +132,12 @@ inline void ExpectStatsUnchanged(const xlog_stats& before, const xlog_stats& aft
       << Describe(after);
 }
 
-// The same for a refused allocation, with one difference the arena has
-// today: a refusal may count cache misses (it counts one for each attempt to
-// map pages, even one that fails; the pool counts only allocations the
-// driver served). Every other field must be unchanged.
+// The same for a refused allocation, under either memory: a refusal counts
+// as failed and changes nothing else (no cache hit or miss either).
 inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
-                                          std::uint64_t refusals, bool arena);
-inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
-                                          std::uint64_t refusals);
+                                          std::uint64_t refusals) {
+  ExpectStatsUnchanged(before, after, refusals);
+}
 
 // Defaults from xlog_config_init, on the sim backend.
 inline xlog_config SimConfig() {
@@ -155,21 +153,6 @@ inline xlog_config SimConfig() {
 // runs these suites under both. Tests about one mechanism set cfg.memory
 // themselves; the others hold under either.
 inline bool DefaultMemoryIsPool() { return SimConfig().memory == XLOG_MEMORY_POOL; }
-
-inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
-                                          std::uint64_t refusals, bool arena) {
-  xlog_stats seen = after;
-  if (arena) {
-    EXPECT_GE(after.cache_misses, before.cache_misses);
-    seen.cache_misses = before.cache_misses;
-  }
-  ExpectStatsUnchanged(before, seen, refusals);
-}
-// ...for a runtime of the default memory.
-inline void ExpectStatsUnchangedByRefusal(const xlog_stats& before, const xlog_stats& after,
-                                          std::uint64_t refusals) {
-  ExpectStatsUnchangedByRefusal(before, after, refusals, !DefaultMemoryIsPool());
-}
 
 // The arena maps device memory in pages of this size (sim models 2 MiB, as
 // Hopper has); a budget below one page refuses every arena allocation.

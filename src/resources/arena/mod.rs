@@ -290,7 +290,6 @@ impl Arena {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
         let mapped = self.obtain(missing.len(), stream, gate, may_unmap).and_then(|(handles, created)| {
             self.map_pages(&region, &missing, handles)?;
             if let (Some(log), true) = (&self.log, created > 0) {
@@ -306,6 +305,9 @@ impl Arena {
             let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
             return Err(e);
         }
+        // A miss is an allocation the driver's mapping served (a refused
+        // one is no allocation: the stats count it as failed, not missed).
+        self.misses.fetch_add(1, Ordering::Relaxed);
         Ok(addr)
     }
 
