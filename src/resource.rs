@@ -304,6 +304,13 @@ impl Usage {
     }
 }
 
+/// `bytes` rounded up to the driver's granularity
+/// ([`crate::device::GRANULARITY`]); `None` past `u64::MAX`.
+pub(crate) fn granular(bytes: u64) -> Option<u64> {
+    use crate::device::GRANULARITY;
+    bytes.div_ceil(GRANULARITY).checked_mul(GRANULARITY)
+}
+
 /// Permission to take new memory from the driver. A budget above a
 /// resource passes itself down as the gate, so a caching resource asks
 /// for bytes only when it really grows (a cache hit is already paid for).

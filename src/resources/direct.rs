@@ -14,10 +14,6 @@ use crate::resource::{
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
-/// The granularity `cuMemAlloc` (and the sim) hand memory out in: a
-/// one-byte block takes this much of the device.
-pub(crate) const DIRECT_GRANULARITY: u64 = 256;
-
 struct Record {
     ptr: u64,
     size: u64,
@@ -81,7 +77,7 @@ impl DeviceMemoryResource for Direct {
         gate: &dyn ChargeGate,
     ) -> ResourceResult<DeviceBlock> {
         let generation = Generation::next();
-        let Some(held) = bytes.div_ceil(DIRECT_GRANULARITY).checked_mul(DIRECT_GRANULARITY) else {
+        let Some(held) = crate::resource::granular(bytes) else {
             return Err(super::async_pool::too_big(bytes, gate));
         };
         let ptr = if bytes == 0 {
