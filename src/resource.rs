@@ -311,9 +311,10 @@ pub(crate) fn granular(bytes: u64) -> Option<u64> {
     bytes.div_ceil(GRANULARITY).checked_mul(GRANULARITY)
 }
 
-/// Permission to take new memory from the driver. A budget above a
-/// resource passes itself down as the gate, so a caching resource asks
-/// for bytes only when it really grows (a cache hit is already paid for).
+/// Permission to take new memory from the driver: an allocator under a
+/// budget charges it right before it takes device memory (`budget.rs`), so
+/// a caching allocator asks only when it really grows (a cache hit is
+/// already paid for).
 pub trait ChargeGate: Sync {
     /// Charge `bytes`, or refuse (with the error to report) when they do
     /// not fit.
@@ -377,38 +378,15 @@ fn no_tracking(what: &str) -> ResourceError {
 pub trait DeviceMemoryResource: Send + Sync {
     /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
     /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        self.allocate_gated(bytes, stream, tag, &NoCharge)
-    }
-
-    /// `allocate`, asking `gate` before taking new memory from the driver
-    /// (and telling it about memory retired meanwhile), so that
-    /// `bytes_outstanding` never grows past what the gate allowed.
-    fn allocate_gated(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock>;
+    /// Under a budget, new device memory is charged before it is taken
+    /// (`budget.rs`).
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock>;
 
     /// Return a block. Its allocation stream is authoritative for ordering:
     /// a tracking resource first makes it wait for every recorded use on
     /// other streams. Returns the block as it was, with its new state.
     /// A stale or doubled handle is an error that changes nothing.
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
-
-    /// `deallocate`, also saying by how much it lowered `bytes_outstanding`
-    /// (what a budget above must release). The default observes the drop
-    /// around the call, which is exact only while no other call moves the
-    /// outstanding bytes meanwhile; every resource of this crate overrides it
-    /// with the exact figure, and so must any resource placed under a
-    /// budget that is called from several threads.
-    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        let before = self.bytes_outstanding();
-        let result = self.deallocate(block);
-        (result, before.saturating_sub(self.bytes_outstanding()))
-    }
 
     /// CUDA ordinal (or sim ordinal) the resource serves.
     fn device_ordinal(&self) -> u32;

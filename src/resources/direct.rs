@@ -7,10 +7,11 @@ use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::async_pool::{check_matches, stale};
+use super::budget::GlobalDeviceBudget;
 use crate::device::Device;
 use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
-    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
+    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation, NoCharge,
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
@@ -43,12 +44,20 @@ pub struct Direct {
     /// The runtime's CSV log, if any: a `reserve` row per allocation (a
     /// free's `release` and `retire` rows are the logging layer's).
     log: Option<Arc<super::logging::CsvLog>>,
+    /// The limit each block is charged to before it is taken.
+    budget: Option<Arc<GlobalDeviceBudget>>,
 }
 
 impl Direct {
     pub fn new(device: Arc<dyn Device>) -> Direct {
         let ordinal = device.ordinal().max(0) as u32;
-        Direct { device, ordinal, state: Mutex::default(), log: None }
+        Direct { device, ordinal, state: Mutex::default(), log: None, budget: None }
+    }
+
+    /// Charge every block to `budget` (`budget.rs`).
+    pub fn with_budget(mut self, budget: Option<Arc<GlobalDeviceBudget>>) -> Direct {
+        self.budget = budget;
+        self
     }
 
     /// Write a `reserve` row per allocation into `log`.
@@ -66,10 +75,9 @@ impl Direct {
         check_matches(id, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
         Ok(rec)
     }
-}
 
-impl DeviceMemoryResource for Direct {
-    fn allocate_gated(
+    /// One allocate, charging `gate` right before it takes device memory.
+    fn allocate_charging(
         &self,
         bytes: u64,
         stream: StreamRef,
@@ -108,7 +116,8 @@ impl DeviceMemoryResource for Direct {
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
 
-    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+    /// The synchronous free.
+    fn free(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
         let mut st = self.lock();
         let rec = self.record(&st, id)?;
         let (ptr, size, held, tag) = (rec.ptr, rec.size, rec.held, rec.tag);
@@ -121,12 +130,23 @@ impl DeviceMemoryResource for Direct {
         st.counters.freed(tag.index(), held);
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
+}
 
-    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+impl DeviceMemoryResource for Direct {
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        match &self.budget {
+            None => self.allocate_charging(bytes, stream, tag, &NoCharge),
+            Some(budget) => budget.allocate(self, bytes, |gate| self.allocate_charging(bytes, stream, tag, gate)),
+        }
+    }
+
+    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let freed = self.free(id)?;
         // A synchronous free gives the whole block back at once.
-        let result = self.deallocate(id);
-        let released = result.as_ref().map_or(0, |b| b.held);
-        (result, released)
+        if let Some(budget) = &self.budget {
+            budget.release(freed.held);
+        }
+        Ok(freed)
     }
 
     fn device_ordinal(&self) -> u32 {

@@ -76,7 +76,7 @@ use crate::device::RawStream;
 use crate::resources::announced_pools::PoolKey;
 use crate::telemetry::AllocationSite;
 use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock,
+    forward_to_inner, AllocTag, BlockId, BlockState, DeviceBlock,
     DeviceMemoryResource, ResourceError, ResourceResult, StreamRef, Trimmed,
 };
 
@@ -327,16 +327,9 @@ impl LoggingResource {
 }
 
 impl DeviceMemoryResource for LoggingResource {
-    fn allocate_gated(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock> {
-        let result = self.inner.allocate_gated(bytes, stream, tag, gate);
-        // Failures are the runtime's to log, once per call: a budget above
-        // may retry a refusal after relieving pressure.
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        let result = self.inner.allocate(bytes, stream, tag);
+        // Failures are the runtime's to log, once per call.
         // Detail: the call site, when the runtime tracks them (it names the
         // allocation under way on this thread; see `AllocationSite`).
         if let Ok(b) = &result {
@@ -348,11 +341,7 @@ impl DeviceMemoryResource for LoggingResource {
     }
 
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        self.deallocate_released(block).0
-    }
-
-    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        let (result, released) = self.inner.deallocate_released(block);
+        let result = self.inner.deallocate(block);
         if let Ok(b) = &result {
             self.log.row("free", block.ptr, b.held, block.alloc_stream.0, &b.tag.name(), "");
             // What the free itself gave the driver (the base resource logs
@@ -367,7 +356,7 @@ impl DeviceMemoryResource for LoggingResource {
                 _ => {}
             }
         }
-        (result, released)
+        result
     }
 
     fn reap_pending(&self) -> ResourceResult<u64> {

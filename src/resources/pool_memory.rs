@@ -42,7 +42,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::arena::HeldBytes;
+use super::budget::HeldBytes;
 use super::event_slab::{Ev, Events};
 use super::lock;
 use super::logging::CsvLog;
@@ -470,9 +470,7 @@ impl PoolMemory {
             if wait {
                 let _ = self.wait_pending(host);
             }
-            if let Ok(bytes) = self.reap(host) {
-                gate.uncharge(bytes);
-            }
+            let _ = self.reap(host);
             result = self.device.alloc_async(class, stream);
         }
         let ptr = result.map_err(|e| {

@@ -181,14 +181,18 @@ impl Runtime {
         Ok(())
     }
 
-    /// Build the stack Budget(Logging(base)) over `device`, leaving out the
-    /// layers the config does not ask for.
+    /// Build the stack Logging(allocator) over `device`, the allocator
+    /// charging the budget (if the config asks for one) where it takes
+    /// device memory; the log only if the config asks for it.
     pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
         // The log first: the base resource writes its driver traffic into it.
         let log = match &config.log_path {
             Some(path) => Some(CsvLog::open(path, device.ordinal())?),
             None => None,
         };
+        // The budget is the allocator's: charged where device memory is taken.
+        let budget = (config.budget_bytes > 0)
+            .then(|| Arc::new(GlobalDeviceBudget::new(config.budget_bytes, config.wait_on_pressure)));
         let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
                 // The driver's pool serves the pool memory, and the arena's
@@ -199,19 +203,15 @@ impl Runtime {
                 }
                 let options =
                     PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure, arena: config.arena };
-                Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
+                Arc::new(AsyncPool::with_budget(device.clone(), options, budget.clone()).with_log(log.clone()))
             }
-            AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),
+            AllocatorKind::Direct => {
+                Arc::new(Direct::new(device.clone()).with_budget(budget.clone()).with_log(log.clone()))
+            }
         };
         let tracker = stack.clone();
         if let Some(log) = &log {
             stack = Arc::new(LoggingResource::new(stack, log.clone()));
-        }
-        let mut budget = None;
-        if config.budget_bytes > 0 {
-            let layer = Arc::new(GlobalDeviceBudget::new(stack, config.budget_bytes, config.wait_on_pressure));
-            budget = Some(layer.clone());
-            stack = layer;
         }
         Ok(Runtime {
             streams: StreamPool::new(device.clone(), config.stream_pool_size),

@@ -5,17 +5,18 @@
 //! pool with per-stream caches (`pool_memory.rs`, `PoolOptions::arena`
 //! off, `XLOG_MEMORY=pool`).
 //!
-//! One allocate (`allocate_gated`), in order:
+//! One allocate (`allocate`, under the budget if any: `budget.rs`; then
+//! `allocate_charging`), in order:
 //! 1. the device size: the size class with the cache on (so freed blocks
 //!    can be reused), else the 256-byte granularity; `bytes == 0` takes
 //!    no memory and gets a fresh generation;
 //! 2. a stream that takes part in a capture gets the capture's private
 //!    memory (`capture.rs`);
-//! 3. the memory: the arena's `allocate` (which charges the gate per page
-//!    it creates), or, with the pool, a block of the stream's own cache
-//!    (the hot path: one lock, no driver call, no event), else
+//! 3. the memory: the arena's `allocate` (which charges the budget per
+//!    page it creates), or, with the pool, a block of the stream's own
+//!    cache (the hot path: one lock, no driver call, no event), else
 //!    `PoolMemory::allocate_miss` (another stream's cached block behind a
-//!    GPU-side wait, else the driver, after the gate allowed the growth);
+//!    GPU-side wait, else the driver, after the budget allowed the growth);
 //! 4. the block's record enters the table shard of its stream (`table.rs`)
 //!    with a new generation.
 //!
@@ -27,10 +28,16 @@
 //! off, its free is queued on S and the bytes are pending until reap sees
 //! it complete.
 //!
+//! A refusal by the budget is answered here, where it happens: the pool
+//! relieves its own pressure (`relieve_pressure`: the arena's idle pages,
+//! or the cache given back and reaped; with `wait_on_pressure` a wait for
+//! pending frees) before it refuses (`budget.rs`, "Pressure").
+//!
 //! Tracking (prepare/finish, launches): `tracking.rs`. Held memory
-//! (`outstanding = live + cached + pending`) moves only when the memory
-//! below takes or releases device memory, so the hot path moves no shared
-//! total but its shard's live counter.
+//! (`outstanding = live + cached + pending`, `HeldBytes`) moves only when
+//! the memory below takes or releases device memory, and every drop
+//! uncharges the budget, so the hot path moves no shared total but its
+//! shard's live counter, and the budget's charge is what the pool holds.
 //!
 //! Locks and their order: a block table shard (several in ascending index
 //! order for launches) → the shared event slab `events`. Pool memory's
@@ -49,7 +56,8 @@ pub(crate) use block::{check_matches, stale};
 use table::{shard_index, ShardLive, TableShard, TABLE_SHARDS};
 
 use super::announced_pools::{AnnouncedPools, PoolKey, PoolRelease};
-use super::arena::{Arena, HeldBytes};
+use super::arena::Arena;
+use super::budget::{GlobalDeviceBudget, HeldBytes};
 use super::capture_pool::CapturePools;
 use super::event_slab::{Events, SharedSlab};
 use super::lock;
@@ -59,7 +67,7 @@ use super::stream_cache::{size_class, CacheShard, CacheTotals};
 use crate::device::{Device, RawStream};
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock, DeviceMemoryResource,
-    Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
+    Generation, LeakedBlock, NoCharge, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
     granular,
 };
 use crate::tag_counters::CountSummary;
@@ -118,6 +126,8 @@ pub struct AsyncPool {
     /// Captures a framework begins itself and announces
     /// (`announced_pools.rs`).
     announced: AnnouncedPools,
+    /// The limit charged where device memory is taken (`budget.rs`).
+    budget: Option<Arc<GlobalDeviceBudget>>,
 }
 
 impl AsyncPool {
@@ -126,8 +136,14 @@ impl AsyncPool {
     }
 
     pub fn with_options(device: Arc<dyn Device>, options: PoolOptions) -> AsyncPool {
+        AsyncPool::with_budget(device, options, None)
+    }
+
+    /// A pool whose device memory is charged to `budget` where it is taken
+    /// (`budget.rs`).
+    pub fn with_budget(device: Arc<dyn Device>, options: PoolOptions, budget: Option<Arc<GlobalDeviceBudget>>) -> AsyncPool {
         let ordinal = device.ordinal().max(0) as u32;
-        let held = Arc::new(HeldBytes::default());
+        let held = Arc::new(HeldBytes::new(budget.clone()));
         let arena = if options.arena && options.cache {
             Arena::new(device.clone(), held.clone(), options.wait_on_pressure)
         } else {
@@ -149,6 +165,7 @@ impl AsyncPool {
             captures: CapturePools::default(),
             launches_closed: AtomicBool::new(false),
             announced: AnnouncedPools::default(),
+            budget,
         }
     }
 
@@ -207,6 +224,43 @@ impl AsyncPool {
         shard.allocations += 1;
         let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
+    }
+
+    /// One allocate (module docs), charging `gate` right before it takes
+    /// device memory.
+    fn allocate_charging(
+        &self,
+        bytes: u64,
+        stream: StreamRef,
+        tag: AllocTag,
+        gate: &dyn ChargeGate,
+    ) -> ResourceResult<DeviceBlock> {
+        if bytes == 0 {
+            return Ok(self.register_in(&mut self.shard(stream.id), 0, 0, 0, stream, tag));
+        }
+        let Some(class) = self.class_of(bytes) else { return Err(too_big(bytes, gate)) };
+        let capture = self.capture_of(stream.raw)?;
+        if capture != 0 {
+            return self.allocate_in_capture(bytes, class, stream, tag, gate, capture);
+        }
+        let (ptr, held) = match &self.arena {
+            Some(arena) => {
+                let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
+                let may_unmap = !self.captures.any_active();
+                (arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?, len)
+            }
+            None => {
+                if self.options.cache {
+                    // The hot path: one lock for the cache and the block record.
+                    let mut shard = self.shard(stream.id);
+                    if let Some(block) = shard.cache.take_own(stream.raw, class) {
+                        return Ok(self.register_in(&mut shard, block.ptr, bytes, block.bytes, stream, tag));
+                    }
+                }
+                self.memory.allocate_miss(self, class, stream, gate).map_err(naming_request(bytes))?
+            }
+        };
+        Ok(self.register_in(&mut self.shard(stream.id), ptr, bytes, held, stream, tag))
     }
 
     /// The device bytes a request of `bytes` takes in the pool's own
@@ -279,53 +333,20 @@ impl Drop for AsyncPool {
 }
 
 impl DeviceMemoryResource for AsyncPool {
-    fn allocate_gated(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock> {
-        if bytes == 0 {
-            return Ok(self.register_in(&mut self.shard(stream.id), 0, 0, 0, stream, tag));
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        match &self.budget {
+            None => self.allocate_charging(bytes, stream, tag, &NoCharge),
+            Some(budget) => budget.allocate(self, bytes, |gate| self.allocate_charging(bytes, stream, tag, gate)),
         }
-        let Some(class) = self.class_of(bytes) else { return Err(too_big(bytes, gate)) };
-        let capture = self.capture_of(stream.raw)?;
-        if capture != 0 {
-            return self.allocate_in_capture(bytes, class, stream, tag, gate, capture);
-        }
-        let (ptr, held) = match &self.arena {
-            Some(arena) => {
-                let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
-                let may_unmap = !self.captures.any_active();
-                (arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?, len)
-            }
-            None => {
-                if self.options.cache {
-                    // The hot path: one lock for the cache and the block record.
-                    let mut shard = self.shard(stream.id);
-                    if let Some(block) = shard.cache.take_own(stream.raw, class) {
-                        return Ok(self.register_in(&mut shard, block.ptr, bytes, block.bytes, stream, tag));
-                    }
-                }
-                self.memory.allocate_miss(self, class, stream, gate).map_err(naming_request(bytes))?
-            }
-        };
-        Ok(self.register_in(&mut self.shard(stream.id), ptr, bytes, held, stream, tag))
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        self.deallocate_released(id).0
-    }
-
-    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
         // A free never lowers the held bytes: the memory goes to the cache
         // or to pending, both still held. Only reap (and trim) retire; and
         // the free of the last live block of a released announced pool,
-        // which gives that pool's memory back.
+        // which gives that pool's memory back (uncharged as it goes).
         self.free_block(id)
     }
-
     fn device_ordinal(&self) -> u32 {
         self.ordinal
     }
@@ -604,11 +625,13 @@ impl AsyncPool {
     /// harmless: they only delay the stream).
     /// Returns the bytes given back to the driver by the free: those of a
     /// released announced pool whose last live block this was.
-    fn free_block(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
+    fn free_block(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
         let mut orphan_ready = false;
         let result = self.free_block_inner(id, &mut orphan_ready);
-        let released = if orphan_ready { self.release_ready_orphans() } else { 0 };
-        (result, released)
+        if orphan_ready {
+            self.release_ready_orphans();
+        }
+        result
     }
 
     fn free_block_inner(&self, id: &BlockId, orphan_ready: &mut bool) -> ResourceResult<DeviceBlock> {
