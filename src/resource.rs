@@ -372,9 +372,9 @@ fn no_tracking(what: &str) -> ResourceError {
     ))
 }
 
-/// Stream-ordered device memory resource. Resources compose as decorators:
-/// each wraps an inner `Box<dyn DeviceMemoryResource>` and forwards what it
-/// does not handle itself. Implementations are thread-safe.
+/// Stream-ordered device memory resource: an allocator (`AsyncPool`,
+/// `Direct`), which charges its budget and reports to its log itself.
+/// Implementations are thread-safe.
 pub trait DeviceMemoryResource: Send + Sync {
     /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
     /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
@@ -523,8 +523,7 @@ pub trait DeviceMemoryResource: Send + Sync {
     // free the block on its allocation stream, and hit exactly the
     // cross-stream use-after-free these calls exist to prevent. An explicit
     // error is the only honest answer from a resource that cannot keep the
-    // promise; only resources that really record events override them, and
-    // decorators forward to their inner resource.
+    // promise; only resources that really record events override them.
 
     /// Whether this stack really tracks cross-stream uses. Launch paths ask
     /// before queueing work so they can fail before anything is enqueued.
@@ -572,103 +571,3 @@ pub trait DeviceMemoryResource: Send + Sync {
         Err(no_tracking("finish_all"))
     }
 }
-
-/// Forward to `self.inner` every method a decorator does not change: the
-/// byte counts, waiting, validation and the tracking methods. The methods
-/// that retire memory (`reap_pending`, `trim`, `relieve_pressure`,
-/// `retire_stream`) are not here: a decorator says what it does with them.
-macro_rules! forward_to_inner {
-    () => {
-        fn bytes_outstanding(&self) -> u64 {
-            self.inner.bytes_outstanding()
-        }
-        fn usage(&self) -> $crate::resource::Usage {
-            self.inner.usage()
-        }
-        fn wait_pending(&self) -> $crate::resource::ResourceResult<()> {
-            self.inner.wait_pending()
-        }
-
-        fn supports_block_use_tracking(&self) -> bool {
-            self.inner.supports_block_use_tracking()
-        }
-        fn record_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.record_block_use(block, use_stream)
-        }
-        fn prepare_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-            access: $crate::resource::Access,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.prepare_block_use(block, use_stream, access)
-        }
-        fn finish_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-            access: $crate::resource::Access,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.finish_block_use(block, use_stream, access)
-        }
-        fn prepare_block_uses(
-            &self,
-            stream: $crate::resource::StreamRef,
-            uses: &[$crate::resource::BlockUse],
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.prepare_block_uses(stream, uses)
-        }
-        fn finish_block_uses(
-            &self,
-            stream: $crate::resource::StreamRef,
-            uses: &[$crate::resource::BlockUse],
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.finish_block_uses(stream, uses)
-        }
-        fn validate(
-            &self,
-            block: &$crate::resource::BlockId,
-        ) -> $crate::resource::ResourceResult<$crate::resource::DeviceBlock> {
-            self.inner.validate(block)
-        }
-        fn live_blocks(&self) -> Vec<$crate::resource::LeakedBlock> {
-            self.inner.live_blocks()
-        }
-        fn reset_peak(&self) {
-            self.inner.reset_peak()
-        }
-        fn close_launches(&self) {
-            self.inner.close_launches()
-        }
-        fn capture_begun(&self, id: u64) {
-            self.inner.capture_begun(id)
-        }
-        fn capture_beginning(&self) -> $crate::resource::ResourceResult<()> {
-            self.inner.capture_beginning()
-        }
-        fn capture_begin_done(&self) {
-            self.inner.capture_begin_done()
-        }
-        fn capture_ended(&self, id: u64) {
-            self.inner.capture_ended(id)
-        }
-        fn pool_announced(
-            &self,
-            pool: $crate::ids::PoolKey,
-            origin: Option<$crate::device::RawStream>,
-        ) {
-            self.inner.pool_announced(pool, origin)
-        }
-        fn count_tags(&self, out: &mut $crate::tag_counters::CountSummary) {
-            self.inner.count_tags(out)
-        }
-        fn device_ordinal(&self) -> u32 {
-            self.inner.device_ordinal()
-        }
-    };
-}
-pub(crate) use forward_to_inner;

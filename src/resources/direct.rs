@@ -7,11 +7,12 @@ use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::async_pool::{check_matches, stale};
+use super::allocate_observed;
 use super::budget::GlobalDeviceBudget;
 use crate::device::Device;
 use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
-    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation, NoCharge,
+    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
@@ -41,8 +42,8 @@ pub struct Direct {
     device: Arc<dyn Device>,
     ordinal: u32,
     state: Mutex<DirectState>,
-    /// The runtime's CSV log, if any: a `reserve` row per allocation (a
-    /// free's `release` and `retire` rows are the logging layer's).
+    /// The runtime's CSV log, if any: the observer of every allocate and
+    /// free (`allocate`, `reserve`; `free`, `release`, `retire`).
     log: Option<Arc<super::logging::CsvLog>>,
     /// The limit each block is charged to before it is taken.
     budget: Option<Arc<GlobalDeviceBudget>>,
@@ -60,7 +61,7 @@ impl Direct {
         self
     }
 
-    /// Write a `reserve` row per allocation into `log`.
+    /// Report every allocate and free to `log`.
     pub fn with_log(mut self, log: Option<Arc<super::logging::CsvLog>>) -> Direct {
         self.log = log;
         self
@@ -134,10 +135,8 @@ impl Direct {
 
 impl DeviceMemoryResource for Direct {
     fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        match &self.budget {
-            None => self.allocate_charging(bytes, stream, tag, &NoCharge),
-            Some(budget) => budget.allocate(self, bytes, |gate| self.allocate_charging(bytes, stream, tag, gate)),
-        }
+        let (budget, log) = (self.budget.as_deref(), self.log.as_deref());
+        allocate_observed(self, budget, log, bytes, stream, tag, |gate| self.allocate_charging(bytes, stream, tag, gate))
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
@@ -145,6 +144,9 @@ impl DeviceMemoryResource for Direct {
         // A synchronous free gives the whole block back at once.
         if let Some(budget) = &self.budget {
             budget.release(freed.held);
+        }
+        if let Some(log) = &self.log {
+            log.freed(&freed);
         }
         Ok(freed)
     }

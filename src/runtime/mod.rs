@@ -28,7 +28,7 @@ use crate::resource::Trimmed;
 use crate::resources::announced_pools::PoolKey;
 use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
-use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
+use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
 use crate::telemetry::{summary, AllocationSite, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
 
@@ -67,11 +67,8 @@ struct Counters {
 pub struct Runtime {
     device: Arc<dyn Device>,
     config: Config,
+    /// The allocator (it charges the budget and reports to the log itself).
     stack: Arc<dyn DeviceMemoryResource>,
-    /// The stack's base, which tracks block uses: prepare/finish go to it
-    /// directly (the decorators above it only forward them), one call
-    /// instead of one per layer on the launch path.
-    tracker: Arc<dyn DeviceMemoryResource>,
     budget: Option<Arc<GlobalDeviceBudget>>,
     log: Option<Arc<CsvLog>>,
     streams: StreamPool,
@@ -79,7 +76,7 @@ pub struct Runtime {
     /// Every call but the launch calls holds a pass, close closes the gate
     /// and waits for the calls in flight; calls that start after that fail
     /// fast without waiting (see `call_gate.rs`). Launch calls close through
-    /// the tracker (`launch_stream`).
+    /// the allocator (`launch_stream`).
     gate: CallGate,
     telemetry: Telemetry,
     openers: AtomicU32,
@@ -193,7 +190,7 @@ impl Runtime {
         // The budget is the allocator's: charged where device memory is taken.
         let budget = (config.budget_bytes > 0)
             .then(|| Arc::new(GlobalDeviceBudget::new(config.budget_bytes, config.wait_on_pressure)));
-        let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
+        let stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
             AllocatorKind::Async => {
                 // The driver's pool serves the pool memory, and the arena's
                 // place where the device has no virtual memory API; with the
@@ -209,16 +206,11 @@ impl Runtime {
                 Arc::new(Direct::new(device.clone()).with_budget(budget.clone()).with_log(log.clone()))
             }
         };
-        let tracker = stack.clone();
-        if let Some(log) = &log {
-            stack = Arc::new(LoggingResource::new(stack, log.clone()));
-        }
         Ok(Runtime {
             streams: StreamPool::new(device.clone(), config.stream_pool_size),
             device,
             config: config.clone(),
             stack,
-            tracker,
             budget,
             log,
             counters: Counters::default(),
@@ -370,10 +362,9 @@ impl Runtime {
     /// `allocate_entered` on a stream already resolved.
     #[inline]
     fn allocate_resolved(&self, bytes: u64, s: StreamRef, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
-        let stream = s.id;
         let tracks = self.telemetry.tracks_call_sites();
         // Tracked: the site (given, or this thread's label) is known to the
-        // logging layer while the stack allocates, for the `allocate` row's
+        // log while the allocator allocates, for the `allocate` row's
         // Detail.
         let site = if tracks && site.is_none() { CallSite::thread_current() } else { site };
         let result = if tracks {
@@ -392,9 +383,6 @@ impl Runtime {
             Err(_) => {
                 let Err(e) = result else { unreachable!() };
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
-                if let Some(log) = &self.log {
-                    log.refused(bytes, stream.0, tag, &e.to_string());
-                }
                 Err(e)
             }
         }
@@ -472,7 +460,7 @@ impl Runtime {
 
     /// The entry of a launch call (prepare/finish): no call-gate pass, whose
     /// two atomic read-modify-writes would be a good part of the call. The
-    /// tracker refuses launch calls once close has begun and close waits
+    /// allocator refuses launch calls once close has begun and close waits
     /// for those in flight (`DeviceMemoryResource::close_launches`); this
     /// check only makes a call after close fail early. A stream this
     /// runtime does not know goes the multi-device way, with a pass.
@@ -495,7 +483,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
-        self.tracker
+        self.stack
             .prepare_block_use(block, s, access)
             .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
@@ -510,7 +498,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_block_error(self, block, e));
             }
         };
-        self.tracker
+        self.stack
             .finish_block_use(block, s, access)
             .map_err(|e| multi_device::explain_block_error(self, block, e))
     }
@@ -526,7 +514,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
-        self.tracker
+        self.stack
             .prepare_block_uses(s, uses)
             .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
@@ -541,7 +529,7 @@ impl Runtime {
                     .map_err(|e| multi_device::explain_uses_error(self, uses, e));
             }
         };
-        self.tracker
+        self.stack
             .finish_block_uses(s, uses)
             .map_err(|e| multi_device::explain_uses_error(self, uses, e))
     }
@@ -821,11 +809,11 @@ impl Runtime {
             }
         }
         // Later calls fail; the calls in flight are waited for (launch
-        // calls, which take no pass, through the tracker's own protocol).
+        // calls, which take no pass, through the allocator's own protocol).
         if !self.gate.close() {
             return Err(closed_error());
         }
-        self.tracker.close_launches();
+        self.stack.close_launches();
         // First let every host callback already queued or running finish:
         // a callback may still touch any block (a sim callback writes block
         // memory through its pointer), so nothing is freed before they are

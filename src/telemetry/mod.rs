@@ -39,8 +39,7 @@
 //!
 //! The allocators expose what this module needs through
 //! `DeviceMemoryResource`: their records (`live_blocks`), their counters
-//! (`count_tags`) and the peak reset (`reset_peak`); decorators forward
-//! them.
+//! (`count_tags`) and the peak reset (`reset_peak`).
 
 pub mod call_sites;
 pub use crate::tag_counters as counters;

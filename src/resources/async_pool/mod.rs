@@ -60,14 +60,14 @@ use super::arena::Arena;
 use super::budget::{GlobalDeviceBudget, HeldBytes};
 use super::capture_pool::CapturePools;
 use super::event_slab::{Events, SharedSlab};
-use super::lock;
+use super::{allocate_observed, lock};
 use super::logging::CsvLog;
 use super::pool_memory::{CacheHost, PoolMemory};
 use super::stream_cache::{size_class, CacheShard, CacheTotals};
 use crate::device::{Device, RawStream};
 use crate::resource::{
     Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock, DeviceMemoryResource,
-    Generation, LeakedBlock, NoCharge, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
+    Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
     granular,
 };
 use crate::tag_counters::CountSummary;
@@ -128,6 +128,9 @@ pub struct AsyncPool {
     announced: AnnouncedPools,
     /// The limit charged where device memory is taken (`budget.rs`).
     budget: Option<Arc<GlobalDeviceBudget>>,
+    /// The runtime's CSV log, if any: the observer of every allocate and
+    /// free (the memories report their driver traffic to it too).
+    log: Option<Arc<CsvLog>>,
 }
 
 impl AsyncPool {
@@ -166,15 +169,18 @@ impl AsyncPool {
             launches_closed: AtomicBool::new(false),
             announced: AnnouncedPools::default(),
             budget,
+            log: None,
         }
     }
 
-    /// Write the driver traffic (`reserve`, `release`, `retire`) into `log`.
+    /// Report every allocate and free, and the driver traffic (`reserve`,
+    /// `release`, `retire`), to `log`.
     pub fn with_log(mut self, log: Option<Arc<CsvLog>>) -> AsyncPool {
         if let Some(arena) = &mut self.arena {
             arena.set_log(log.clone());
         }
-        self.memory.set_log(log);
+        self.memory.set_log(log.clone());
+        self.log = log;
         self
     }
 
@@ -334,10 +340,8 @@ impl Drop for AsyncPool {
 
 impl DeviceMemoryResource for AsyncPool {
     fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        match &self.budget {
-            None => self.allocate_charging(bytes, stream, tag, &NoCharge),
-            Some(budget) => budget.allocate(self, bytes, |gate| self.allocate_charging(bytes, stream, tag, gate)),
-        }
+        let (budget, log) = (self.budget.as_deref(), self.log.as_deref());
+        allocate_observed(self, budget, log, bytes, stream, tag, |gate| self.allocate_charging(bytes, stream, tag, gate))
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
@@ -345,7 +349,11 @@ impl DeviceMemoryResource for AsyncPool {
         // or to pending, both still held. Only reap (and trim) retire; and
         // the free of the last live block of a released announced pool,
         // which gives that pool's memory back (uncharged as it goes).
-        self.free_block(id)
+        let freed = self.free_block(id)?;
+        if let Some(log) = &self.log {
+            log.freed(&freed);
+        }
+        Ok(freed)
     }
     fn device_ordinal(&self) -> u32 {
         self.ordinal
