@@ -372,9 +372,10 @@ fn no_tracking(what: &str) -> ResourceError {
     ))
 }
 
-/// Stream-ordered device memory resource: an allocator (`AsyncPool`,
-/// `Direct`), which charges its budget and reports to its log itself.
-/// Implementations are thread-safe.
+/// The narrow resource: what every allocator does (`AsyncPool`, `Direct`).
+/// An allocator charges its budget (`budget.rs`) and reports to its log
+/// (`logging.rs`) itself; there are no decorators. Implementations are
+/// thread-safe.
 pub trait DeviceMemoryResource: Send + Sync {
     /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
     /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
@@ -388,19 +389,24 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// A stale or doubled handle is an error that changes nothing.
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
 
+    /// Check that `block` names a live block; return its description.
+    fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
+
+    /// Byte and block counts.
+    fn usage(&self) -> Usage;
+
     /// CUDA ordinal (or sim ordinal) the resource serves.
     fn device_ordinal(&self) -> u32;
 
     /// Live plus cached plus pending (freed, not yet retired) bytes: what
     /// the resource holds from the driver.
     fn bytes_outstanding(&self) -> u64;
+}
 
-    /// Byte and block counts.
-    fn usage(&self) -> Usage;
-
-    /// Check that `block` names a live block; return its description.
-    fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
-
+/// The memory an allocator holds beyond its live blocks: reaping,
+/// waiting, trimming, pressure, and what is live (telemetry). A resource
+/// without a cache or pending frees keeps the defaults.
+pub trait HeldMemory: Send + Sync {
     /// Live blocks (leak reports at close, the live-block list). Each
     /// record is copied under the lock that guards it, so it is consistent
     /// on its own; the list as a whole is not one instant when other threads
@@ -449,67 +455,6 @@ pub trait DeviceMemoryResource: Send + Sync {
         self.reap_pending()
     }
 
-    /// The runtime is closing: every later prepare/finish must fail with
-    /// `ResourceError::runtime_closed`, and when this returns no such call
-    /// may still be running. Launch calls take no call-gate pass (two
-    /// atomic read-modify-writes per call saved): a resource that tracks
-    /// uses checks a flag under the lock its launch calls hold, sets it
-    /// here, then takes and drops each such lock once. A resource without
-    /// tracking refuses launch calls anyway and has nothing to do.
-    fn close_launches(&self) {}
-
-    /// A capture begun through the runtime (`capture_begun`) or ended
-    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
-    /// without capture pools has nothing to do.
-    fn capture_begun(&self, _id: u64) {}
-    fn capture_ended(&self, _id: u64) {}
-
-    /// A capture is about to begin through the runtime: from here until
-    /// `capture_begin_done` nothing may be left for a capture to see (the
-    /// pool makes the event records it owes, `deferred_record.rs`). On an
-    /// error the capture is not begun and nothing changed.
-    fn capture_beginning(&self) -> ResourceResult<()> {
-        Ok(())
-    }
-    /// The capture began (`capture_begun` was called) or failed to.
-    fn capture_begin_done(&self) {}
-
-    /// Captures a framework begins itself and announces
-    /// (`resources/announced_pools.rs`): one into `pool` is about to begin
-    /// on `origin` (None: not known). A resource without capture pools has
-    /// nothing to do.
-    fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
-
-    /// Device `ordinal` now has peer access to this resource's device:
-    /// memory the resource maps itself (the arena's pages) must be made
-    /// accessible to it, now and in every later mapping (`cuMemSetAccess`;
-    /// `cuCtxEnablePeerAccess` does not cover virtual-memory mappings).
-    fn grant_peer(&self, _ordinal: i32) -> ResourceResult<()> {
-        Ok(())
-    }
-
-    /// The framework ended a capture into `pool`. Returns the bytes given
-    /// back meanwhile (memory of released pools that became free), exactly
-    /// the drop of `bytes_outstanding`.
-    fn pool_ended(&self, _pool: PoolKey) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
-    /// One user of `pool` released it; once the last has, its captures'
-    /// memory goes back as soon as none of their blocks is live. Returns
-    /// the bytes given back now, exactly the drop of `bytes_outstanding`.
-    fn release_pool(&self, _pool: PoolKey) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
-    /// Give captures' private memory back to the driver: capture `id`'s
-    /// (refused while it captures or has live blocks), or with `None`
-    /// every capture's free memory (close). Returns the bytes given back,
-    /// exactly the drop of `bytes_outstanding`.
-    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
     /// `stream` is going away (an imported stream released): nothing may
     /// be queued on it later, so its cached blocks go back to the driver
     /// now. Returns the bytes retired.
@@ -524,6 +469,26 @@ pub trait DeviceMemoryResource: Send + Sync {
     // cross-stream use-after-free these calls exist to prevent. An explicit
     // error is the only honest answer from a resource that cannot keep the
     // promise; only resources that really record events override them.
+
+    /// Device `ordinal` now has peer access to this resource's device:
+    /// memory the resource maps itself (the arena's pages) must be made
+    /// accessible to it, now and in every later mapping (`cuMemSetAccess`;
+    /// `cuCtxEnablePeerAccess` does not cover virtual-memory mappings).
+    fn grant_peer(&self, _ordinal: i32) -> ResourceResult<()> {
+        Ok(())
+    }
+}
+
+/// Cross-stream block-use tracking (prepare/finish, DESIGN.md
+/// "Semantics"), implemented by the tracking allocator (`AsyncPool`).
+pub trait StreamTracking: Send + Sync {
+    // The defaults refuse with StreamMisuse instead of succeeding quietly:
+    // a launch builder that saw `Ok` from a resource which does not really
+    // track uses would queue work on another stream, free the block on its
+    // allocation stream, and hit exactly the cross-stream use-after-free
+    // these calls exist to prevent. An explicit error is the only honest
+    // answer from a resource that cannot keep the promise; only resources
+    // that really record events override them.
 
     /// Whether this stack really tracks cross-stream uses. Launch paths ask
     /// before queueing work so they can fail before anything is enqueued.
@@ -570,4 +535,68 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn finish_block_uses(&self, _stream: StreamRef, _uses: &[BlockUse]) -> ResourceResult<()> {
         Err(no_tracking("finish_all"))
     }
+
+    /// The runtime is closing: every later prepare/finish must fail with
+    /// `ResourceError::runtime_closed`, and when this returns no such call
+    /// may still be running. Launch calls take no call-gate pass (two
+    /// atomic read-modify-writes per call saved): a resource that tracks
+    /// uses checks a flag under the lock its launch calls hold, sets it
+    /// here, then takes and drops each such lock once. A resource without
+    /// tracking refuses launch calls anyway and has nothing to do.
+    fn close_launches(&self) {}
 }
+
+/// Stream capture (DESIGN.md "Stream capture"): the allocator's capture
+/// pools and announced pools. A resource without them keeps the defaults.
+pub trait Captures: Send + Sync {
+    /// A capture begun through the runtime (`capture_begun`) or ended
+    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
+    /// without capture pools has nothing to do.
+    fn capture_begun(&self, _id: u64) {}
+
+    fn capture_ended(&self, _id: u64) {}
+
+    /// A capture is about to begin through the runtime: from here until
+    /// `capture_begin_done` nothing may be left for a capture to see (the
+    /// pool makes the event records it owes, `deferred_record.rs`). On an
+    /// error the capture is not begun and nothing changed.
+    fn capture_beginning(&self) -> ResourceResult<()> {
+        Ok(())
+    }
+
+    /// The capture began (`capture_begun` was called) or failed to.
+    fn capture_begin_done(&self) {}
+
+    /// Captures a framework begins itself and announces
+    /// (`resources/announced_pools.rs`): one into `pool` is about to begin
+    /// on `origin` (None: not known). A resource without capture pools has
+    /// nothing to do.
+    fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
+
+    /// The framework ended a capture into `pool`. Returns the bytes given
+    /// back meanwhile (memory of released pools that became free), exactly
+    /// the drop of `bytes_outstanding`.
+    fn pool_ended(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// One user of `pool` released it; once the last has, its captures'
+    /// memory goes back as soon as none of their blocks is live. Returns
+    /// the bytes given back now, exactly the drop of `bytes_outstanding`.
+    fn release_pool(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// Give captures' private memory back to the driver: capture `id`'s
+    /// (refused while it captures or has live blocks), or with `None`
+    /// every capture's free memory (close). Returns the bytes given back,
+    /// exactly the drop of `bytes_outstanding`.
+    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
+        Ok(0)
+    }
+}
+
+/// An allocator as the runtime holds it: one object, every role.
+pub trait Allocator: DeviceMemoryResource + HeldMemory + StreamTracking + Captures {}
+
+impl<T: DeviceMemoryResource + HeldMemory + StreamTracking + Captures> Allocator for T {}

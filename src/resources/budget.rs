@@ -35,7 +35,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::resource::{ChargeGate, DeviceMemoryResource, ResourceError, ResourceResult};
+use crate::resource::{Allocator, ChargeGate, ResourceError, ResourceResult};
 
 pub struct GlobalDeviceBudget {
     limit: u64,
@@ -90,7 +90,7 @@ impl GlobalDeviceBudget {
     /// is given before it takes device memory.
     pub(crate) fn allocate<T>(
         &self,
-        owner: &dyn DeviceMemoryResource,
+        owner: &dyn Allocator,
         bytes: u64,
         attempt: impl Fn(&dyn ChargeGate) -> ResourceResult<T>,
     ) -> ResourceResult<T> {
@@ -127,7 +127,7 @@ impl GlobalDeviceBudget {
 /// in a refusal.
 struct Charge<'a> {
     budget: &'a GlobalDeviceBudget,
-    owner: &'a dyn DeviceMemoryResource,
+    owner: &'a dyn Allocator,
 }
 
 impl ChargeGate for Charge<'_> {

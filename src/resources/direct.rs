@@ -12,7 +12,7 @@ use super::budget::GlobalDeviceBudget;
 use crate::device::Device;
 use crate::tag_counters::{CountSummary, TableCounters};
 use crate::resource::{
-    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
+    AllocTag, BlockId, BlockState, Captures, ChargeGate, DeviceBlock, DeviceMemoryResource, HeldMemory, StreamTracking, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
@@ -151,12 +151,10 @@ impl DeviceMemoryResource for Direct {
         Ok(freed)
     }
 
-    fn device_ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    fn bytes_outstanding(&self) -> u64 {
-        self.lock().live_bytes
+    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let st = self.lock();
+        let rec = self.record(&st, id)?;
+        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
     }
 
     fn usage(&self) -> Usage {
@@ -173,12 +171,16 @@ impl DeviceMemoryResource for Direct {
         }
     }
 
-    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let st = self.lock();
-        let rec = self.record(&st, id)?;
-        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
+    fn device_ordinal(&self) -> u32 {
+        self.ordinal
     }
 
+    fn bytes_outstanding(&self) -> u64 {
+        self.lock().live_bytes
+    }
+}
+
+impl HeldMemory for Direct {
     fn live_blocks(&self) -> Vec<LeakedBlock> {
         let st = self.lock();
         st.blocks
@@ -204,3 +206,9 @@ impl DeviceMemoryResource for Direct {
         self.lock().counters.add_to(out);
     }
 }
+
+/// Direct tracks no uses: every tracking call is refused with StreamMisuse
+/// (the trait's defaults).
+impl StreamTracking for Direct {}
+
+impl Captures for Direct {}

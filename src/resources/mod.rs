@@ -33,7 +33,7 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// `allocate failure` row after the budget's retries.
 #[inline]
 pub(crate) fn allocate_observed(
-    owner: &dyn resource::DeviceMemoryResource,
+    owner: &dyn resource::Allocator,
     budget: Option<&GlobalDeviceBudget>,
     log: Option<&logging::CsvLog>,
     bytes: u64,

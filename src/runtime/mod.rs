@@ -21,7 +21,7 @@ use crate::device::sim::SimDevice;
 use crate::device::{Backend, CaptureMode, Device, HostFn};
 use crate::error::DeviceError;
 use crate::resource::{
-    Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
+    Access, AllocTag, BlockId, BlockUse, DeviceBlock, Allocator, LeakedBlock,
     ResourceError, ResourceResult, StreamId, StreamRef, Usage,
 };
 use crate::resource::Trimmed;
@@ -68,7 +68,7 @@ pub struct Runtime {
     device: Arc<dyn Device>,
     config: Config,
     /// The allocator (it charges the budget and reports to the log itself).
-    stack: Arc<dyn DeviceMemoryResource>,
+    stack: Arc<dyn Allocator>,
     budget: Option<Arc<GlobalDeviceBudget>>,
     log: Option<Arc<CsvLog>>,
     streams: StreamPool,
@@ -190,7 +190,7 @@ impl Runtime {
         // The budget is the allocator's: charged where device memory is taken.
         let budget = (config.budget_bytes > 0)
             .then(|| Arc::new(GlobalDeviceBudget::new(config.budget_bytes, config.wait_on_pressure)));
-        let stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
+        let stack: Arc<dyn Allocator> = match config.allocator {
             AllocatorKind::Async => {
                 // The driver's pool serves the pool memory, and the arena's
                 // place where the device has no virtual memory API; with the
@@ -250,7 +250,7 @@ impl Runtime {
     }
 
     /// The top of the resource stack (for tests of the layers' invariants).
-    pub fn resource(&self) -> &Arc<dyn DeviceMemoryResource> {
+    pub fn resource(&self) -> &Arc<dyn Allocator> {
         &self.stack
     }
 
@@ -461,7 +461,7 @@ impl Runtime {
     /// The entry of a launch call (prepare/finish): no call-gate pass, whose
     /// two atomic read-modify-writes would be a good part of the call. The
     /// allocator refuses launch calls once close has begun and close waits
-    /// for those in flight (`DeviceMemoryResource::close_launches`); this
+    /// for those in flight (`StreamTracking::close_launches`); this
     /// check only makes a call after close fail early. A stream this
     /// runtime does not know goes the multi-device way, with a pass.
     fn launch_stream(&self, stream: StreamId) -> ResourceResult<Result<StreamRef, ResourceError>> {
@@ -473,65 +473,46 @@ impl Runtime {
     }
 
     pub fn prepare(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            // Not a stream of this runtime: maybe one of a peer device.
-            Err(e) => {
-                let _g = self.enter()?;
-                let uses = [BlockUse { block: *block, access }];
-                return multi_device::prepare_all(self, stream, &uses, e)
-                    .map_err(|e| multi_device::explain_block_error(self, block, e));
-            }
-        };
-        self.stack
-            .prepare_block_use(block, s, access)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))
+        let uses = [BlockUse { block: *block, access }];
+        self.launch_call(stream, &uses, multi_device::prepare_all, |a, s| a.prepare_block_use(block, s, access))
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            Err(e) => {
-                let _g = self.enter()?;
-                let uses = [BlockUse { block: *block, access }];
-                return multi_device::finish_all(self, stream, &uses, e)
-                    .map_err(|e| multi_device::explain_block_error(self, block, e));
-            }
-        };
-        self.stack
-            .finish_block_use(block, s, access)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))
+        let uses = [BlockUse { block: *block, access }];
+        self.launch_call(stream, &uses, multi_device::finish_all, |a, s| a.finish_block_use(block, s, access))
     }
 
     /// Prepare every block of a launch; all handles are checked first and on
     /// any error nothing is queued.
     pub fn prepare_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            Err(e) => {
-                let _g = self.enter()?;
-                return multi_device::prepare_all(self, stream, uses, e)
-                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
-            }
-        };
-        self.stack
-            .prepare_block_uses(s, uses)
-            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
+        self.launch_call(stream, uses, multi_device::prepare_all, |a, s| a.prepare_block_uses(s, uses))
     }
 
     /// Record a launch's uses with one event; all handles are checked first.
     pub fn finish_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
+        self.launch_call(stream, uses, multi_device::finish_all, |a, s| a.finish_block_uses(s, uses))
+    }
+
+    /// The one body of the four launch calls: `call` on the allocator for a
+    /// stream of this runtime; a stream it does not know goes the
+    /// multi-device way (`peer`: it may be one of a peer device), with a
+    /// pass. Errors name the block they are about (`explain_uses_error`).
+    #[inline]
+    fn launch_call(
+        &self,
+        stream: StreamId,
+        uses: &[BlockUse],
+        peer: fn(&Runtime, StreamId, &[BlockUse], ResourceError) -> ResourceResult<()>,
+        call: impl FnOnce(&dyn Allocator, StreamRef) -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
+        let explain = |e| multi_device::explain_uses_error(self, uses, e);
+        match self.launch_stream(stream)? {
+            Ok(s) => call(&*self.stack, s).map_err(explain),
             Err(e) => {
                 let _g = self.enter()?;
-                return multi_device::finish_all(self, stream, uses, e)
-                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
+                peer(self, stream, uses, e).map_err(explain)
             }
-        };
-        self.stack
-            .finish_block_uses(s, uses)
-            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
+        }
     }
 
     // ----- stream capture (DESIGN: "Stream capture") -----

@@ -16,9 +16,10 @@
 //! capture pools' own lock inside `CapturePools`.
 
 use super::block::WaitList;
-use super::AsyncPool;
+use super::{lock, AsyncPool};
 use crate::device::RawStream;
-use crate::resource::{AllocTag, ChargeGate, DeviceBlock, ResourceError, ResourceResult, StreamRef};
+use crate::resource::{AllocTag, Captures, ChargeGate, DeviceBlock, ResourceError, ResourceResult, StreamRef};
+use crate::resources::announced_pools::{PoolKey, PoolRelease};
 
 impl AsyncPool {
     /// The capture `stream` takes part in (0: none). Asks the driver only
@@ -150,5 +151,77 @@ impl AsyncPool {
             rec.capture = capture;
         }
         Ok(block)
+    }
+}
+
+impl Captures for AsyncPool {
+    fn capture_begun(&self, id: u64) {
+        self.captures.begun(id);
+    }
+
+    fn capture_ended(&self, id: u64) {
+        self.captures.ended(id);
+    }
+
+    fn capture_beginning(&self) -> ResourceResult<()> {
+        // No record is deferred from here on (the watch makes captures
+        // look active); the owed ones are made before the capture begins.
+        self.captures.watch();
+        let settled = self.settle_all();
+        if settled.is_err() {
+            self.captures.unwatch();
+        }
+        settled
+    }
+
+    fn capture_begin_done(&self) {
+        self.captures.unwatch();
+    }
+
+    fn pool_announced(&self, pool: PoolKey, origin: Option<RawStream>) {
+        // The announcement watches from here on: no record is deferred
+        // any more, and the owed ones are made before the framework begins
+        // its capture (it announces first).
+        self.announced.begin(pool, origin, &*self.device, &self.captures);
+        for shard in self.table.iter() {
+            lock(shard).events.settle_or_sync(&*self.device, None);
+        }
+    }
+
+    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
+        self.announced.end(pool, &*self.device, &self.captures)?;
+        Ok(self.release_ready_orphans())
+    }
+
+    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
+        if let PoolRelease::Last(captures) = self.announced.release(pool, self.ordinal as i32)? {
+            for capture in captures {
+                self.captures.orphan(capture);
+            }
+        }
+        Ok(self.release_ready_orphans())
+    }
+
+    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
+        let blocks = match id {
+            Some(id) => self.captures.take_for_release(id).map_err(ResourceError::StreamMisuse)?,
+            None => self.captures.take_all(),
+        };
+        // The graphs are gone (the caller's promise), and these are
+        // synchronous frees: the bytes leave `held` at once.
+        let mut released = 0;
+        let mut first_error = None;
+        for (ptr, bytes) in blocks {
+            match self.give_back_captured(ptr, bytes) {
+                Ok(n) => released += n,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if released == 0 => Err(e),
+            _ => Ok(released),
+        }
     }
 }

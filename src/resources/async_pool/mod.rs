@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub(crate) use block::{check_matches, stale};
 use table::{shard_index, ShardLive, TableShard, TABLE_SHARDS};
 
-use super::announced_pools::{AnnouncedPools, PoolKey, PoolRelease};
+use super::announced_pools::AnnouncedPools;
 use super::arena::Arena;
 use super::budget::{GlobalDeviceBudget, HeldBytes};
 use super::capture_pool::CapturePools;
@@ -66,8 +66,8 @@ use super::pool_memory::{CacheHost, PoolMemory};
 use super::stream_cache::{size_class, CacheShard, CacheTotals};
 use crate::device::{Device, RawStream};
 use crate::resource::{
-    Access, AllocTag, BlockId, BlockState, BlockUse, ChargeGate, DeviceBlock, DeviceMemoryResource,
-    Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
+    Access, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource,
+    Generation, LeakedBlock, HeldMemory, ResourceError, ResourceResult, StreamId, StreamRef, Trimmed, Usage,
     granular,
 };
 use crate::tag_counters::CountSummary;
@@ -355,12 +355,16 @@ impl DeviceMemoryResource for AsyncPool {
         }
         Ok(freed)
     }
-    fn device_ordinal(&self) -> u32 {
-        self.ordinal
-    }
 
-    fn bytes_outstanding(&self) -> u64 {
-        self.held.now()
+    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let shard = self.shard(id.alloc_stream);
+        match shard.record(id, self.ordinal) {
+            Some(rec) => rec.map(|rec| DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held }),
+            None => {
+                drop(shard);
+                Err(self.not_live(id))
+            }
+        }
     }
 
     fn usage(&self) -> Usage {
@@ -415,17 +419,16 @@ impl DeviceMemoryResource for AsyncPool {
         }
     }
 
-    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let shard = self.shard(id.alloc_stream);
-        match shard.record(id, self.ordinal) {
-            Some(rec) => rec.map(|rec| DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held }),
-            None => {
-                drop(shard);
-                Err(self.not_live(id))
-            }
-        }
+    fn device_ordinal(&self) -> u32 {
+        self.ordinal
     }
 
+    fn bytes_outstanding(&self) -> u64 {
+        self.held.now()
+    }
+}
+
+impl HeldMemory for AsyncPool {
     fn live_blocks(&self) -> Vec<LeakedBlock> {
         let mut out = Vec::new();
         for shard in self.table.iter() {
@@ -517,113 +520,11 @@ impl DeviceMemoryResource for AsyncPool {
         }
     }
 
-    fn supports_block_use_tracking(&self) -> bool {
-        true
-    }
-
     fn grant_peer(&self, ordinal: i32) -> ResourceResult<()> {
         match &self.arena {
             Some(arena) => arena.grant_peer(ordinal),
             None => Ok(()),
         }
-    }
-
-    fn close_launches(&self) {
-        self.launches_closed.store(true, Ordering::SeqCst);
-        for shard in self.table.iter() {
-            drop(lock(shard));
-        }
-    }
-
-    fn capture_beginning(&self) -> ResourceResult<()> {
-        // No record is deferred from here on (the watch makes captures
-        // look active); the owed ones are made before the capture begins.
-        self.captures.watch();
-        let settled = self.settle_all();
-        if settled.is_err() {
-            self.captures.unwatch();
-        }
-        settled
-    }
-
-    fn capture_begin_done(&self) {
-        self.captures.unwatch();
-    }
-
-    fn capture_begun(&self, id: u64) {
-        self.captures.begun(id);
-    }
-
-    fn capture_ended(&self, id: u64) {
-        self.captures.ended(id);
-    }
-
-    fn pool_announced(&self, pool: PoolKey, origin: Option<RawStream>) {
-        // The announcement watches from here on: no record is deferred
-        // any more, and the owed ones are made before the framework begins
-        // its capture (it announces first).
-        self.announced.begin(pool, origin, &*self.device, &self.captures);
-        for shard in self.table.iter() {
-            lock(shard).events.settle_or_sync(&*self.device, None);
-        }
-    }
-
-    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
-        self.announced.end(pool, &*self.device, &self.captures)?;
-        Ok(self.release_ready_orphans())
-    }
-
-    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
-        if let PoolRelease::Last(captures) = self.announced.release(pool, self.ordinal as i32)? {
-            for capture in captures {
-                self.captures.orphan(capture);
-            }
-        }
-        Ok(self.release_ready_orphans())
-    }
-
-    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
-        let blocks = match id {
-            Some(id) => self.captures.take_for_release(id).map_err(ResourceError::StreamMisuse)?,
-            None => self.captures.take_all(),
-        };
-        // The graphs are gone (the caller's promise), and these are
-        // synchronous frees: the bytes leave `held` at once.
-        let mut released = 0;
-        let mut first_error = None;
-        for (ptr, bytes) in blocks {
-            match self.give_back_captured(ptr, bytes) {
-                Ok(n) => released += n,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) if released == 0 => Err(e),
-            _ => Ok(released),
-        }
-    }
-
-    fn record_block_use(&self, block: &BlockId, use_stream: StreamRef) -> ResourceResult<()> {
-        self.finish_block_use(block, use_stream, Access::Read)
-    }
-
-    fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        let uses = [BlockUse { block: *block, access }];
-        self.prepare_with(use_stream.raw, &uses, || self.prepare_one_uncached(block, use_stream, access))
-    }
-
-    fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
-        self.finish_one(block, use_stream, access)
-    }
-
-    fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        self.prepare_with(stream.raw, uses, || self.prepare_uncached(stream, uses))
-    }
-
-    fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
-        self.finish_many(stream, uses)
     }
 }
 

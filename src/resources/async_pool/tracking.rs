@@ -25,7 +25,7 @@ use super::table::{record_in, shard_index, LockedShards, TableShard, TABLE_SHARD
 use super::{lock, AsyncPool};
 use crate::device::{RawEvent, RawStream};
 use crate::inline_list::InlineList;
-use crate::resource::{Access, BlockId, BlockUse, ResourceError, ResourceResult, StreamId, StreamRef};
+use crate::resource::{Access, BlockId, BlockUse, ResourceError, ResourceResult, StreamId, StreamRef, StreamTracking};
 use crate::resources::event_slab::{Ev, Events, SharedSlab};
 use crate::resources::launch_cache::{self, Remembered, Seen};
 
@@ -485,5 +485,39 @@ impl AsyncPool {
             }
         }
         Ok(())
+    }
+}
+
+impl StreamTracking for AsyncPool {
+    fn supports_block_use_tracking(&self) -> bool {
+        true
+    }
+
+    fn record_block_use(&self, block: &BlockId, use_stream: StreamRef) -> ResourceResult<()> {
+        self.finish_block_use(block, use_stream, Access::Read)
+    }
+
+    fn prepare_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        let uses = [BlockUse { block: *block, access }];
+        self.prepare_with(use_stream.raw, &uses, || self.prepare_one_uncached(block, use_stream, access))
+    }
+
+    fn finish_block_use(&self, block: &BlockId, use_stream: StreamRef, access: Access) -> ResourceResult<()> {
+        self.finish_one(block, use_stream, access)
+    }
+
+    fn prepare_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        self.prepare_with(stream.raw, uses, || self.prepare_uncached(stream, uses))
+    }
+
+    fn finish_block_uses(&self, stream: StreamRef, uses: &[BlockUse]) -> ResourceResult<()> {
+        self.finish_many(stream, uses)
+    }
+
+    fn close_launches(&self) {
+        self.launches_closed.store(true, Ordering::SeqCst);
+        for shard in self.table.iter() {
+            drop(lock(shard));
+        }
     }
 }
