@@ -3,39 +3,23 @@
 //! a free here is immediate and cannot wait for uses on other streams, so
 //! callers must order their streams themselves.
 
-use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::async_pool::{check_matches, stale};
+use super::block_table::{stale, BlockTable, Record};
 use super::allocate_observed;
 use super::budget::GlobalDeviceBudget;
 use crate::device::Device;
-use crate::tag_counters::{CountSummary, TableCounters};
+use crate::tag_counters::CountSummary;
 use crate::resource::{
     AllocTag, BlockId, BlockState, Captures, ChargeGate, DeviceBlock, DeviceMemoryResource, HeldMemory, StreamTracking, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
-struct Record {
-    ptr: u64,
-    size: u64,
-    /// Device bytes: the size rounded up to the driver's granularity.
-    held: u64,
-    stream: StreamRef,
-    tag: AllocTag,
-    /// Allocation sequence number (see `LeakedBlock::sequence`).
-    sequence: u64,
-}
-
 #[derive(Default)]
 struct DirectState {
-    blocks: FastMap<Generation, Record>,
+    blocks: BlockTable<()>,
     live_bytes: u64,
     peak: u64,
-    allocations: u64,
-    deallocations: u64,
-    /// Per-tag and total counts (`telemetry`).
-    counters: TableCounters,
 }
 
 pub struct Direct {
@@ -71,10 +55,8 @@ impl Direct {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record<'a>(&self, st: &'a DirectState, id: &BlockId) -> ResourceResult<&'a Record> {
-        let rec = st.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
-        check_matches(id, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
-        Ok(rec)
+    fn record<'a>(&self, st: &'a DirectState, id: &BlockId) -> ResourceResult<&'a Record<()>> {
+        st.blocks.get(id, self.ordinal).unwrap_or_else(|| Err(stale(id)))
     }
 
     /// One allocate, charging `gate` right before it takes device memory.
@@ -107,13 +89,9 @@ impl Direct {
             }
         };
         let mut st = self.lock();
-        st.allocations += 1;
-        let sequence = st.allocations;
-        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
+        let id = st.blocks.insert(generation, ptr, bytes, held, stream, tag, (), self.ordinal);
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
-        st.counters.allocated(tag.index(), held);
-        let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
 
@@ -127,8 +105,6 @@ impl Direct {
         }
         st.blocks.remove(&id.generation);
         st.live_bytes -= held;
-        st.deallocations += 1;
-        st.counters.freed(tag.index(), held);
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
 }
@@ -162,11 +138,11 @@ impl DeviceMemoryResource for Direct {
         Usage {
             live_bytes: st.live_bytes,
             pending_bytes: 0,
-            live_blocks: st.blocks.len() as u64,
+            live_blocks: st.blocks.len(),
             pending_blocks: 0,
             peak_outstanding_bytes: st.peak,
-            allocations: st.allocations,
-            deallocations: st.deallocations,
+            allocations: st.blocks.allocations(),
+            deallocations: st.blocks.deallocations(),
             ..Usage::default()
         }
     }
@@ -182,28 +158,19 @@ impl DeviceMemoryResource for Direct {
 
 impl HeldMemory for Direct {
     fn live_blocks(&self) -> Vec<LeakedBlock> {
-        let st = self.lock();
-        st.blocks
-            .iter()
-            .map(|(g, r)| LeakedBlock {
-                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
-                tag: r.tag.name(),
-                tag_id: r.tag,
-                held: r.held,
-                sequence: r.sequence,
-                allocations_since: st.allocations - r.sequence,
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.lock().blocks.live_blocks(self.ordinal, &mut out);
+        out
     }
 
     fn reset_peak(&self) {
         let mut st = self.lock();
         st.peak = st.live_bytes;
-        st.counters.reset_peak();
+        st.blocks.reset_peak();
     }
 
     fn count_tags(&self, out: &mut CountSummary) {
-        self.lock().counters.add_to(out);
+        self.lock().blocks.count_tags(out);
     }
 }
 

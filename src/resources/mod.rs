@@ -7,6 +7,7 @@ use crate::resource;
 pub mod announced_pools;
 pub mod arena;
 pub mod async_pool;
+mod block_table;
 pub mod budget;
 pub(crate) mod capture_pool;
 pub mod direct;

@@ -1,4 +1,5 @@
-//! A live block's record and its use tracking: the last write and one
+//! The pool's per-block use state (`UseState`, kept in its `BlockTable`
+//! records) and its use tracking: the last write and one
 //! outstanding read per stream, each a `Use` holding an event of a slab.
 //!
 //! Contract (DESIGN.md "Semantics"): a read waits for the last write if
@@ -15,7 +16,8 @@
 use crate::resources::event_slab::{slab, Ev, Events, SharedSlab};
 use crate::device::{Device, RawEvent, RawStream};
 use crate::inline_list::InlineList;
-use crate::resource::{Access, AllocTag, BlockId, ResourceError, ResourceResult, StreamId, StreamRef};
+use crate::resource::{Access, ResourceResult};
+use crate::resources::block_table::Record;
 
 /// One recorded use: the stream it ran on and the event after it. The
 /// block holds a reference on the event, so while its shard is locked the
@@ -44,21 +46,18 @@ pub(super) struct Tracking {
     pub(super) readers: Vec<Use>,
 }
 
-pub(super) struct BlockRecord {
-    pub(super) ptr: u64,
-    pub(super) size: u64,
-    /// Device bytes (the size class).
-    pub(super) held: u64,
-    pub(super) stream: StreamRef,
-    pub(super) tag: AllocTag,
-    /// Allocation sequence number (see `LeakedBlock::sequence`).
-    pub(super) sequence: u64,
+/// What the pool keeps per block besides the table's record.
+#[derive(Default)]
+pub(super) struct UseState {
     pub(super) tracking: Option<Box<Tracking>>,
     /// The capture whose private memory this block is (0: none).
     pub(super) capture: u64,
 }
 
-impl BlockRecord {
+/// A block of the pool's table.
+pub(super) type BlockRecord = Record<UseState>;
+
+impl Record<UseState> {
     /// Events `stream` must wait for before an access of kind `access`.
     pub(super) fn waits_for(&self, stream: RawStream, access: Access, out: &mut WaitList) {
         // Blocks finished by one launch share its event: an event equal to
@@ -76,7 +75,7 @@ impl BlockRecord {
     /// the last write if another stream made it, and for a write every
     /// other stream's read.
     pub(super) fn foreign_uses(&self, stream: RawStream, access: Access) -> impl Iterator<Item = &Use> {
-        let t = self.tracking.as_deref();
+        let t = self.extra.tracking.as_deref();
         let write = t.and_then(|t| t.last_write.as_ref());
         let reads = t.filter(|_| access.writes()).map_or(&[][..], |t| &t.readers[..]);
         write.into_iter().chain(reads).filter(move |u| u.stream != stream)
@@ -86,7 +85,7 @@ impl BlockRecord {
     /// now holds too. `local` is the slab of this block's shard.
     pub(super) fn record_use(&mut self, local: &mut Events, shared: &mut SharedSlab<'_>, access: Access, new_use: Use) {
         slab(local, shared, new_use.shared).hold(new_use.event);
-        let t = self.tracking.get_or_insert_with(Default::default);
+        let t = self.extra.tracking.get_or_insert_with(Default::default);
         let stream = new_use.stream;
         if access.writes() {
             if let Some(old) = t.last_write.replace(new_use) {
@@ -105,7 +104,7 @@ impl BlockRecord {
 
     /// Let go of every event the block holds (it is being freed).
     pub(super) fn release_tracking(&mut self, local: &mut Events, shared: &mut SharedSlab<'_>) {
-        if let Some(t) = self.tracking.take() {
+        if let Some(t) = self.extra.tracking.take() {
             for u in t.last_write.iter().chain(t.readers.iter()) {
                 slab(local, shared, u.shared).release(u.event);
             }
@@ -114,7 +113,7 @@ impl BlockRecord {
 
     /// Whether every recorded use of the block was outside any capture.
     pub(super) fn outside_captures(&self) -> bool {
-        let Some(t) = &self.tracking else { return true };
+        let Some(t) = &self.extra.tracking else { return true };
         t.last_write.iter().chain(t.readers.iter()).all(|u| u.capture == 0)
     }
 
@@ -138,32 +137,4 @@ impl BlockRecord {
     pub(super) fn nothing_to_wait(&self, stream: RawStream, access: Access) -> bool {
         self.foreign_uses(stream, access).next().is_none()
     }
-}
-
-
-pub(crate) fn stale(id: &BlockId) -> ResourceError {
-    ResourceError::UseAfterFree {
-        generation: id.generation,
-        ptr: id.ptr,
-        detail: "the block was freed, or the generation was never issued by this runtime".into(),
-    }
-}
-
-/// A handle whose generation is live must also agree on everything else; a
-/// mismatch means the caller forged or corrupted it.
-pub(crate) fn check_matches(
-    id: &BlockId,
-    ptr: u64,
-    size: u64,
-    stream: StreamId,
-    ordinal: u32,
-) -> ResourceResult<()> {
-    if id.ptr != ptr || id.size != size || id.alloc_stream != stream || id.device != ordinal as i32 {
-        return Err(ResourceError::InvalidArgument(format!(
-            "block handle (ptr {:#x}, size {}, stream {}, device {}) does not match live block \
-             generation {} (ptr {ptr:#x}, size {size}, stream {stream}, device {ordinal})",
-            id.ptr, id.size, id.alloc_stream, id.device, id.generation
-        )));
-    }
-    Ok(())
 }

@@ -52,7 +52,7 @@ mod tracking;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub(crate) use block::{check_matches, stale};
+use super::block_table::stale;
 use table::{shard_index, ShardLive, TableShard, TABLE_SHARDS};
 
 use super::announced_pools::AnnouncedPools;
@@ -71,7 +71,7 @@ use crate::resource::{
     granular,
 };
 use crate::tag_counters::CountSummary;
-use block::{BlockRecord, WaitList};
+use block::{UseState, WaitList};
 
 /// Behaviour switches of an [`AsyncPool`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -222,13 +222,8 @@ impl AsyncPool {
         stream: StreamRef,
         tag: AllocTag,
     ) -> DeviceBlock {
-        let generation = Generation::next();
-        let sequence = shard.allocations + 1;
-        shard.blocks.insert(generation, BlockRecord { ptr, size: bytes, held, stream, tag, sequence, tracking: None, capture: 0 });
+        let id = shard.blocks.insert(Generation::next(), ptr, bytes, held, stream, tag, UseState::default(), self.ordinal);
         self.shard_live[shard_index(stream.id)].add(held as i64);
-        shard.counters.allocated(tag.index(), held);
-        shard.allocations += 1;
-        let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         DeviceBlock { id, tag, state: BlockState::Live, held }
     }
 
@@ -372,9 +367,9 @@ impl DeviceMemoryResource for AsyncPool {
         let mut cache = CacheTotals::default();
         for shard in self.table.iter() {
             let shard = lock(shard);
-            live_blocks += shard.blocks.len() as u64;
-            allocations += shard.allocations;
-            deallocations += shard.deallocations;
+            live_blocks += shard.blocks.len();
+            allocations += shard.blocks.allocations();
+            deallocations += shard.blocks.deallocations();
             recorded += shard.events.recorded();
             cache.add(&shard.cache.totals());
         }
@@ -433,21 +428,14 @@ impl HeldMemory for AsyncPool {
         let mut out = Vec::new();
         for shard in self.table.iter() {
             let shard = lock(shard);
-            out.extend(shard.blocks.iter().map(|(g, r)| LeakedBlock {
-                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
-                tag: r.tag.name(),
-                tag_id: r.tag,
-                held: r.held,
-                sequence: r.sequence,
-                allocations_since: shard.allocations - r.sequence,
-            }));
+            shard.blocks.live_blocks(self.ordinal, &mut out);
         }
         out
     }
 
     fn reset_peak(&self) {
         for shard in self.table.iter() {
-            lock(shard).counters.reset_peak();
+            lock(shard).blocks.reset_peak();
         }
         self.held.reset_peak();
         if let Some(arena) = &self.arena {
@@ -457,7 +445,7 @@ impl HeldMemory for AsyncPool {
 
     fn count_tags(&self, out: &mut CountSummary) {
         for shard in self.table.iter() {
-            lock(shard).counters.add_to(out);
+            lock(shard).blocks.count_tags(out);
         }
     }
 
@@ -553,13 +541,13 @@ impl AsyncPool {
                 return Err(self.not_live(id));
             }
         };
-        let (stream, tag, held, ptr, own_capture) = (rec.stream.raw, rec.tag, rec.held, rec.ptr, rec.capture);
+        let (stream, tag, held, ptr, own_capture) = (rec.stream.raw, rec.tag, rec.held, rec.ptr, rec.extra.capture);
         // Memory of a capture, or freed while its stream captures, goes to
         // that capture's pool (`capture_pool.rs`): a replay may use it.
         let capture = self.capture_of(stream)?;
         let parked_in = if own_capture != 0 { own_capture } else { capture };
         if held > 0 {
-            if rec.tracking.is_some() {
+            if rec.extra.tracking.is_some() {
                 let mut waits = WaitList::new();
                 rec.waits_for(stream, Access::Write, &mut waits);
                 if !waits.is_empty() {
@@ -574,15 +562,13 @@ impl AsyncPool {
             }
         }
         if let Some(mut rec) = shard.blocks.remove(&id.generation) {
-            if rec.tracking.is_some() {
+            if rec.extra.tracking.is_some() {
                 rec.release_tracking(&mut shard.events, &mut SharedSlab::new(&self.events));
             }
         }
         let meta = &self.shard_live[shard_index(id.alloc_stream)];
         meta.add(-(held as i64));
         meta.touched();
-        shard.counters.freed(tag.index(), held);
-        shard.deallocations += 1;
         let state = if held == 0 {
             BlockState::Retired
         } else if parked_in != 0 {

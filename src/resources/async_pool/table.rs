@@ -14,14 +14,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::MutexGuard;
 
-use super::block::{check_matches, BlockRecord};
+use super::block::{BlockRecord, UseState};
 use crate::resources::event_slab::Events;
 use crate::device::Device;
-use crate::fast_hash::FastMap;
 use crate::inline_list::InlineList;
-use crate::resource::{BlockId, Generation, ResourceResult, StreamId};
+use crate::resource::{BlockId, ResourceResult, StreamId};
+use crate::resources::block_table::BlockTable;
 use crate::resources::stream_cache::CacheShard;
-use crate::tag_counters::TableCounters;
 
 /// Shards of the pool's state. A block's record and the cache its memory
 /// goes to when freed live in the shard of its allocation stream id, so an
@@ -31,15 +30,11 @@ pub(super) const TABLE_SHARDS: usize = 32;
 
 #[derive(Default)]
 pub(super) struct TableShard {
-    pub(super) blocks: FastMap<Generation, BlockRecord>,
+    pub(super) blocks: BlockTable<UseState>,
     /// Events of the uses recorded by launches whose blocks all live in
     /// this shard: such a launch takes no lock but this shard's.
     pub(super) events: Events,
-    /// Per-tag and total counts of this shard's blocks (`telemetry`).
-    pub(super) counters: TableCounters,
     pub(super) cache: CacheShard,
-    pub(super) allocations: u64,
-    pub(super) deallocations: u64,
 }
 
 /// Live device bytes of one shard and its version, on a cache line of
@@ -89,19 +84,8 @@ impl TableShard {
     /// generation is not here (the caller then works out why, see
     /// `AsyncPool::not_live`).
     pub(super) fn record(&self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&BlockRecord>> {
-        record_in(&self.blocks, id, ordinal)
+        self.blocks.get(id, ordinal)
     }
-}
-
-/// `TableShard::record` over the shard's block map alone (for a caller
-/// that also needs the shard's slab).
-pub(super) fn record_in<'a>(
-    blocks: &'a FastMap<Generation, BlockRecord>,
-    id: &BlockId,
-    ordinal: u32,
-) -> Option<ResourceResult<&'a BlockRecord>> {
-    let rec = blocks.get(&id.generation)?;
-    Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
 }
 
 /// The table shards a launch touches, locked in ascending index order. A

@@ -20,8 +20,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
-use super::block::{check_matches, Use, WaitList};
-use super::table::{record_in, shard_index, LockedShards, TableShard, TABLE_SHARDS};
+use super::block::{Use, WaitList};
+use super::table::{shard_index, LockedShards, TableShard, TABLE_SHARDS};
 use super::{lock, AsyncPool};
 use crate::device::{RawEvent, RawStream};
 use crate::inline_list::InlineList;
@@ -165,7 +165,7 @@ impl AsyncPool {
         for u in uses {
             let last_write = blocks
                 .get_mut(&u.block.generation)
-                .and_then(|rec| rec.tracking.as_mut())
+                .and_then(|rec| rec.extra.tracking.as_mut())
                 .and_then(|t| t.last_write.as_mut())
                 .expect("launch cache: the unchanged version keeps the launch's blocks and uses");
             last_write.stream = stream;
@@ -248,7 +248,7 @@ impl AsyncPool {
         for u in uses {
             let TableShard { blocks, events: local, .. } = shards.get(&u.block);
             let rec = blocks.get_mut(&u.block.generation).expect("validated by prepare");
-            if rec.tracking.is_some() {
+            if rec.extra.tracking.is_some() {
                 continue;
             }
             let alloc_stream = rec.stream.raw;
@@ -319,9 +319,9 @@ impl AsyncPool {
         {
             let mut shard = self.launch_shard(block.alloc_stream)?;
             let TableShard { blocks, events, .. } = &mut *shard;
-            match record_in(blocks, block, self.ordinal) {
+            match blocks.get(block, self.ordinal) {
                 Some(Ok(rec)) => {
-                    let first_foreign_use = rec.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
+                    let first_foreign_use = rec.extra.tracking.is_none() && rec.size > 0 && rec.stream.raw != use_stream.raw;
                     if !first_foreign_use {
                         if rec.nothing_to_wait(use_stream.raw, access) {
                             return Ok(());
@@ -361,7 +361,7 @@ impl AsyncPool {
         let capture = self.capture_of(use_stream.raw)?;
         let rec = match blocks.get_mut(&block.generation) {
             Some(rec) => {
-                check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
+                crate::resources::block_table::check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
                 rec
             }
             None => {
@@ -397,7 +397,7 @@ impl AsyncPool {
                     return Err(self.not_live(&u.block));
                 }
             };
-            if rec.tracking.is_none() {
+            if rec.extra.tracking.is_none() {
                 if rec.size > 0 && rec.stream.raw != stream.raw {
                     first_use_streams.push(rec.stream.raw);
                 }
