@@ -88,6 +88,7 @@ impl GlobalDeviceBudget {
     /// The allocation `attempt` of `owner` under this budget, relieving
     /// pressure on a refusal (module docs). `attempt` charges the gate it
     /// is given before it takes device memory.
+    #[inline]
     pub(crate) fn allocate<T>(
         &self,
         owner: &dyn Allocator,

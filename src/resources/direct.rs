@@ -116,15 +116,17 @@ impl DeviceMemoryResource for Direct {
     }
 
     fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let freed = self.free(id)?;
-        // A synchronous free gives the whole block back at once.
-        if let Some(budget) = &self.budget {
-            budget.release(freed.held);
+        let result = self.free(id);
+        if let Ok(freed) = &result {
+            // A synchronous free gives the whole block back at once.
+            if let Some(budget) = &self.budget {
+                budget.release(freed.held);
+            }
+            if let Some(log) = &self.log {
+                log.freed(freed);
+            }
         }
-        if let Some(log) = &self.log {
-            log.freed(&freed);
-        }
-        Ok(freed)
+        result
     }
 
     fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {

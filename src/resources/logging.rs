@@ -255,6 +255,10 @@ impl CsvLog {
     /// A block handed to the caller on `stream`. `Detail`: the call site,
     /// when the runtime tracks them (it names the allocation under way on
     /// this thread; see `AllocationSite`).
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
     pub fn allocated(&self, block: &DeviceBlock, stream: u32) {
         let site = AllocationSite::current();
         let detail = if site.is_none() { String::new() } else { site.name() };
@@ -265,6 +269,10 @@ impl CsvLog {
     /// then what the free itself gave the driver: a `release` row for a
     /// free queued to the driver, and a `retire` row too for a synchronous
     /// one (after the `free` row, so a running sum never goes below zero).
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
     pub fn freed(&self, freed: &DeviceBlock) {
         let block = &freed.id;
         self.row("free", block.ptr, freed.held, block.alloc_stream.0, &freed.tag.name(), "");
@@ -279,6 +287,10 @@ impl CsvLog {
     }
 
     /// A refused allocation of `bytes` on `stream`, with the reason.
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
     pub fn refused(&self, bytes: u64, stream: u32, tag: AllocTag, reason: &str) {
         self.row("allocate failure", 0, bytes, stream, &tag.name(), reason);
     }

@@ -229,6 +229,7 @@ impl AsyncPool {
 
     /// One allocate (module docs), charging `gate` right before it takes
     /// device memory.
+    #[inline]
     fn allocate_charging(
         &self,
         bytes: u64,
@@ -344,11 +345,13 @@ impl DeviceMemoryResource for AsyncPool {
         // or to pending, both still held. Only reap (and trim) retire; and
         // the free of the last live block of a released announced pool,
         // which gives that pool's memory back (uncharged as it goes).
-        let freed = self.free_block(id)?;
-        if let Some(log) = &self.log {
-            log.freed(&freed);
+        // The result is handed back as it came (re-wrapping it costs the
+        // free path a few nanoseconds, measured).
+        let result = self.free_block(id);
+        if let (Some(log), Ok(freed)) = (&self.log, &result) {
+            log.freed(freed);
         }
-        Ok(freed)
+        result
     }
 
     fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
