@@ -121,7 +121,7 @@ pub struct AsyncPool {
     /// (`capture_pool.rs`).
     captures: CapturePools,
     /// Set by `close_launches`; read by launch calls under their shard
-    /// locks (their close protocol, see `DeviceMemoryResource::close_launches`).
+    /// locks (their close protocol, see `StreamTracking::close_launches`).
     launches_closed: AtomicBool,
     /// Captures a framework begins itself and announces
     /// (`announced_pools.rs`).
