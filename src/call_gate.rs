@@ -12,7 +12,7 @@
 //!   close returns `false` at once.
 //!
 //! Launch calls (prepare/finish) take no pass: they close through the
-//! tracker's shard locks instead (`DeviceMemoryResource::close_launches`).
+//! allocator's shard locks instead (`StreamTracking::close_launches`).
 //!
 //! Why not a reader-writer lock: its state word is written by every reader,
 //! so eight threads on eight streams bounce one cache line on every call.

@@ -25,7 +25,7 @@ pub struct Config {
     /// 0 = no budget layer.
     pub budget_bytes: u64,
     pub stream_pool_size: u32,
-    /// None = no logging layer.
+    /// None = no log.
     pub log_path: Option<PathBuf>,
     pub sim_capacity_bytes: u64,
     pub wait_on_pressure: bool,

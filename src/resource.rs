@@ -304,9 +304,17 @@ impl Usage {
     }
 }
 
-/// Permission to take new memory from the driver. A budget above a
-/// resource passes itself down as the gate, so a caching resource asks
-/// for bytes only when it really grows (a cache hit is already paid for).
+/// `bytes` rounded up to the driver's granularity
+/// ([`crate::device::GRANULARITY`]); `None` past `u64::MAX`.
+pub(crate) fn granular(bytes: u64) -> Option<u64> {
+    use crate::device::GRANULARITY;
+    bytes.div_ceil(GRANULARITY).checked_mul(GRANULARITY)
+}
+
+/// Permission to take new memory from the driver: an allocator under a
+/// budget charges it right before it takes device memory (`budget.rs`), so
+/// a caching allocator asks only when it really grows (a cache hit is
+/// already paid for).
 pub trait ChargeGate: Sync {
     /// Charge `bytes`, or refuse (with the error to report) when they do
     /// not fit.
@@ -364,26 +372,16 @@ fn no_tracking(what: &str) -> ResourceError {
     ))
 }
 
-/// Stream-ordered device memory resource. Resources compose as decorators:
-/// each wraps an inner `Box<dyn DeviceMemoryResource>` and forwards what it
-/// does not handle itself. Implementations are thread-safe.
+/// The narrow resource: what every allocator does (`AsyncPool`, `Direct`).
+/// An allocator charges its budget (`budget.rs`) and reports to its log
+/// (`logging.rs`) itself; there are no decorators. Implementations are
+/// thread-safe.
 pub trait DeviceMemoryResource: Send + Sync {
     /// Allocate `bytes` ordered on `stream`. Zero bytes succeeds with a null
     /// pointer and a fresh generation. Pointers are aligned to ≥ 256 bytes.
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        self.allocate_gated(bytes, stream, tag, &NoCharge)
-    }
-
-    /// `allocate`, asking `gate` before taking new memory from the driver
-    /// (and telling it about memory retired meanwhile), so that
-    /// `bytes_outstanding` never grows past what the gate allowed.
-    fn allocate_gated(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock>;
+    /// Under a budget, new device memory is charged before it is taken
+    /// (`budget.rs`).
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock>;
 
     /// Return a block. Its allocation stream is authoritative for ordering:
     /// a tracking resource first makes it wait for every recorded use on
@@ -391,17 +389,11 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// A stale or doubled handle is an error that changes nothing.
     fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
 
-    /// `deallocate`, also saying by how much it lowered `bytes_outstanding`
-    /// (what a budget above must release). The default observes the drop
-    /// around the call, which is exact only while no other call moves the
-    /// outstanding bytes meanwhile; every resource of this crate overrides it
-    /// with the exact figure, and so must any resource placed under a
-    /// budget that is called from several threads.
-    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        let before = self.bytes_outstanding();
-        let result = self.deallocate(block);
-        (result, before.saturating_sub(self.bytes_outstanding()))
-    }
+    /// Check that `block` names a live block; return its description.
+    fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
+
+    /// Byte and block counts.
+    fn usage(&self) -> Usage;
 
     /// CUDA ordinal (or sim ordinal) the resource serves.
     fn device_ordinal(&self) -> u32;
@@ -409,13 +401,12 @@ pub trait DeviceMemoryResource: Send + Sync {
     /// Live plus cached plus pending (freed, not yet retired) bytes: what
     /// the resource holds from the driver.
     fn bytes_outstanding(&self) -> u64;
+}
 
-    /// Byte and block counts.
-    fn usage(&self) -> Usage;
-
-    /// Check that `block` names a live block; return its description.
-    fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock>;
-
+/// The memory an allocator holds beyond its live blocks: reaping,
+/// waiting, trimming, pressure, and what is live (telemetry). A resource
+/// without a cache or pending frees keeps the defaults.
+pub trait HeldMemory: Send + Sync {
     /// Live blocks (leak reports at close, the live-block list). Each
     /// record is copied under the lock that guards it, so it is consistent
     /// on its own; the list as a whole is not one instant when other threads
@@ -464,67 +455,6 @@ pub trait DeviceMemoryResource: Send + Sync {
         self.reap_pending()
     }
 
-    /// The runtime is closing: every later prepare/finish must fail with
-    /// `ResourceError::runtime_closed`, and when this returns no such call
-    /// may still be running. Launch calls take no call-gate pass (two
-    /// atomic read-modify-writes per call saved): a resource that tracks
-    /// uses checks a flag under the lock its launch calls hold, sets it
-    /// here, then takes and drops each such lock once. A resource without
-    /// tracking refuses launch calls anyway and has nothing to do.
-    fn close_launches(&self) {}
-
-    /// A capture begun through the runtime (`capture_begun`) or ended
-    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
-    /// without capture pools has nothing to do.
-    fn capture_begun(&self, _id: u64) {}
-    fn capture_ended(&self, _id: u64) {}
-
-    /// A capture is about to begin through the runtime: from here until
-    /// `capture_begin_done` nothing may be left for a capture to see (the
-    /// pool makes the event records it owes, `deferred_record.rs`). On an
-    /// error the capture is not begun and nothing changed.
-    fn capture_beginning(&self) -> ResourceResult<()> {
-        Ok(())
-    }
-    /// The capture began (`capture_begun` was called) or failed to.
-    fn capture_begin_done(&self) {}
-
-    /// Captures a framework begins itself and announces
-    /// (`resources/announced_pools.rs`): one into `pool` is about to begin
-    /// on `origin` (None: not known). A resource without capture pools has
-    /// nothing to do.
-    fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
-
-    /// Device `ordinal` now has peer access to this resource's device:
-    /// memory the resource maps itself (the arena's pages) must be made
-    /// accessible to it, now and in every later mapping (`cuMemSetAccess`;
-    /// `cuCtxEnablePeerAccess` does not cover virtual-memory mappings).
-    fn grant_peer(&self, _ordinal: i32) -> ResourceResult<()> {
-        Ok(())
-    }
-
-    /// The framework ended a capture into `pool`. Returns the bytes given
-    /// back meanwhile (memory of released pools that became free), exactly
-    /// the drop of `bytes_outstanding`.
-    fn pool_ended(&self, _pool: PoolKey) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
-    /// One user of `pool` released it; once the last has, its captures'
-    /// memory goes back as soon as none of their blocks is live. Returns
-    /// the bytes given back now, exactly the drop of `bytes_outstanding`.
-    fn release_pool(&self, _pool: PoolKey) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
-    /// Give captures' private memory back to the driver: capture `id`'s
-    /// (refused while it captures or has live blocks), or with `None`
-    /// every capture's free memory (close). Returns the bytes given back,
-    /// exactly the drop of `bytes_outstanding`.
-    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
-        Ok(0)
-    }
-
     /// `stream` is going away (an imported stream released): nothing may
     /// be queued on it later, so its cached blocks go back to the driver
     /// now. Returns the bytes retired.
@@ -538,8 +468,27 @@ pub trait DeviceMemoryResource: Send + Sync {
     // free the block on its allocation stream, and hit exactly the
     // cross-stream use-after-free these calls exist to prevent. An explicit
     // error is the only honest answer from a resource that cannot keep the
-    // promise; only resources that really record events override them, and
-    // decorators forward to their inner resource.
+    // promise; only resources that really record events override them.
+
+    /// Device `ordinal` now has peer access to this resource's device:
+    /// memory the resource maps itself (the arena's pages) must be made
+    /// accessible to it, now and in every later mapping (`cuMemSetAccess`;
+    /// `cuCtxEnablePeerAccess` does not cover virtual-memory mappings).
+    fn grant_peer(&self, _ordinal: i32) -> ResourceResult<()> {
+        Ok(())
+    }
+}
+
+/// Cross-stream block-use tracking (prepare/finish, DESIGN.md
+/// "Semantics"), implemented by the tracking allocator (`AsyncPool`).
+pub trait StreamTracking: Send + Sync {
+    // The defaults refuse with StreamMisuse instead of succeeding quietly:
+    // a launch builder that saw `Ok` from a resource which does not really
+    // track uses would queue work on another stream, free the block on its
+    // allocation stream, and hit exactly the cross-stream use-after-free
+    // these calls exist to prevent. An explicit error is the only honest
+    // answer from a resource that cannot keep the promise; only resources
+    // that really record events override them.
 
     /// Whether this stack really tracks cross-stream uses. Launch paths ask
     /// before queueing work so they can fail before anything is enqueued.
@@ -586,104 +535,68 @@ pub trait DeviceMemoryResource: Send + Sync {
     fn finish_block_uses(&self, _stream: StreamRef, _uses: &[BlockUse]) -> ResourceResult<()> {
         Err(no_tracking("finish_all"))
     }
+
+    /// The runtime is closing: every later prepare/finish must fail with
+    /// `ResourceError::runtime_closed`, and when this returns no such call
+    /// may still be running. Launch calls take no call-gate pass (two
+    /// atomic read-modify-writes per call saved): a resource that tracks
+    /// uses checks a flag under the lock its launch calls hold, sets it
+    /// here, then takes and drops each such lock once. A resource without
+    /// tracking refuses launch calls anyway and has nothing to do.
+    fn close_launches(&self) {}
 }
 
-/// Forward to `self.inner` every method a decorator does not change: the
-/// byte counts, waiting, validation and the tracking methods. The methods
-/// that retire memory (`reap_pending`, `trim`, `relieve_pressure`,
-/// `retire_stream`) are not here: a decorator says what it does with them.
-macro_rules! forward_to_inner {
-    () => {
-        fn bytes_outstanding(&self) -> u64 {
-            self.inner.bytes_outstanding()
-        }
-        fn usage(&self) -> $crate::resource::Usage {
-            self.inner.usage()
-        }
-        fn wait_pending(&self) -> $crate::resource::ResourceResult<()> {
-            self.inner.wait_pending()
-        }
+/// Stream capture (DESIGN.md "Stream capture"): the allocator's capture
+/// pools and announced pools. A resource without them keeps the defaults.
+pub trait Captures: Send + Sync {
+    /// A capture begun through the runtime (`capture_begun`) or ended
+    /// (`capture_ended`); see `resources/capture_pool.rs`. A resource
+    /// without capture pools has nothing to do.
+    fn capture_begun(&self, _id: u64) {}
 
-        fn supports_block_use_tracking(&self) -> bool {
-            self.inner.supports_block_use_tracking()
-        }
-        fn record_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.record_block_use(block, use_stream)
-        }
-        fn prepare_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-            access: $crate::resource::Access,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.prepare_block_use(block, use_stream, access)
-        }
-        fn finish_block_use(
-            &self,
-            block: &$crate::resource::BlockId,
-            use_stream: $crate::resource::StreamRef,
-            access: $crate::resource::Access,
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.finish_block_use(block, use_stream, access)
-        }
-        fn prepare_block_uses(
-            &self,
-            stream: $crate::resource::StreamRef,
-            uses: &[$crate::resource::BlockUse],
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.prepare_block_uses(stream, uses)
-        }
-        fn finish_block_uses(
-            &self,
-            stream: $crate::resource::StreamRef,
-            uses: &[$crate::resource::BlockUse],
-        ) -> $crate::resource::ResourceResult<()> {
-            self.inner.finish_block_uses(stream, uses)
-        }
-        fn validate(
-            &self,
-            block: &$crate::resource::BlockId,
-        ) -> $crate::resource::ResourceResult<$crate::resource::DeviceBlock> {
-            self.inner.validate(block)
-        }
-        fn live_blocks(&self) -> Vec<$crate::resource::LeakedBlock> {
-            self.inner.live_blocks()
-        }
-        fn reset_peak(&self) {
-            self.inner.reset_peak()
-        }
-        fn close_launches(&self) {
-            self.inner.close_launches()
-        }
-        fn capture_begun(&self, id: u64) {
-            self.inner.capture_begun(id)
-        }
-        fn capture_beginning(&self) -> $crate::resource::ResourceResult<()> {
-            self.inner.capture_beginning()
-        }
-        fn capture_begin_done(&self) {
-            self.inner.capture_begin_done()
-        }
-        fn capture_ended(&self, id: u64) {
-            self.inner.capture_ended(id)
-        }
-        fn pool_announced(
-            &self,
-            pool: $crate::ids::PoolKey,
-            origin: Option<$crate::device::RawStream>,
-        ) {
-            self.inner.pool_announced(pool, origin)
-        }
-        fn count_tags(&self, out: &mut $crate::tag_counters::CountSummary) {
-            self.inner.count_tags(out)
-        }
-        fn device_ordinal(&self) -> u32 {
-            self.inner.device_ordinal()
-        }
-    };
+    fn capture_ended(&self, _id: u64) {}
+
+    /// A capture is about to begin through the runtime: from here until
+    /// `capture_begin_done` nothing may be left for a capture to see (the
+    /// pool makes the event records it owes, `deferred_record.rs`). On an
+    /// error the capture is not begun and nothing changed.
+    fn capture_beginning(&self) -> ResourceResult<()> {
+        Ok(())
+    }
+
+    /// The capture began (`capture_begun` was called) or failed to.
+    fn capture_begin_done(&self) {}
+
+    /// Captures a framework begins itself and announces
+    /// (`resources/announced_pools.rs`): one into `pool` is about to begin
+    /// on `origin` (None: not known). A resource without capture pools has
+    /// nothing to do.
+    fn pool_announced(&self, _pool: PoolKey, _origin: Option<RawStream>) {}
+
+    /// The framework ended a capture into `pool`. Returns the bytes given
+    /// back meanwhile (memory of released pools that became free), exactly
+    /// the drop of `bytes_outstanding`.
+    fn pool_ended(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// One user of `pool` released it; once the last has, its captures'
+    /// memory goes back as soon as none of their blocks is live. Returns
+    /// the bytes given back now, exactly the drop of `bytes_outstanding`.
+    fn release_pool(&self, _pool: PoolKey) -> ResourceResult<u64> {
+        Ok(0)
+    }
+
+    /// Give captures' private memory back to the driver: capture `id`'s
+    /// (refused while it captures or has live blocks), or with `None`
+    /// every capture's free memory (close). Returns the bytes given back,
+    /// exactly the drop of `bytes_outstanding`.
+    fn release_capture(&self, _id: Option<u64>) -> ResourceResult<u64> {
+        Ok(0)
+    }
 }
-pub(crate) use forward_to_inner;
+
+/// An allocator as the runtime holds it: one object, every role.
+pub trait Allocator: DeviceMemoryResource + HeldMemory + StreamTracking + Captures {}
+
+impl<T: DeviceMemoryResource + HeldMemory + StreamTracking + Captures> Allocator for T {}

@@ -174,7 +174,7 @@ pub struct TotalCounts {
     pub peak_live_blocks: u64,
 }
 
-/// What `DeviceMemoryResource::count_tags` gathers.
+/// What `HeldMemory::count_tags` gathers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CountSummary {
     /// By tag index.

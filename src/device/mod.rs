@@ -17,6 +17,12 @@ pub(crate) mod sim_vm;
 
 pub use crate::ids::{DevicePtr, RawEvent, RawStream};
 
+/// The granularity the driver hands memory out in (`cuMemAlloc`,
+/// `cuMemAllocAsync`; the sim models it): every block's address is a
+/// multiple of it, and a block taken in these units holds
+/// `bytes.div_ceil(GRANULARITY) * GRANULARITY` of the device.
+pub(crate) const GRANULARITY: u64 = 256;
+
 /// A physical memory allocation of the virtual-memory API
 /// (`CUmemGenericAllocationHandle` on CUDA, an id on sim).
 pub type PhysHandle = u64;

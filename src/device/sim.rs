@@ -34,7 +34,7 @@ use crate::error::DeviceError;
 pub use super::faults::FaultKind;
 
 /// Alignment of every sim allocation (CUDA guarantees at least 256).
-pub const SIM_ALIGNMENT: u64 = 256;
+pub const SIM_ALIGNMENT: u64 = super::GRANULARITY;
 
 
 /// A sim stream's native handle is `NATIVE_TAG | instance << 16 | raw`:

@@ -1,49 +1,43 @@
-//! `GlobalDeviceBudget`: one byte limit over everything that flows through it.
+//! `GlobalDeviceBudget`: one byte limit on the device memory an allocator
+//! holds (DESIGN.md "Physical memory": charged where it is taken). It is a
+//! policy the allocator consults, handed to it at construction, not a
+//! layer of the stack.
 //!
-//! Accounting: `reserved` equals `inner.bytes_outstanding()` (live + pending)
-//! at every quiescent moment, and never exceeds the limit:
+//! Contract:
+//! - **Charge where memory is taken.** The allocator charges the budget
+//!   right before it takes device memory from the driver: the arena a
+//!   page before `cuMemCreate`, pool memory a block before the driver
+//!   allocation, a capture its private memory, Direct each block. The
+//!   charge is one compare-and-swap that succeeds only while
+//!   `reserved + bytes <= limit` (the atomic form of "check and reserve
+//!   under one lock"); a driver call that fails rolls it back. A cache
+//!   hit, or a page the arena already holds, costs the budget nothing.
+//! - **Release where memory goes back.** `HeldBytes` (the held total an
+//!   allocator shares with its memories) uncharges the budget whenever it
+//!   drops: when reap sees a free complete, when trim, pressure or a
+//!   released capture pool gives memory back, when the arena releases a
+//!   page. Direct, which holds no such total, uncharges each synchronous
+//!   free. So `reserved` equals what the allocator holds (live + cached +
+//!   pending) at every quiescent moment, and is never lower while a call
+//!   is under way (a charge precedes the driver call, a release follows
+//!   it): concurrent callers never see room that is not there.
+//! - **Pressure.** `allocate` is the allocator's allocation under the
+//!   budget: a refusal (the only source of `OutOfBudget` below it is this
+//!   budget) first has the allocator relieve pressure (give cached memory
+//!   back, reap) and retries; then, with `wait_on_pressure` and only if
+//!   the request would fit next to the live bytes, it waits for pending
+//!   frees and retries once more; then it refuses with requested, live,
+//!   cached, pending, limit and remaining in the error.
 //!
-//! - allocate reserves `bytes` first — one compare-and-swap that succeeds
-//!   only while `reserved + bytes <= limit`, the atomic form of "check and
-//!   reserve under one lock" — then calls the inner resource and rolls the
-//!   reservation back if that fails;
-//! - deallocate and reap release exactly the drop in the inner's
-//!   outstanding bytes that the inner reports for that call
-//!   (`deallocate_released`, `reap_pending`). A synchronous inner drops by
-//!   the block size on free; a stream-ordered one does not move on free (the
-//!   bytes become pending and stay charged, because the GPU may still be
-//!   using them) and drops only when reap retires completed frees. One rule
-//!   covers both.
-//!
-//! Between the inner call and the release the reservation can only be
-//! higher than what the inner holds, never lower, so concurrent callers
-//! never see room that is not there. No lock is held across the inner call,
-//! so the budget adds two atomic operations to an allocate+free pair
-//! instead of a second lock.
-//!
-//! The budget is the inner's gate (`ChargeGate`): the inner asks it only
-//! when it takes new memory from the driver, so a cache hit costs the
-//! budget nothing (its bytes were charged when they first came from the
-//! driver, and stay charged while cached).
-//!
-//! Under pressure an allocation that does not fit first has the inner give
-//! cached memory back to the driver and reap, then, with
-//! `wait_on_pressure`, wait for pending frees to finish and reap again, and
-//! only then refuses with requested, live, cached, pending and limit in the
-//! error.
+//! Locks: none. The refusal message reads the allocator's usage (its
+//! locks), so the allocator charges with none of its own locks held.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::device::RawStream;
-use crate::resources::announced_pools::PoolKey;
-use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, ChargeGate, DeviceBlock, DeviceMemoryResource,
-    ResourceError, ResourceResult, StreamRef, Trimmed,
-};
+use crate::resource::{Allocator, ChargeGate, ResourceError, ResourceResult};
 
 pub struct GlobalDeviceBudget {
-    inner: Arc<dyn DeviceMemoryResource>,
     limit: u64,
     wait_on_pressure: bool,
     reserved: AtomicU64,
@@ -53,9 +47,8 @@ pub struct GlobalDeviceBudget {
 }
 
 impl GlobalDeviceBudget {
-    pub fn new(inner: Arc<dyn DeviceMemoryResource>, limit: u64, wait_on_pressure: bool) -> Self {
-        let reserved = inner.bytes_outstanding();
-        GlobalDeviceBudget { inner, limit, wait_on_pressure, reserved: AtomicU64::new(reserved), retries: AtomicU64::new(0) }
+    pub fn new(limit: u64, wait_on_pressure: bool) -> Self {
+        GlobalDeviceBudget { limit, wait_on_pressure, reserved: AtomicU64::new(0), retries: AtomicU64::new(0) }
     }
 
     pub fn limit(&self) -> u64 {
@@ -85,181 +78,124 @@ impl GlobalDeviceBudget {
             .map(|_| ())
     }
 
-    fn release(&self, bytes: u64) {
+    /// Give back `bytes` charged earlier.
+    pub(crate) fn release(&self, bytes: u64) {
         if bytes > 0 {
             self.reserved.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 
-    /// The refusal of `bytes` when the reservation stood at `seen`.
-    fn refusal(&self, bytes: u64, seen: u64) -> ResourceError {
-        let usage = self.inner.usage();
-        ResourceError::OutOfBudget {
-            requested: bytes,
-            live: usage.live_bytes,
-            cached: usage.cached_bytes,
-            pending: usage.pending_bytes,
-            limit: self.limit,
-            remaining: self.limit.saturating_sub(seen),
-        }
-    }
-}
-
-impl ChargeGate for GlobalDeviceBudget {
-    fn try_charge(&self, bytes: u64) -> ResourceResult<()> {
-        self.try_reserve(bytes).map_err(|seen| self.refusal(bytes, seen))
-    }
-
-    fn uncharge(&self, bytes: u64) {
-        self.release(bytes);
-    }
-}
-
-impl DeviceMemoryResource for GlobalDeviceBudget {
-    fn allocate_gated(
+    /// The allocation `attempt` of `owner` under this budget, relieving
+    /// pressure on a refusal (module docs). `attempt` charges the gate it
+    /// is given before it takes device memory.
+    #[inline]
+    pub(crate) fn allocate<T>(
         &self,
+        owner: &dyn Allocator,
         bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock> {
-        // A budget under another gate: both must allow the growth.
-        let both = Both { first: self, second: gate };
-        self.allocate_under(bytes, stream, tag, &both)
-    }
-
-    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
-        self.allocate_under(bytes, stream, tag, self)
-    }
-
-    fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        self.deallocate_released(block).0
-    }
-
-    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        let (result, released) = self.inner.deallocate_released(block);
-        self.release(released);
-        (result, released)
-    }
-
-    fn reap_pending(&self) -> ResourceResult<u64> {
-        let retired = self.inner.reap_pending()?;
-        self.release(retired);
-        Ok(retired)
-    }
-
-    fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
-        let t = self.inner.trim(keep_bytes)?;
-        self.release(t.retired);
-        Ok(t)
-    }
-
-    fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
-        let retired = self.inner.relieve_pressure(need, wait)?;
-        self.release(retired);
-        Ok(retired)
-    }
-
-    fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
-        let retired = self.inner.retire_stream(stream)?;
-        self.release(retired);
-        Ok(retired)
-    }
-
-    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
-        let released = self.inner.release_capture(id)?;
-        self.release(released);
-        Ok(released)
-    }
-
-    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
-        let released = self.inner.pool_ended(pool)?;
-        self.release(released);
-        Ok(released)
-    }
-
-    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
-        let released = self.inner.release_pool(pool)?;
-        self.release(released);
-        Ok(released)
-    }
-
-    forward_to_inner!();
-}
-
-impl GlobalDeviceBudget {
-    /// Allocate through the inner with `gate`; on a refusal by this budget,
-    /// relieve pressure (give the cache back, reap; then, with
-    /// `wait_on_pressure`, wait and reap) and try again.
-    fn allocate_under(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock> {
+        attempt: impl Fn(&dyn ChargeGate) -> ResourceResult<T>,
+    ) -> ResourceResult<T> {
+        let gate = Charge { budget: self, owner };
         let (mut relieved, mut waited) = (false, false);
         loop {
-            match self.inner.allocate_gated(bytes, stream, tag, gate) {
-                Err(refused @ ResourceError::OutOfBudget { .. }) if self.is_mine(&refused) => {
-                    // Waiting for frees can only help if the request fits
-                    // next to the live bytes (`requested` is its device size).
-                    let could_fit = match &refused {
-                        ResourceError::OutOfBudget { requested, live, pending, cached, limit, .. } => {
-                            pending + cached > 0 && live.checked_add(*requested).is_some_and(|t| t <= *limit)
-                        }
-                        _ => false,
-                    };
-                    let wait = if !relieved {
-                        relieved = true;
-                        false
-                    } else if self.wait_on_pressure && !waited && could_fit {
-                        waited = true;
-                        true
-                    } else {
-                        // Name the caller's request (the charge was its
-                        // device size).
-                        return Err(match refused {
-                            ResourceError::OutOfBudget { live, cached, pending, limit, remaining, .. } => {
-                                ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining }
-                            }
-                            other => other,
-                        });
-                    };
-                    self.retries.fetch_add(1, Ordering::Relaxed);
-                    let retired = self.inner.relieve_pressure(bytes, wait)?;
-                    self.release(retired);
+            let refused = match attempt(&gate) {
+                Err(ResourceError::OutOfBudget { live, cached, pending, limit, remaining, requested }) => {
+                    (live, cached, pending, limit, remaining, requested)
                 }
                 other => return other,
-            }
+            };
+            let (live, cached, pending, limit, remaining, requested) = refused;
+            // Waiting for frees can only help if the request fits next to
+            // the live bytes (`requested` is its device size).
+            let could_fit = pending + cached > 0 && live.checked_add(requested).is_some_and(|t| t <= limit);
+            let wait = if !relieved {
+                relieved = true;
+                false
+            } else if self.wait_on_pressure && !waited && could_fit {
+                waited = true;
+                true
+            } else {
+                // Name the caller's request (the charge was its device size).
+                return Err(ResourceError::OutOfBudget { requested: bytes, live, cached, pending, limit, remaining });
+            };
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            owner.relieve_pressure(bytes, wait)?;
         }
     }
-
-    /// Whether a refusal came from this budget (not one below it).
-    fn is_mine(&self, e: &ResourceError) -> bool {
-        matches!(e, ResourceError::OutOfBudget { limit, .. } if *limit == self.limit)
-    }
 }
 
-/// Two gates in a row (a budget under another budget): charge the first,
-/// then the second, rolling the first back if the second refuses.
-struct Both<'a> {
-    first: &'a GlobalDeviceBudget,
-    second: &'a dyn ChargeGate,
+/// The budget as the gate an allocator charges, naming `owner`'s usage
+/// in a refusal.
+struct Charge<'a> {
+    budget: &'a GlobalDeviceBudget,
+    owner: &'a dyn Allocator,
 }
 
-impl ChargeGate for Both<'_> {
+impl ChargeGate for Charge<'_> {
     fn try_charge(&self, bytes: u64) -> ResourceResult<()> {
-        self.first.try_charge(bytes)?;
-        if let Err(e) = self.second.try_charge(bytes) {
-            self.first.uncharge(bytes);
-            return Err(e);
-        }
-        Ok(())
+        self.budget.try_reserve(bytes).map_err(|seen| {
+            let usage = self.owner.usage();
+            ResourceError::OutOfBudget {
+                requested: bytes,
+                live: usage.live_bytes,
+                cached: usage.cached_bytes,
+                pending: usage.pending_bytes,
+                limit: self.budget.limit,
+                remaining: self.budget.limit.saturating_sub(seen),
+            }
+        })
     }
 
     fn uncharge(&self, bytes: u64) {
-        self.first.uncharge(bytes);
-        self.second.uncharge(bytes);
+        self.budget.release(bytes);
+    }
+}
+
+/// Device bytes an allocator holds (live + cached + pending: the arena's
+/// pages, capture memory, the driver pool's blocks) and their peak, shared
+/// by the allocator and its memories. Every drop uncharges the budget, if
+/// any (module docs).
+#[derive(Default)]
+pub struct HeldBytes {
+    now: AtomicU64,
+    peak: AtomicU64,
+    budget: Option<Arc<GlobalDeviceBudget>>,
+}
+
+impl HeldBytes {
+    pub fn new(budget: Option<Arc<GlobalDeviceBudget>>) -> HeldBytes {
+        HeldBytes { budget, ..HeldBytes::default() }
+    }
+
+    /// `bytes` were taken from the driver (after the budget charged them).
+    pub fn add(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// `bytes` went back to the driver: uncharged.
+    pub fn sub(&self, bytes: u64) {
+        self.now.fetch_sub(bytes, Ordering::AcqRel);
+        if let Some(budget) = &self.budget {
+            budget.release(bytes);
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Acquire)
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    pub fn reset_peak(&self) {
+        self.peak.store(self.now(), Ordering::Relaxed);
+    }
+
+    /// Put the peak back to `before` if it still reads `seen` (memory taken
+    /// for a request that was then refused leaves no peak behind).
+    pub fn restore_peak(&self, seen: u64, before: u64) {
+        let _ = self.peak.compare_exchange(seen, before, Ordering::Relaxed, Ordering::Relaxed);
     }
 }

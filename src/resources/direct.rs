@@ -3,59 +3,49 @@
 //! a free here is immediate and cannot wait for uses on other streams, so
 //! callers must order their streams themselves.
 
-use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::async_pool::{check_matches, stale};
+use super::block_table::{stale, BlockTable, Record};
+use super::allocate_observed;
+use super::budget::GlobalDeviceBudget;
 use crate::device::Device;
-use crate::tag_counters::{CountSummary, TableCounters};
+use crate::tag_counters::CountSummary;
 use crate::resource::{
-    AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock, DeviceMemoryResource, Generation,
+    AllocTag, BlockId, BlockState, Captures, ChargeGate, DeviceBlock, DeviceMemoryResource, HeldMemory, StreamTracking, Generation,
     LeakedBlock, ResourceResult, StreamRef, Usage,
 };
 
-/// The granularity `cuMemAlloc` (and the sim) hand memory out in: a
-/// one-byte block takes this much of the device.
-pub(crate) const DIRECT_GRANULARITY: u64 = 256;
-
-struct Record {
-    ptr: u64,
-    size: u64,
-    /// Device bytes: the size rounded up to the driver's granularity.
-    held: u64,
-    stream: StreamRef,
-    tag: AllocTag,
-    /// Allocation sequence number (see `LeakedBlock::sequence`).
-    sequence: u64,
-}
-
 #[derive(Default)]
 struct DirectState {
-    blocks: FastMap<Generation, Record>,
+    blocks: BlockTable<()>,
     live_bytes: u64,
     peak: u64,
-    allocations: u64,
-    deallocations: u64,
-    /// Per-tag and total counts (`telemetry`).
-    counters: TableCounters,
 }
 
 pub struct Direct {
     device: Arc<dyn Device>,
     ordinal: u32,
     state: Mutex<DirectState>,
-    /// The runtime's CSV log, if any: a `reserve` row per allocation (a
-    /// free's `release` and `retire` rows are the logging layer's).
+    /// The runtime's CSV log, if any: the observer of every allocate and
+    /// free (`allocate`, `reserve`; `free`, `release`, `retire`).
     log: Option<Arc<super::logging::CsvLog>>,
+    /// The limit each block is charged to before it is taken.
+    budget: Option<Arc<GlobalDeviceBudget>>,
 }
 
 impl Direct {
     pub fn new(device: Arc<dyn Device>) -> Direct {
         let ordinal = device.ordinal().max(0) as u32;
-        Direct { device, ordinal, state: Mutex::default(), log: None }
+        Direct { device, ordinal, state: Mutex::default(), log: None, budget: None }
     }
 
-    /// Write a `reserve` row per allocation into `log`.
+    /// Charge every block to `budget` (`budget.rs`).
+    pub fn with_budget(mut self, budget: Option<Arc<GlobalDeviceBudget>>) -> Direct {
+        self.budget = budget;
+        self
+    }
+
+    /// Report every allocate and free to `log`.
     pub fn with_log(mut self, log: Option<Arc<super::logging::CsvLog>>) -> Direct {
         self.log = log;
         self
@@ -65,15 +55,12 @@ impl Direct {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record<'a>(&self, st: &'a DirectState, id: &BlockId) -> ResourceResult<&'a Record> {
-        let rec = st.blocks.get(&id.generation).ok_or_else(|| stale(id))?;
-        check_matches(id, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
-        Ok(rec)
+    fn record<'a>(&self, st: &'a DirectState, id: &BlockId) -> ResourceResult<&'a Record<()>> {
+        st.blocks.get(id, self.ordinal).unwrap_or_else(|| Err(stale(id)))
     }
-}
 
-impl DeviceMemoryResource for Direct {
-    fn allocate_gated(
+    /// One allocate, charging `gate` right before it takes device memory.
+    fn allocate_charging(
         &self,
         bytes: u64,
         stream: StreamRef,
@@ -81,7 +68,7 @@ impl DeviceMemoryResource for Direct {
         gate: &dyn ChargeGate,
     ) -> ResourceResult<DeviceBlock> {
         let generation = Generation::next();
-        let Some(held) = bytes.div_ceil(DIRECT_GRANULARITY).checked_mul(DIRECT_GRANULARITY) else {
+        let Some(held) = crate::resource::granular(bytes) else {
             return Err(super::async_pool::too_big(bytes, gate));
         };
         let ptr = if bytes == 0 {
@@ -102,17 +89,14 @@ impl DeviceMemoryResource for Direct {
             }
         };
         let mut st = self.lock();
-        st.allocations += 1;
-        let sequence = st.allocations;
-        st.blocks.insert(generation, Record { ptr, size: bytes, held, stream, tag, sequence });
+        let id = st.blocks.insert(generation, ptr, bytes, held, stream, tag, (), self.ordinal);
         st.live_bytes += held;
         st.peak = st.peak.max(st.live_bytes);
-        st.counters.allocated(tag.index(), held);
-        let id = BlockId { ptr, size: bytes, generation, alloc_stream: stream.id, device: self.ordinal as i32 };
         Ok(DeviceBlock { id, tag, state: BlockState::Live, held })
     }
 
-    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+    /// The synchronous free.
+    fn free(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
         let mut st = self.lock();
         let rec = self.record(&st, id)?;
         let (ptr, size, held, tag) = (rec.ptr, rec.size, rec.held, rec.tag);
@@ -121,16 +105,48 @@ impl DeviceMemoryResource for Direct {
         }
         st.blocks.remove(&id.generation);
         st.live_bytes -= held;
-        st.deallocations += 1;
-        st.counters.freed(tag.index(), held);
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }
+}
 
-    fn deallocate_released(&self, id: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        // A synchronous free gives the whole block back at once.
-        let result = self.deallocate(id);
-        let released = result.as_ref().map_or(0, |b| b.held);
-        (result, released)
+impl DeviceMemoryResource for Direct {
+    fn allocate(&self, bytes: u64, stream: StreamRef, tag: AllocTag) -> ResourceResult<DeviceBlock> {
+        let (budget, log) = (self.budget.as_deref(), self.log.as_deref());
+        allocate_observed(self, budget, log, bytes, stream, tag, |gate| self.allocate_charging(bytes, stream, tag, gate))
+    }
+
+    fn deallocate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let result = self.free(id);
+        if let Ok(freed) = &result {
+            // A synchronous free gives the whole block back at once.
+            if let Some(budget) = &self.budget {
+                budget.release(freed.held);
+            }
+            if let Some(log) = &self.log {
+                log.freed(freed);
+            }
+        }
+        result
+    }
+
+    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
+        let st = self.lock();
+        let rec = self.record(&st, id)?;
+        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
+    }
+
+    fn usage(&self) -> Usage {
+        let st = self.lock();
+        Usage {
+            live_bytes: st.live_bytes,
+            pending_bytes: 0,
+            live_blocks: st.blocks.len(),
+            pending_blocks: 0,
+            peak_outstanding_bytes: st.peak,
+            allocations: st.blocks.allocations(),
+            deallocations: st.blocks.deallocations(),
+            ..Usage::default()
+        }
     }
 
     fn device_ordinal(&self) -> u32 {
@@ -140,49 +156,28 @@ impl DeviceMemoryResource for Direct {
     fn bytes_outstanding(&self) -> u64 {
         self.lock().live_bytes
     }
+}
 
-    fn usage(&self) -> Usage {
-        let st = self.lock();
-        Usage {
-            live_bytes: st.live_bytes,
-            pending_bytes: 0,
-            live_blocks: st.blocks.len() as u64,
-            pending_blocks: 0,
-            peak_outstanding_bytes: st.peak,
-            allocations: st.allocations,
-            deallocations: st.deallocations,
-            ..Usage::default()
-        }
-    }
-
-    fn validate(&self, id: &BlockId) -> ResourceResult<DeviceBlock> {
-        let st = self.lock();
-        let rec = self.record(&st, id)?;
-        Ok(DeviceBlock { id: *id, tag: rec.tag, state: BlockState::Live, held: rec.held })
-    }
-
+impl HeldMemory for Direct {
     fn live_blocks(&self) -> Vec<LeakedBlock> {
-        let st = self.lock();
-        st.blocks
-            .iter()
-            .map(|(g, r)| LeakedBlock {
-                id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: self.ordinal as i32 },
-                tag: r.tag.name(),
-                tag_id: r.tag,
-                held: r.held,
-                sequence: r.sequence,
-                allocations_since: st.allocations - r.sequence,
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.lock().blocks.live_blocks(self.ordinal, &mut out);
+        out
     }
 
     fn reset_peak(&self) {
         let mut st = self.lock();
         st.peak = st.live_bytes;
-        st.counters.reset_peak();
+        st.blocks.reset_peak();
     }
 
     fn count_tags(&self, out: &mut CountSummary) {
-        self.lock().counters.add_to(out);
+        self.lock().blocks.count_tags(out);
     }
 }
+
+/// Direct tracks no uses: every tracking call is refused with StreamMisuse
+/// (the trait's defaults).
+impl StreamTracking for Direct {}
+
+impl Captures for Direct {}

@@ -1,6 +1,11 @@
-//! `LoggingResource`: CSV telemetry of the memory a runtime hands out and
-//! takes back, and of what it takes from and gives back to the driver, so
-//! that live, cached and pending bytes can all be rebuilt from the log.
+//! `CsvLog`: CSV telemetry of the memory a runtime hands out and takes
+//! back, and of what it takes from and gives back to the driver, so that
+//! live, cached and pending bytes can all be rebuilt from the log.
+//!
+//! The log is the one observer of the allocator's events, handed to the
+//! allocator (and to its memories) at construction: every row is written
+//! by a method of `CsvLog` when the allocator reports the event (the
+//! runtime reports only what happens at close: leaks, unreleased streams).
 //!
 //! Columns: `Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail`.
 //! The first six are RMM's logging adaptor's, so its replay and analysis
@@ -15,8 +20,8 @@
 //!   empty otherwise.
 //! - `free` (RMM): the caller gave it back; live → cached (with the cache
 //!   off a `release` row follows at once).
-//! - `allocate failure` (RMM): a refused allocation, written by the runtime
-//!   once per failed call (after the budget's retries), with `Size` the
+//! - `allocate failure` (RMM): a refused allocation, written by the
+//!   allocator once per failed call (after the budget's retries), with `Size` the
 //!   request and `Detail` the reason (requested, live, cached, pending,
 //!   limit).
 //! - `reserve` (xlog): memory taken from the driver; → cached (the
@@ -72,13 +77,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::device::RawStream;
-use crate::resources::announced_pools::PoolKey;
+use crate::resource::{AllocTag, BlockState, DeviceBlock, ResourceError, ResourceResult};
 use crate::telemetry::AllocationSite;
-use crate::resource::{
-    forward_to_inner, AllocTag, BlockId, BlockState, ChargeGate, DeviceBlock,
-    DeviceMemoryResource, ResourceError, ResourceResult, StreamRef, Trimmed,
-};
 
 pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Tag,Device,Process,Detail";
 
@@ -170,8 +170,9 @@ struct Sink {
 }
 
 /// The CSV file of one runtime: each row is appended with one `write(2)`
-/// as it is made. Shared by the logging layer and the base resource (which
-/// reports `reserve`, `release` and `retire`).
+/// as it is made. Shared by the allocator (which reports `allocate`,
+/// `allocate failure` and `free`) and its memories (`reserve`, `release`,
+/// `retire`).
 pub struct CsvLog {
     path: PathBuf,
     device: i32,
@@ -251,7 +252,45 @@ impl CsvLog {
         self.row("retire", 0, bytes, 0, "", &format!("{blocks} blocks"));
     }
 
+    /// A block handed to the caller on `stream`. `Detail`: the call site,
+    /// when the runtime tracks them (it names the allocation under way on
+    /// this thread; see `AllocationSite`).
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
+    pub fn allocated(&self, block: &DeviceBlock, stream: u32) {
+        let site = AllocationSite::current();
+        let detail = if site.is_none() { String::new() } else { site.name() };
+        self.row("allocate", block.id.ptr, block.held, stream, &block.tag.name(), &detail);
+    }
+
+    /// A block the caller gave back (`freed`, its state after the free),
+    /// then what the free itself gave the driver: a `release` row for a
+    /// free queued to the driver, and a `retire` row too for a synchronous
+    /// one (after the `free` row, so a running sum never goes below zero).
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
+    pub fn freed(&self, freed: &DeviceBlock) {
+        let block = &freed.id;
+        self.row("free", block.ptr, freed.held, block.alloc_stream.0, &freed.tag.name(), "");
+        match freed.state {
+            BlockState::Pending => self.released(block.ptr, freed.held),
+            BlockState::Retired if freed.held > 0 => {
+                self.released(block.ptr, freed.held);
+                self.retired(freed.held, 1);
+            }
+            _ => {}
+        }
+    }
+
     /// A refused allocation of `bytes` on `stream`, with the reason.
+    // Out of line: a row costs a system call, and the allocate and free
+    // paths without a log stay as small as they were.
+    #[cold]
+    #[inline(never)]
     pub fn refused(&self, bytes: u64, stream: u32, tag: AllocTag, reason: &str) {
         self.row("allocate failure", 0, bytes, stream, &tag.name(), reason);
     }
@@ -292,111 +331,4 @@ impl CsvLog {
     pub fn flush(&self) {
         let _ = self.sink().file.flush();
     }
-}
-
-/// The logging layer: `allocate` and `free` rows for what passes through
-/// it, and the `release` (and, for a synchronous free, `retire`) row of a
-/// free that went straight to the driver. The base resource writes the
-/// rest into the same [`CsvLog`]: `reserve` when it takes memory from the
-/// driver, `release` when it gives cached memory back, `retire` at reap.
-pub struct LoggingResource {
-    inner: Arc<dyn DeviceMemoryResource>,
-    log: Arc<CsvLog>,
-}
-
-impl LoggingResource {
-    pub fn new(inner: Arc<dyn DeviceMemoryResource>, log: Arc<CsvLog>) -> Self {
-        LoggingResource { inner, log }
-    }
-
-    pub fn log(&self) -> &Arc<CsvLog> {
-        &self.log
-    }
-
-    pub fn path(&self) -> &Path {
-        self.log.path()
-    }
-
-    pub fn lines_lost(&self) -> u64 {
-        self.log.lines_lost()
-    }
-
-    pub fn flush(&self) {
-        self.log.flush();
-    }
-}
-
-impl DeviceMemoryResource for LoggingResource {
-    fn allocate_gated(
-        &self,
-        bytes: u64,
-        stream: StreamRef,
-        tag: AllocTag,
-        gate: &dyn ChargeGate,
-    ) -> ResourceResult<DeviceBlock> {
-        let result = self.inner.allocate_gated(bytes, stream, tag, gate);
-        // Failures are the runtime's to log, once per call: a budget above
-        // may retry a refusal after relieving pressure.
-        // Detail: the call site, when the runtime tracks them (it names the
-        // allocation under way on this thread; see `AllocationSite`).
-        if let Ok(b) = &result {
-            let site = AllocationSite::current();
-            let detail = if site.is_none() { String::new() } else { site.name() };
-            self.log.row("allocate", b.id.ptr, b.held, stream.id.0, &tag.name(), &detail);
-        }
-        result
-    }
-
-    fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
-        self.deallocate_released(block).0
-    }
-
-    fn deallocate_released(&self, block: &BlockId) -> (ResourceResult<DeviceBlock>, u64) {
-        let (result, released) = self.inner.deallocate_released(block);
-        if let Ok(b) = &result {
-            self.log.row("free", block.ptr, b.held, block.alloc_stream.0, &b.tag.name(), "");
-            // What the free itself gave the driver (the base resource logs
-            // the rest: releases from its cache, retires at reap), after
-            // the `free` row so that a running sum never goes below zero.
-            match b.state {
-                BlockState::Pending => self.log.released(block.ptr, b.held),
-                BlockState::Retired if b.held > 0 => {
-                    self.log.released(block.ptr, b.held);
-                    self.log.retired(b.held, 1);
-                }
-                _ => {}
-            }
-        }
-        (result, released)
-    }
-
-    fn reap_pending(&self) -> ResourceResult<u64> {
-        self.inner.reap_pending()
-    }
-
-    fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
-        self.inner.trim(keep_bytes)
-    }
-
-    fn relieve_pressure(&self, need: u64, wait: bool) -> ResourceResult<u64> {
-        self.inner.relieve_pressure(need, wait)
-    }
-
-    fn retire_stream(&self, stream: RawStream) -> ResourceResult<u64> {
-        self.inner.retire_stream(stream)
-    }
-
-    fn release_capture(&self, id: Option<u64>) -> ResourceResult<u64> {
-        self.inner.release_capture(id)
-    }
-
-    fn pool_ended(&self, pool: PoolKey) -> ResourceResult<u64> {
-        self.inner.pool_ended(pool)
-    }
-
-    fn release_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
-        self.inner.release_pool(pool)
-    }
-
-    forward_to_inner!();
 }

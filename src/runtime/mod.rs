@@ -1,4 +1,4 @@
-//! `Runtime`: one device, its resource stack, its stream pool and its stats.
+//! `Runtime`: one device, its allocator, its stream pool and its stats.
 //!
 //! On the CUDA backend the runtime of an ordinal is a process-wide singleton:
 //! every open of that ordinal shares it (so frameworks and engines share one
@@ -21,14 +21,14 @@ use crate::device::sim::SimDevice;
 use crate::device::{Backend, CaptureMode, Device, HostFn};
 use crate::error::DeviceError;
 use crate::resource::{
-    Access, AllocTag, BlockId, BlockUse, DeviceBlock, DeviceMemoryResource, LeakedBlock,
+    Access, AllocTag, BlockId, BlockUse, DeviceBlock, Allocator, LeakedBlock,
     ResourceError, ResourceResult, StreamId, StreamRef, Usage,
 };
 use crate::resource::Trimmed;
 use crate::resources::announced_pools::PoolKey;
 use crate::resources::async_pool::PoolOptions;
 use crate::resources::logging::CsvLog;
-use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget, LoggingResource};
+use crate::resources::{AsyncPool, Direct, GlobalDeviceBudget};
 use crate::stream_pool::{StreamPool, StreamPoolUsage};
 use crate::telemetry::{summary, AllocationSite, CallSite, CountSummary, LiveBlock, TagStats, Telemetry};
 
@@ -67,11 +67,11 @@ struct Counters {
 pub struct Runtime {
     device: Arc<dyn Device>,
     config: Config,
-    stack: Arc<dyn DeviceMemoryResource>,
-    /// The stack's base, which tracks block uses: prepare/finish go to it
-    /// directly (the decorators above it only forward them), one call
-    /// instead of one per layer on the launch path.
-    tracker: Arc<dyn DeviceMemoryResource>,
+    /// The allocator (it charges the budget and reports to the log itself).
+    allocator: Arc<dyn Allocator>,
+    /// The allocator's budget and log, kept for the stats and the close
+    /// report (both are the allocator's: it charges one and reports to the
+    /// other).
     budget: Option<Arc<GlobalDeviceBudget>>,
     log: Option<Arc<CsvLog>>,
     streams: StreamPool,
@@ -79,7 +79,7 @@ pub struct Runtime {
     /// Every call but the launch calls holds a pass, close closes the gate
     /// and waits for the calls in flight; calls that start after that fail
     /// fast without waiting (see `call_gate.rs`). Launch calls close through
-    /// the tracker (`launch_stream`).
+    /// the allocator (`launch_stream`).
     gate: CallGate,
     telemetry: Telemetry,
     openers: AtomicU32,
@@ -153,7 +153,7 @@ impl Runtime {
         Ok(rt)
     }
 
-    /// A shared runtime has one budget and one stack; a second opener that
+    /// A shared runtime has one budget and one allocator; a second opener that
     /// asks for a different one gets an error instead of a silent surprise.
     fn check_compatible(&self, config: &Config) -> ResourceResult<()> {
         let mine = &self.config;
@@ -181,15 +181,19 @@ impl Runtime {
         Ok(())
     }
 
-    /// Build the stack Budget(Logging(base)) over `device`, leaving out the
-    /// layers the config does not ask for.
+    /// Build the allocator over `device`, charging the budget (if the
+    /// config asks for one) where it takes device memory and reporting to
+    /// the log (if the config asks for one).
     pub fn build(device: Arc<dyn Device>, config: &Config) -> ResourceResult<Runtime> {
         // The log first: the base resource writes its driver traffic into it.
         let log = match &config.log_path {
             Some(path) => Some(CsvLog::open(path, device.ordinal())?),
             None => None,
         };
-        let mut stack: Arc<dyn DeviceMemoryResource> = match config.allocator {
+        // The budget is the allocator's: charged where device memory is taken.
+        let budget = (config.budget_bytes > 0)
+            .then(|| Arc::new(GlobalDeviceBudget::new(config.budget_bytes, config.wait_on_pressure)));
+        let allocator: Arc<dyn Allocator> = match config.allocator {
             AllocatorKind::Async => {
                 // The driver's pool serves the pool memory, and the arena's
                 // place where the device has no virtual memory API; with the
@@ -199,26 +203,17 @@ impl Runtime {
                 }
                 let options =
                     PoolOptions { cache: config.cache, wait_on_pressure: config.wait_on_pressure, arena: config.arena };
-                Arc::new(AsyncPool::with_options(device.clone(), options).with_log(log.clone()))
+                Arc::new(AsyncPool::with_budget(device.clone(), options, budget.clone()).with_log(log.clone()))
             }
-            AllocatorKind::Direct => Arc::new(Direct::new(device.clone()).with_log(log.clone())),
+            AllocatorKind::Direct => {
+                Arc::new(Direct::new(device.clone()).with_budget(budget.clone()).with_log(log.clone()))
+            }
         };
-        let tracker = stack.clone();
-        if let Some(log) = &log {
-            stack = Arc::new(LoggingResource::new(stack, log.clone()));
-        }
-        let mut budget = None;
-        if config.budget_bytes > 0 {
-            let layer = Arc::new(GlobalDeviceBudget::new(stack, config.budget_bytes, config.wait_on_pressure));
-            budget = Some(layer.clone());
-            stack = layer;
-        }
         Ok(Runtime {
             streams: StreamPool::new(device.clone(), config.stream_pool_size),
             device,
             config: config.clone(),
-            stack,
-            tracker,
+            allocator,
             budget,
             log,
             counters: Counters::default(),
@@ -257,9 +252,9 @@ impl Runtime {
         self.gate.is_closed()
     }
 
-    /// The top of the resource stack (for tests of the layers' invariants).
-    pub fn resource(&self) -> &Arc<dyn DeviceMemoryResource> {
-        &self.stack
+    /// The allocator (for tests of its invariants).
+    pub fn resource(&self) -> &Arc<dyn Allocator> {
+        &self.allocator
     }
 
     pub fn budget(&self) -> Option<&Arc<GlobalDeviceBudget>> {
@@ -267,7 +262,7 @@ impl Runtime {
     }
 
     pub fn supports_tracking(&self) -> bool {
-        self.stack.supports_block_use_tracking()
+        self.allocator.supports_block_use_tracking()
     }
 
     // ----- streams -----
@@ -289,7 +284,7 @@ impl Runtime {
         if self.streams.is_imported(id) {
             // The owner may destroy an imported stream once we let go of it:
             // nothing of ours may stay queued for it.
-            self.stack.retire_stream(s.raw)?;
+            self.allocator.retire_stream(s.raw)?;
         }
         self.streams.release(id)
     }
@@ -370,17 +365,16 @@ impl Runtime {
     /// `allocate_entered` on a stream already resolved.
     #[inline]
     fn allocate_resolved(&self, bytes: u64, s: StreamRef, tag: AllocTag, site: CallSite) -> ResourceResult<DeviceBlock> {
-        let stream = s.id;
         let tracks = self.telemetry.tracks_call_sites();
         // Tracked: the site (given, or this thread's label) is known to the
-        // logging layer while the stack allocates, for the `allocate` row's
+        // log while the allocator allocates, for the `allocate` row's
         // Detail.
         let site = if tracks && site.is_none() { CallSite::thread_current() } else { site };
         let result = if tracks {
             let _site = AllocationSite::enter(site);
-            self.stack.allocate(bytes, s, tag)
+            self.allocator.allocate(bytes, s, tag)
         } else {
-            self.stack.allocate(bytes, s, tag)
+            self.allocator.allocate(bytes, s, tag)
         };
         match &result {
             Ok(b) => {
@@ -392,9 +386,6 @@ impl Runtime {
             Err(_) => {
                 let Err(e) = result else { unreachable!() };
                 self.counters.failed_allocations.fetch_add(1, Ordering::Relaxed);
-                if let Some(log) = &self.log {
-                    log.refused(bytes, stream.0, tag, &e.to_string());
-                }
                 Err(e)
             }
         }
@@ -402,7 +393,7 @@ impl Runtime {
 
     pub fn deallocate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        let result = self.stack.deallocate(block);
+        let result = self.allocator.deallocate(block);
         match &result {
             Ok(freed) => {
                 if self.telemetry.tracks_call_sites() {
@@ -417,7 +408,7 @@ impl Runtime {
     /// Check that `block` is live here.
     pub fn validate(&self, block: &BlockId) -> ResourceResult<DeviceBlock> {
         let _g = self.enter()?;
-        self.stack.validate(block).map_err(|e| multi_device::explain_block_error(self, block, e))
+        self.allocator.validate(block).map_err(|e| multi_device::explain_block_error(self, block, e))
     }
 
     // ----- several devices (multi_device.rs) -----
@@ -454,7 +445,7 @@ impl Runtime {
     /// runtime was given.
     pub(crate) fn holds_block(&self, block: &BlockId) -> bool {
         match self.enter() {
-            Ok(_g) => self.stack.validate(block).is_ok(),
+            Ok(_g) => self.allocator.validate(block).is_ok(),
             Err(_) => false,
         }
     }
@@ -472,8 +463,8 @@ impl Runtime {
 
     /// The entry of a launch call (prepare/finish): no call-gate pass, whose
     /// two atomic read-modify-writes would be a good part of the call. The
-    /// tracker refuses launch calls once close has begun and close waits
-    /// for those in flight (`DeviceMemoryResource::close_launches`); this
+    /// allocator refuses launch calls once close has begun and close waits
+    /// for those in flight (`StreamTracking::close_launches`); this
     /// check only makes a call after close fail early. A stream this
     /// runtime does not know goes the multi-device way, with a pass.
     fn launch_stream(&self, stream: StreamId) -> ResourceResult<Result<StreamRef, ResourceError>> {
@@ -485,65 +476,46 @@ impl Runtime {
     }
 
     pub fn prepare(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            // Not a stream of this runtime: maybe one of a peer device.
-            Err(e) => {
-                let _g = self.enter()?;
-                let uses = [BlockUse { block: *block, access }];
-                return multi_device::prepare_all(self, stream, &uses, e)
-                    .map_err(|e| multi_device::explain_block_error(self, block, e));
-            }
-        };
-        self.tracker
-            .prepare_block_use(block, s, access)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))
+        let uses = [BlockUse { block: *block, access }];
+        self.launch_call(stream, &uses, multi_device::prepare_all, |a, s| a.prepare_block_use(block, s, access))
     }
 
     pub fn finish(&self, block: &BlockId, stream: StreamId, access: Access) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            Err(e) => {
-                let _g = self.enter()?;
-                let uses = [BlockUse { block: *block, access }];
-                return multi_device::finish_all(self, stream, &uses, e)
-                    .map_err(|e| multi_device::explain_block_error(self, block, e));
-            }
-        };
-        self.tracker
-            .finish_block_use(block, s, access)
-            .map_err(|e| multi_device::explain_block_error(self, block, e))
+        let uses = [BlockUse { block: *block, access }];
+        self.launch_call(stream, &uses, multi_device::finish_all, |a, s| a.finish_block_use(block, s, access))
     }
 
     /// Prepare every block of a launch; all handles are checked first and on
     /// any error nothing is queued.
     pub fn prepare_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
-            Err(e) => {
-                let _g = self.enter()?;
-                return multi_device::prepare_all(self, stream, uses, e)
-                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
-            }
-        };
-        self.tracker
-            .prepare_block_uses(s, uses)
-            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
+        self.launch_call(stream, uses, multi_device::prepare_all, |a, s| a.prepare_block_uses(s, uses))
     }
 
     /// Record a launch's uses with one event; all handles are checked first.
     pub fn finish_all(&self, stream: StreamId, uses: &[BlockUse]) -> ResourceResult<()> {
-        let s = match self.launch_stream(stream)? {
-            Ok(s) => s,
+        self.launch_call(stream, uses, multi_device::finish_all, |a, s| a.finish_block_uses(s, uses))
+    }
+
+    /// The one body of the four launch calls: `call` on the allocator for a
+    /// stream of this runtime; a stream it does not know goes the
+    /// multi-device way (`peer`: it may be one of a peer device), with a
+    /// pass. Errors name the block they are about (`explain_uses_error`).
+    #[inline]
+    fn launch_call(
+        &self,
+        stream: StreamId,
+        uses: &[BlockUse],
+        peer: fn(&Runtime, StreamId, &[BlockUse], ResourceError) -> ResourceResult<()>,
+        call: impl FnOnce(&dyn Allocator, StreamRef) -> ResourceResult<()>,
+    ) -> ResourceResult<()> {
+        let explain = |e| multi_device::explain_uses_error(self, uses, e);
+        match self.launch_stream(stream)? {
+            Ok(s) => call(&*self.allocator, s).map_err(explain),
             Err(e) => {
                 let _g = self.enter()?;
-                return multi_device::finish_all(self, stream, uses, e)
-                    .map_err(|e| multi_device::explain_uses_error(self, uses, e));
+                peer(self, stream, uses, e).map_err(explain)
             }
-        };
-        self.tracker
-            .finish_block_uses(s, uses)
-            .map_err(|e| multi_device::explain_uses_error(self, uses, e))
+        }
     }
 
     // ----- stream capture (DESIGN: "Stream capture") -----
@@ -554,16 +526,16 @@ impl Runtime {
     pub fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> ResourceResult<u64> {
         let _g = self.enter()?;
         let s = self.streams.resolve(stream)?;
-        self.stack.capture_beginning()?;
+        self.allocator.capture_beginning()?;
         let begun = self.device.begin_capture(s.raw, mode).map_err(ResourceError::from).and_then(|()| {
             self.device.capture_of(s.raw)?.ok_or_else(|| {
                 ResourceError::Internal(format!("stream {stream} began capturing but the driver reports no capture"))
             })
         });
         if let Ok(id) = begun {
-            self.stack.capture_begun(id);
+            self.allocator.capture_begun(id);
         }
-        self.stack.capture_begin_done();
+        self.allocator.capture_begin_done();
         begun
     }
 
@@ -579,7 +551,7 @@ impl Runtime {
         // A capture the driver invalidated ends with the error; one ended on
         // the wrong stream goes on.
         if self.device.capture_of(s.raw)?.is_none() {
-            self.stack.capture_ended(id);
+            self.allocator.capture_ended(id);
         }
         Ok((graph?, id))
     }
@@ -588,7 +560,7 @@ impl Runtime {
     /// destroyed); refused while it captures or has live blocks.
     pub fn release_capture(&self, id: u64) -> ResourceResult<u64> {
         let _g = self.enter()?;
-        self.stack.release_capture(Some(id))
+        self.allocator.release_capture(Some(id))
     }
 
     // ----- captures announced by a framework (resources/announced_pools.rs) -----
@@ -603,7 +575,7 @@ impl Runtime {
             Some(id) => Some(self.streams.resolve(id)?.raw),
             None => None,
         };
-        self.stack.pool_announced(pool, origin);
+        self.allocator.pool_announced(pool, origin);
         Ok(())
     }
 
@@ -612,7 +584,7 @@ impl Runtime {
     pub fn end_capture_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
         let _g = self.enter()?;
         check_pool(pool)?;
-        self.stack.pool_ended(pool)
+        self.allocator.pool_ended(pool)
     }
 
     /// One user of `pool` (a graph) is gone; after the last, the memory of
@@ -621,13 +593,13 @@ impl Runtime {
     pub fn release_capture_pool(&self, pool: PoolKey) -> ResourceResult<u64> {
         let _g = self.enter()?;
         check_pool(pool)?;
-        self.stack.release_pool(pool)
+        self.allocator.release_pool(pool)
     }
 
     /// Retire completed frees; never blocks. Returns the bytes released.
     pub fn reap(&self) -> ResourceResult<u64> {
         let _g = self.enter()?;
-        self.stack.reap_pending()
+        self.allocator.reap_pending()
     }
 
     /// Give cached memory back to the driver until at most `keep_bytes`
@@ -636,7 +608,7 @@ impl Runtime {
     /// it no longer needs.
     pub fn trim(&self, keep_bytes: u64) -> ResourceResult<Trimmed> {
         let _g = self.enter()?;
-        self.stack.trim(keep_bytes)
+        self.allocator.trim(keep_bytes)
     }
 
     /// Block until every queued free has completed, then reap.
@@ -644,12 +616,12 @@ impl Runtime {
         // As in `synchronize`: the wait holds a pass of the call gate so
         // close cannot destroy the streams it waits on.
         let _g = self.enter()?;
-        self.stack.wait_pending()?;
-        self.stack.reap_pending()
+        self.allocator.wait_pending()?;
+        self.allocator.reap_pending()
     }
 
     pub fn usage(&self) -> Usage {
-        self.stack.usage()
+        self.allocator.usage()
     }
 
     pub fn stats(&self) -> ResourceResult<Stats> {
@@ -671,7 +643,7 @@ impl Runtime {
     }
 
     fn live_blocks_now(&self) -> Vec<LiveBlock> {
-        self.telemetry.live_blocks(self.stack.live_blocks())
+        self.telemetry.live_blocks(self.allocator.live_blocks())
     }
 
     /// Counters per tag, largest live bytes first.
@@ -682,7 +654,7 @@ impl Runtime {
 
     fn counts(&self) -> CountSummary {
         let mut counts = CountSummary::default();
-        self.stack.count_tags(&mut counts);
+        self.allocator.count_tags(&mut counts);
         counts
     }
 
@@ -690,7 +662,7 @@ impl Runtime {
     /// per-tag peaks) from its current value.
     pub fn reset_peak(&self) -> ResourceResult<()> {
         let _g = self.enter()?;
-        self.stack.reset_peak();
+        self.allocator.reset_peak();
         Ok(())
     }
 
@@ -725,7 +697,7 @@ impl Runtime {
     }
 
     fn stats_with(&self, counts: &CountSummary) -> Stats {
-        let u = self.stack.usage();
+        let u = self.allocator.usage();
         let totals = counts.totals;
         let (limit, remaining) = match &self.budget {
             Some(b) => (b.limit(), b.remaining()),
@@ -821,11 +793,11 @@ impl Runtime {
             }
         }
         // Later calls fail; the calls in flight are waited for (launch
-        // calls, which take no pass, through the tracker's own protocol).
+        // calls, which take no pass, through the allocator's own protocol).
         if !self.gate.close() {
             return Err(closed_error());
         }
-        self.tracker.close_launches();
+        self.allocator.close_launches();
         // First let every host callback already queued or running finish:
         // a callback may still touch any block (a sim callback writes block
         // memory through its pointer), so nothing is freed before they are
@@ -834,7 +806,7 @@ impl Runtime {
         for raw in self.streams.all_raw() {
             let _ = self.device.synchronize_stream(raw);
         }
-        let leaked = self.stack.live_blocks();
+        let leaked = self.allocator.live_blocks();
         if !leaked.is_empty() {
             let total: u64 = leaked.iter().map(|b| b.id.size).sum();
             eprintln!(
@@ -853,7 +825,7 @@ impl Runtime {
             if let Some(log) = &self.log {
                 log.leaked(block);
             }
-            match self.stack.deallocate(&block.id) {
+            match self.allocator.deallocate(&block.id) {
                 Ok(freed) => self.telemetry.freed(&freed),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -882,16 +854,16 @@ impl Runtime {
         }
         // Everything cached goes back to the driver (trim waits for it),
         // and the captures' private memory.
-        if let Err(e) = self.stack.trim(0) {
+        if let Err(e) = self.allocator.trim(0) {
             first_error.get_or_insert(e);
         }
-        if let Err(e) = self.stack.release_capture(None) {
+        if let Err(e) = self.allocator.release_capture(None) {
             first_error.get_or_insert(e);
         }
-        if let Err(e) = self.stack.wait_pending() {
+        if let Err(e) = self.allocator.wait_pending() {
             first_error.get_or_insert(e);
         }
-        if let Err(e) = self.stack.reap_pending() {
+        if let Err(e) = self.allocator.reap_pending() {
             first_error.get_or_insert(e);
         }
         for raw in self.streams.all_raw() {

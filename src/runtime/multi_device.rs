@@ -236,8 +236,8 @@ pub fn enable_peer_access(a: &Arc<Runtime>, b: &Arc<Runtime>) -> ResourceResult<
     da.enable_peer_access(&**db)?;
     db.enable_peer_access(&**da)?;
     // The arena's pages need the peer in their access lists.
-    a.tracker.grant_peer(db.ordinal())?;
-    b.tracker.grant_peer(da.ordinal())?;
+    a.allocator.grant_peer(db.ordinal())?;
+    b.allocator.grant_peer(da.ordinal())?;
     a.peers().add_peer(b);
     b.peers().add_peer(a);
     Ok(())

@@ -73,7 +73,7 @@ thread_local! {
 
 /// While alive, the allocation this thread is making has `site`: the
 /// runtime sets it around its resource stack's `allocate` (only when it
-/// tracks call sites), and the logging layer, deep in that stack, reads it
+/// tracks call sites), and the log, told of the allocation by the allocator, reads it
 /// with [`AllocationSite::current`] for the `Detail` of the `allocate` row.
 /// Dropping it restores the site before (nested runtimes on one thread).
 pub struct AllocationSite {

@@ -38,9 +38,8 @@
 //! another lock is taken, so none of these can deadlock.
 //!
 //! The allocators expose what this module needs through
-//! `DeviceMemoryResource`: their records (`live_blocks`), their counters
-//! (`count_tags`) and the peak reset (`reset_peak`); decorators forward
-//! them.
+//! `HeldMemory`: their records (`live_blocks`), their counters
+//! (`count_tags`) and the peak reset (`reset_peak`).
 
 pub mod call_sites;
 pub use crate::tag_counters as counters;

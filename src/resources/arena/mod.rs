@@ -63,6 +63,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use region::{runs, Region};
 
+use super::budget::HeldBytes;
 use super::logging::CsvLog;
 use crate::device::{Device, PhysHandle, RawEvent, RawStream};
 use crate::fast_hash::FastMap;
@@ -105,37 +106,6 @@ thread_local! {
 /// A range carved for a block: its region, address, the range's free
 /// sequence (to put it back as it was) and the granules still to map.
 type Carved = (SharedRegion, u64, u64, Vec<usize>);
-
-/// Held device bytes and their peak, shared with the pool (whose capture
-/// memory counts too).
-#[derive(Default)]
-pub struct HeldBytes {
-    now: AtomicU64,
-    peak: AtomicU64,
-}
-
-impl HeldBytes {
-    pub fn add(&self, bytes: u64) {
-        let now = self.now.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-    }
-
-    pub fn sub(&self, bytes: u64) {
-        self.now.fetch_sub(bytes, Ordering::AcqRel);
-    }
-
-    pub fn now(&self) -> u64 {
-        self.now.load(Ordering::Acquire)
-    }
-
-    pub fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
-    }
-
-    pub fn reset_peak(&self) {
-        self.peak.store(self.now(), Ordering::Relaxed);
-    }
-}
 
 /// How sure recycling must be that an idle page's frees are complete.
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -614,7 +584,7 @@ impl Arena {
                         // call created go back to the driver (and out of
                         // the held peak), the others back to spare.
                         lock(&self.spare).pages.extend(got);
-                        self.unmake(made, gate, held_peak_before);
+                        self.unmake(made, held_peak_before);
                         // The refusal names the state it leaves, not the
                         // pages made meanwhile: asked again, the gate refuses
                         // with the numbers of now (kept as it was should the
@@ -644,25 +614,17 @@ impl Arena {
     }
 
     /// Give back pages `obtain` created for a request it then refused:
-    /// released and uncharged (a page the driver will not release stays
+    /// released (which uncharges them, `HeldBytes::sub`) (a page the driver will not release stays
     /// spare, held and charged), the held peak as it was before.
-    fn unmake(&self, made: Vec<PhysHandle>, gate: &dyn ChargeGate, held_peak_before: u64) {
+    fn unmake(&self, made: Vec<PhysHandle>, held_peak_before: u64) {
         let peak = self.held.peak();
         for handle in made {
             match self.device.vm_release(handle) {
-                Ok(()) => {
-                    self.held.sub(self.granularity);
-                    gate.uncharge(self.granularity);
-                }
+                Ok(()) => self.held.sub(self.granularity),
                 Err(_) => lock(&self.spare).pages.push(handle),
             }
         }
-        let _ = self.held.peak.compare_exchange(
-            peak,
-            held_peak_before.max(self.held.now()),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        self.held.restore_peak(peak, held_peak_before.max(self.held.now()));
     }
 
     /// Whether `pages` more would take the held bytes past the live peak
