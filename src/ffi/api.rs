@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use super::types::*;
 use crate::resource::AllocTag;
-use super::{boundary, boundary_calls, boundary_value, out_ptr, register_runtime, unregister_runtime, write_out};
+use super::{boundary, out_ptr, register_runtime, unregister_runtime, write_out, Entry};
 use crate::config::{AllocatorKind, Config};
 use crate::device::{Backend, CaptureMode};
 use crate::error::ResourceError;
@@ -298,13 +298,6 @@ fn write_stats(out: *mut xlog_stats, stats: &xlog_stats) -> Result<(), ResourceE
     Ok(())
 }
 
-fn with_runtime(
-    rt: *mut xlog_runtime,
-    f: impl FnOnce(&Runtime) -> Result<(), ResourceError>,
-) -> Result<(), ResourceError> {
-    super::with_runtime_ref(rt, f)
-}
-
 // ===================================================================== //
 // Library                                                                //
 // ===================================================================== //
@@ -316,14 +309,14 @@ pub extern "C" fn xlog_version() -> *const c_char {
         Ok(v) => v,
         Err(_) => c"unknown",
     };
-    VERSION.as_ptr()
+    boundary(Entry::Library("xlog_version"), |_| Ok(VERSION.as_ptr()))
 }
 
 /// Name of a status code ("XLOG_ERR_OUT_OF_BUDGET"); "XLOG_STATUS_UNKNOWN"
 /// for a value that is none. Never NULL.
 #[no_mangle]
 pub extern "C" fn xlog_status_name(status: xlog_status) -> *const c_char {
-    super::status_name(status).as_ptr()
+    boundary(Entry::Library("xlog_status_name"), |_| Ok(super::status_name(status).as_ptr()))
 }
 
 /// Copy this thread's last error message (from the most recent failed call
@@ -332,19 +325,18 @@ pub extern "C" fn xlog_status_name(status: xlog_status) -> *const c_char {
 /// (without the NUL), so a call with `buf == NULL` or `cap == 0` sizes it.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_last_error_message(buf: *mut c_char, cap: usize) -> usize {
-    boundary_value("xlog_last_error_message", 0, || {
-        super::with_last_error(|msg| {
-            if !buf.is_null() && cap > 0 {
-                let n = msg.len().min(cap - 1);
-                // SAFETY: non-NULL, and the caller guarantees `cap` writable
-                // bytes at `buf`; we write n + 1 <= cap bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, n);
-                    *buf.add(n) = 0;
-                }
+    boundary(Entry::Library("xlog_last_error_message"), |call| {
+        let msg = call.last_error();
+        if !buf.is_null() && cap > 0 {
+            let n = msg.len().min(cap - 1);
+            // SAFETY: non-NULL, and the caller guarantees `cap` writable
+            // bytes at `buf`; we write n + 1 <= cap bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, n);
+                *buf.add(n) = 0;
             }
-            msg.len()
-        })
+        }
+        Ok(msg.len())
     })
 }
 
@@ -354,15 +346,18 @@ pub unsafe extern "C" fn xlog_last_error_message(buf: *mut c_char, cap: usize) -
 /// message is available from `xlog_last_error_message`.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_config_init(cfg: *mut xlog_config) {
-    // SAFETY: same contract as ours: `cfg` is NULL or points at a config.
-    let _ = unsafe { xlog_config_from_env(cfg) };
+    boundary(Entry::Library("xlog_config_init"), |_| {
+        // SAFETY: same contract as ours: `cfg` is NULL or points at a config.
+        let _ = unsafe { xlog_config_from_env(cfg) };
+        Ok(())
+    })
 }
 
 /// `xlog_config_init` that also returns the status: XLOG_OK, or
 /// XLOG_ERR_INVALID_ARGUMENT for a NULL `cfg` or a malformed variable.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_config_from_env(cfg: *mut xlog_config) -> xlog_status {
-    boundary("xlog_config_from_env", || {
+    boundary("xlog_config_from_env", |_| {
         out_ptr(cfg, "cfg")?;
         let mut out = xlog_config {
             struct_size: 0,
@@ -407,7 +402,7 @@ pub unsafe extern "C" fn xlog_runtime_open(
     cfg: *const xlog_config,
     out: *mut *mut xlog_runtime,
 ) -> xlog_status {
-    boundary("xlog_runtime_open", || {
+    boundary("xlog_runtime_open", |_| {
         out_ptr(out, "out")?;
         let config = config_of(cfg)?;
         let rt = Runtime::open(device, &config)?;
@@ -427,7 +422,7 @@ pub unsafe extern "C" fn xlog_runtime_open(
 /// which invalidates the capture): end the capture, then close.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close(rt: *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_runtime_close", || close_runtime(rt).map(|_| ()))
+    boundary("xlog_runtime_close", |_| close_runtime(rt).map(|_| ()))
 }
 
 /// `xlog_runtime_close` that also reports how many blocks and bytes were
@@ -439,7 +434,7 @@ pub extern "C" fn xlog_runtime_close_report(
     leaked_blocks: *mut u64,
     leaked_bytes: *mut u64,
 ) -> xlog_status {
-    boundary("xlog_runtime_close_report", || {
+    boundary("xlog_runtime_close_report", |_| {
         let report = close_runtime(rt)?;
         if !leaked_blocks.is_null() {
             write_out(leaked_blocks, report.leaked_blocks);
@@ -461,7 +456,7 @@ pub extern "C" fn xlog_runtime_close_report(
 /// XLOG_ERR_INVALID_ARGUMENT and closes nothing.
 #[no_mangle]
 pub extern "C" fn xlog_runtime_close_detailed(rt: *mut xlog_runtime, out: *mut xlog_close_report) -> xlog_status {
-    boundary("xlog_runtime_close_detailed", || {
+    boundary("xlog_runtime_close_detailed", |_| {
         out_ptr(out, "out")?;
         let declared = declared_report_size(out);
         let full = std::mem::size_of::<xlog_close_report>();
@@ -511,9 +506,9 @@ fn close_runtime(rt: *mut xlog_runtime) -> Result<xlog_close_report, ResourceErr
 /// The backend a runtime runs on (XLOG_BACKEND_CUDA or XLOG_BACKEND_SIM).
 #[no_mangle]
 pub extern "C" fn xlog_runtime_backend(rt: *mut xlog_runtime, out: *mut xlog_backend) -> xlog_status {
-    boundary("xlog_runtime_backend", || {
+    boundary("xlog_runtime_backend", |call| {
         out_ptr(out, "out")?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             write_out(out, backend_code(r.backend()));
             Ok(())
         })
@@ -523,9 +518,9 @@ pub extern "C" fn xlog_runtime_backend(rt: *mut xlog_runtime, out: *mut xlog_bac
 /// Current statistics.
 #[no_mangle]
 pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) -> xlog_status {
-    boundary("xlog_get_stats", || {
+    boundary("xlog_get_stats", |call| {
         out_ptr(out, "out")?;
-        with_runtime(rt, |r| write_stats(out, &stats_of(&r.stats()?)))
+        call.with_runtime(rt, |r| write_stats(out, &stats_of(&r.stats()?)))
     })
 }
 
@@ -539,9 +534,9 @@ pub extern "C" fn xlog_get_stats(rt: *mut xlog_runtime, out: *mut xlog_stats) ->
 /// import fail with XLOG_ERR_POOL_EXHAUSTED.
 #[no_mangle]
 pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stream) -> xlog_status {
-    boundary("xlog_stream_acquire", || {
+    boundary("xlog_stream_acquire", |call| {
         out_ptr(out, "out")?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             write_out(out, r.acquire_stream()?.0);
             Ok(())
         })
@@ -555,7 +550,7 @@ pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stre
 /// never hands out a stream that captures.
 #[no_mangle]
 pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
-    boundary("xlog_stream_release", || with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))
+    boundary("xlog_stream_release", |call| call.with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))
 }
 
 /// Adopt a foreign `cudaStream_t` (NULL is the legacy default stream). The
@@ -570,9 +565,9 @@ pub extern "C" fn xlog_stream_import(
     cuda_stream: *mut c_void,
     out: *mut xlog_stream,
 ) -> xlog_status {
-    boundary("xlog_stream_import", || {
+    boundary("xlog_stream_import", |call| {
         out_ptr(out, "out")?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             write_out(out, r.import_stream(cuda_stream as u64)?.0);
             Ok(())
         })
@@ -586,9 +581,9 @@ pub extern "C" fn xlog_stream_native(
     stream: xlog_stream,
     out_cuda_stream: *mut *mut c_void,
 ) -> xlog_status {
-    boundary("xlog_stream_native", || {
+    boundary("xlog_stream_native", |call| {
         out_ptr(out_cuda_stream, "out_cuda_stream")?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             let native = r.native_stream(stream_id(stream)?)?;
             write_out(out_cuda_stream, native as usize as *mut c_void);
             Ok(())
@@ -601,7 +596,7 @@ pub extern "C" fn xlog_stream_native(
 /// a capture (a host wait there would invalidate the capture).
 #[no_mangle]
 pub extern "C" fn xlog_stream_synchronize(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
-    boundary("xlog_stream_synchronize", || with_runtime(rt, |r| r.synchronize(stream_id(stream)?)))
+    boundary("xlog_stream_synchronize", |call| call.with_runtime(rt, |r| r.synchronize(stream_id(stream)?)))
 }
 
 struct UserData(*mut c_void);
@@ -637,9 +632,9 @@ pub extern "C" fn xlog_stream_enqueue_host(
     func: xlog_host_fn,
     user: *mut c_void,
 ) -> xlog_status {
-    boundary("xlog_stream_enqueue_host", || {
+    boundary("xlog_stream_enqueue_host", |call| {
         let f = func.ok_or_else(|| invalid("fn is NULL".into()))?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             let data = UserData(user);
             r.enqueue_host(
                 stream_id(stream)?,
@@ -670,7 +665,7 @@ pub unsafe extern "C" fn xlog_allocate(
     tag: *const c_char,
     out: *mut xlog_block,
 ) -> xlog_status {
-    boundary_calls("xlog_allocate", |calls| {
+    boundary("xlog_allocate", |call| {
         out_ptr(out, "out")?;
         let tag = if tag.is_null() {
             AllocTag::UNTAGGED
@@ -678,7 +673,7 @@ pub unsafe extern "C" fn xlog_allocate(
             // SAFETY: non-NULL; the caller guarantees a NUL-terminated string.
             AllocTag::from_bytes(unsafe { CStr::from_ptr(tag) }.to_bytes())
         };
-        calls.with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             let block = r.allocate_tagged(bytes, stream_id(stream)?, tag)?;
             write_out(out, block_of(&block));
             Ok(())
@@ -694,8 +689,8 @@ pub unsafe extern "C" fn xlog_allocate(
 /// back to the driver and `xlog_reap` sees that complete.
 #[no_mangle]
 pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
-    boundary_calls("xlog_deallocate", |calls| {
-        calls.with_runtime(rt, |r| r.deallocate(&block_id(&block)).map(|_| ()))
+    boundary("xlog_deallocate", |call| {
+        call.with_runtime(rt, |r| r.deallocate(&block_id(&block)).map(|_| ()))
     })
 }
 
@@ -707,8 +702,8 @@ pub extern "C" fn xlog_deallocate(rt: *mut xlog_runtime, block: xlog_block) -> x
 /// never issued).
 #[no_mangle]
 pub extern "C" fn xlog_block_validate(rt: *mut xlog_runtime, block: xlog_block) -> xlog_status {
-    boundary_calls("xlog_block_validate", |calls| {
-        calls.with_runtime(rt, |r| r.validate(&block_id(&block)).map(|_| ()))
+    boundary("xlog_block_validate", |call| {
+        call.with_runtime(rt, |r| r.validate(&block_id(&block)).map(|_| ()))
     })
 }
 
@@ -721,9 +716,9 @@ pub extern "C" fn xlog_prepare(
     stream: xlog_stream,
     access: xlog_access,
 ) -> xlog_status {
-    boundary_calls("xlog_prepare", |calls| {
+    boundary("xlog_prepare", |call| {
         let access = access_of(access)?;
-        calls.with_runtime(rt, |r| r.prepare(&block_id(&block), stream_id(stream)?, access))
+        call.with_runtime(rt, |r| r.prepare(&block_id(&block), stream_id(stream)?, access))
     })
 }
 
@@ -735,9 +730,9 @@ pub extern "C" fn xlog_finish(
     stream: xlog_stream,
     access: xlog_access,
 ) -> xlog_status {
-    boundary_calls("xlog_finish", |calls| {
+    boundary("xlog_finish", |call| {
         let access = access_of(access)?;
-        calls.with_runtime(rt, |r| r.finish(&block_id(&block), stream_id(stream)?, access))
+        call.with_runtime(rt, |r| r.finish(&block_id(&block), stream_id(stream)?, access))
     })
 }
 
@@ -750,8 +745,8 @@ pub unsafe extern "C" fn xlog_prepare_all(
     uses: *const xlog_use,
     n: usize,
 ) -> xlog_status {
-    boundary_calls("xlog_prepare_all", |calls| {
-        with_uses(uses, n, |uses| calls.with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses)))
+    boundary("xlog_prepare_all", |call| {
+        with_uses(uses, n, |uses| call.with_runtime(rt, |r| r.prepare_all(stream_id(stream)?, uses)))
     })
 }
 
@@ -764,8 +759,8 @@ pub unsafe extern "C" fn xlog_finish_all(
     uses: *const xlog_use,
     n: usize,
 ) -> xlog_status {
-    boundary_calls("xlog_finish_all", |calls| {
-        with_uses(uses, n, |uses| calls.with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses)))
+    boundary("xlog_finish_all", |call| {
+        with_uses(uses, n, |uses| call.with_runtime(rt, |r| r.finish_all(stream_id(stream)?, uses)))
     })
 }
 
@@ -780,7 +775,7 @@ pub unsafe extern "C" fn xlog_finish_all(
 /// device, or runtimes of different backends.
 #[no_mangle]
 pub extern "C" fn xlog_enable_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_enable_peer_access", || {
+    boundary("xlog_enable_peer_access", |_| {
         let a = super::runtime_of(rt_a)?;
         let b = super::runtime_of(rt_b)?;
         a.enable_peer_access(&b)
@@ -809,9 +804,9 @@ fn capture_mode_of(mode: xlog_capture_mode) -> Result<CaptureMode, ResourceError
 /// capture, and nothing changes. See docs/design.md, "Stream capture".
 #[no_mangle]
 pub extern "C" fn xlog_capture_begin(rt: *mut xlog_runtime, stream: xlog_stream, mode: xlog_capture_mode) -> xlog_status {
-    boundary("xlog_capture_begin", || {
+    boundary("xlog_capture_begin", |call| {
         let mode = capture_mode_of(mode)?;
-        with_runtime(rt, |r| r.begin_capture(stream_id(stream)?, mode).map(|_| ()))
+        call.with_runtime(rt, |r| r.begin_capture(stream_id(stream)?, mode).map(|_| ()))
     })
 }
 
@@ -827,9 +822,9 @@ pub extern "C" fn xlog_capture_end(
     graph_out: *mut *mut c_void,
     capture_out: *mut u64,
 ) -> xlog_status {
-    boundary("xlog_capture_end", || {
+    boundary("xlog_capture_end", |call| {
         out_ptr(graph_out, "graph_out")?;
-        with_runtime(rt, |r| {
+        call.with_runtime(rt, |r| {
             let (graph, id) = r.end_capture(stream_id(stream)?)?;
             write_out(graph_out, graph as usize as *mut c_void);
             if !capture_out.is_null() {
@@ -848,8 +843,8 @@ pub extern "C" fn xlog_capture_end(
 /// capture's memory.
 #[no_mangle]
 pub extern "C" fn xlog_capture_release(rt: *mut xlog_runtime, capture: u64, released_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_capture_release", || {
-        with_runtime(rt, |r| {
+    boundary("xlog_capture_release", |call| {
+        call.with_runtime(rt, |r| {
             let bytes = r.release_capture(capture)?;
             if !released_bytes.is_null() {
                 write_out(released_bytes, bytes);
@@ -863,8 +858,8 @@ pub extern "C" fn xlog_capture_release(rt: *mut xlog_runtime, capture: u64, rele
 /// `reclaimed_bytes` (may be NULL) receives the bytes released.
 #[no_mangle]
 pub extern "C" fn xlog_reap(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_reap", || {
-        with_runtime(rt, |r| {
+    boundary("xlog_reap", |call| {
+        call.with_runtime(rt, |r| {
             let bytes = r.reap()?;
             if !reclaimed_bytes.is_null() {
                 write_out(reclaimed_bytes, bytes);
@@ -881,8 +876,8 @@ pub extern "C" fn xlog_reap(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) ->
 /// (may be NULL) receives the cached bytes handed back.
 #[no_mangle]
 pub extern "C" fn xlog_trim(rt: *mut xlog_runtime, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_trim", || {
-        with_runtime(rt, |r| {
+    boundary("xlog_trim", |call| {
+        call.with_runtime(rt, |r| {
             let trimmed = r.trim(keep_bytes)?;
             if !released_bytes.is_null() {
                 write_out(released_bytes, trimmed.released);
@@ -896,8 +891,8 @@ pub extern "C" fn xlog_trim(rt: *mut xlog_runtime, keep_bytes: u64, released_byt
 /// `reclaimed_bytes` (may be NULL) receives the bytes released.
 #[no_mangle]
 pub extern "C" fn xlog_drain(rt: *mut xlog_runtime, reclaimed_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_drain", || {
-        with_runtime(rt, |r| {
+    boundary("xlog_drain", |call| {
+        call.with_runtime(rt, |r| {
             let bytes = r.drain()?;
             if !reclaimed_bytes.is_null() {
                 write_out(reclaimed_bytes, bytes);

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::api::config_of;
 use super::types::*;
 use super::hook_index::{HookBlock, HookIndex, Reservation};
-use super::{boundary, boundary_hook, boundary_value, out_ptr, register_runtime, with_hook_thread, write_out};
+use super::{boundary, out_ptr, register_runtime, with_hook_thread, write_out};
 use crate::config::Config;
 use crate::error::ResourceError;
 use crate::resource::Access;
@@ -322,7 +322,7 @@ pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
 /// nothing.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_config) -> xlog_status {
-    boundary("xlog_interop_configure", || {
+    boundary("xlog_interop_configure", |_| {
         check_ordinal(device)?;
         let mut config = config_of(cfg)?;
         if cfg.is_null() {
@@ -350,7 +350,7 @@ pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_co
 /// keep their own reference.
 #[no_mangle]
 pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_interop_runtime", || {
+    boundary("xlog_interop_runtime", |_| {
         out_ptr(out, "out")?;
         check_ordinal(device)?;
         let shared = hooks(device)?.runtime.share()?;
@@ -367,7 +367,7 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
 /// not opened, so their config can still be set.
 #[no_mangle]
 pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_interop_trim", || {
+    boundary("xlog_interop_trim", |_| {
         check_ordinal(device)?;
         let open = table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned();
         let released = match open {
@@ -387,16 +387,9 @@ pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes
 /// xlog_stream_enqueue_host).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
-    boundary_value("xlog_interop_live_blocks", 0, || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
-            return 0;
-        }
-        if let Err(e) = check_ordinal(device) {
-            super::set_last_error(format!("xlog_interop_live_blocks: {e}"));
-            return 0;
-        }
-        table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
+    boundary("xlog_interop_live_blocks", |_| {
+        check_ordinal(device)?;
+        Ok(table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64))
     })
 }
 
@@ -405,8 +398,8 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
 /// `xlog_last_error_message` on this thread.
 #[no_mangle]
 pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
-    boundary_hook("xlog_torch_malloc", std::ptr::null_mut(), false, |t| {
-        hook_allocate(t, size, device, stream as u64, framework_tag("torch"))
+    boundary("xlog_torch_malloc", |call| {
+        hook_allocate(call.hooks(), size, device, stream as u64, framework_tag("torch"))
     })
 }
 
@@ -416,7 +409,7 @@ pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_voi
 #[no_mangle]
 pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
     let _ = (size, stream);
-    boundary_hook("xlog_torch_free", (), true, |t| hook_free(t, ptr, device))
+    boundary("xlog_torch_free", |call| hook_free(call.hooks(), ptr, device))
 }
 
 /// Record that the block at `ptr` is used on `stream` (the role of
@@ -424,7 +417,7 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
 /// waits for all work queued on `stream` up to that moment.
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
-    boundary("xlog_torch_record_stream", || {
+    boundary("xlog_torch_record_stream", |_| {
         check_ordinal(device)?;
         let not_live =
             || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
@@ -441,7 +434,7 @@ pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream
 /// `Tensor.record_stream` and PyTorch's own calls reach xlog.
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c_void) -> xlog_status {
-    boundary("xlog_torch_record_stream_hook", || {
+    boundary("xlog_torch_record_stream_hook", |_| {
         let not_live = || {
             ResourceError::InvalidArgument(format!(
                 "{ptr:p} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
@@ -520,7 +513,7 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
     pool_id_1: u64,
     capture_stream: *mut c_void,
 ) -> xlog_status {
-    boundary("xlog_torch_begin_allocate_to_pool", || {
+    boundary("xlog_torch_begin_allocate_to_pool", |_| {
         let pool = pool_key(pool_id_0, pool_id_1);
         // Before anything opens or imports.
         check_ordinal(device)?;
@@ -545,7 +538,7 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
 /// nothing.
 #[no_mangle]
 pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, pool_id_1: u64) -> xlog_status {
-    boundary("xlog_torch_end_allocate_to_pool", || {
+    boundary("xlog_torch_end_allocate_to_pool", |_| {
         check_ordinal(device)?;
         let pool = pool_key(pool_id_0, pool_id_1);
         with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
@@ -574,7 +567,7 @@ pub extern "C" fn xlog_torch_release_pool(
     pool_id_1: u64,
     released_bytes: *mut u64,
 ) -> xlog_status {
-    boundary("xlog_torch_release_pool", || {
+    boundary("xlog_torch_release_pool", |_| {
         check_ordinal(device)?;
         let pool = pool_key(pool_id_0, pool_id_1);
         let released = with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
@@ -593,8 +586,8 @@ pub extern "C" fn xlog_torch_release_pool(
 #[no_mangle]
 pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32) -> *mut c_void {
     let _ = param;
-    boundary_hook("xlog_cupy_malloc", std::ptr::null_mut(), false, |t| {
-        hook_allocate(t, size, device, 0, framework_tag("cupy"))
+    boundary("xlog_cupy_malloc", |call| {
+        hook_allocate(call.hooks(), size, device, 0, framework_tag("cupy"))
     })
 }
 
@@ -602,7 +595,7 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
 #[no_mangle]
 pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
     let _ = param;
-    boundary_hook("xlog_cupy_free", (), true, |t| hook_free(t, ptr, device))
+    boundary("xlog_cupy_free", |call| hook_free(call.hooks(), ptr, device))
 }
 
 #[cfg(test)]

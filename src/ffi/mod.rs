@@ -18,8 +18,6 @@ use crate::error::ResourceError;
 use crate::runtime::Runtime;
 use types::*;
 
-pub(crate) type FfiResult = Result<(), ResourceError>;
-
 /// Everything the boundary keeps per thread, in one thread-local: in a
 /// shared library every thread-local access is a call into the dynamic
 /// loader, so a launch-path call reaches all of it with one.
@@ -29,7 +27,7 @@ struct FfiThread {
     /// The runtime this thread resolved last, so that a call on it needs
     /// neither the handle table's lock nor a reference-count change.
     last_runtime: RefCell<Option<ResolvedRuntime>>,
-    /// Calls of `with_runtime_ref` in progress on this thread: while one
+    /// Calls of `Call::with_runtime` in progress on this thread: while one
     /// is, `last_runtime` is not replaced (it backs the reference in use).
     in_use: Cell<u32>,
     /// The framework hooks' per-thread state (`interop::HookThread`).
@@ -47,14 +45,7 @@ thread_local! {
     };
 }
 
-pub(crate) fn set_last_error(message: String) {
-    FFI.with(|t| *t.last_error.borrow_mut() = message);
-}
-
-pub(crate) fn clear_last_error() {
-    FFI.with(|t| t.last_error.borrow_mut().clear());
-}
-
+#[cfg(test)]
 pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
     FFI.with(|t| f(&t.last_error.borrow()))
 }
@@ -101,116 +92,204 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The one panic boundary. Runs `body`, maps its error to a status and the
-/// thread's last-error message, and turns a panic into XLOG_ERR_INTERNAL:
-/// since Rust 1.81 a panic escaping `extern "C"` aborts the host process,
-/// and an engine must never die because of us.
-///
-/// A call from inside a host callback is refused here, before `body` runs,
-/// so it changes nothing (see `refused_in_host_callback`).
-pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
-    FFI.with(|t| boundary_in(t, name, body))
+// ----- the panic boundary -----
+
+/// The C return types of the entry points, and what each returns when the
+/// call does not succeed: the boundary picks an entry point's fallback by
+/// its return type (as rustls-ffi's `PanicOrDefault` does), so status,
+/// pointer, count and void functions share one boundary.
+pub(crate) trait Returned: Sized {
+    /// What a successful body yields (for a status: nothing, XLOG_OK).
+    type Value;
+    /// A function that returns nothing has no other way to say it did
+    /// nothing: its errors and panics also go to stderr.
+    const ECHO: bool = false;
+    fn succeeded(value: Self::Value) -> Self;
+    /// The return for an error (its message already set).
+    fn failed(e: &ResourceError) -> Self;
+    /// The return for a panic (its message already set).
+    fn panicked() -> Self;
 }
 
-/// The boundary's per-thread state, handed to a body run by
-/// `boundary_calls`: its runtime lookups need no thread-local access of
-/// their own (the launch and allocation paths make one per call in all).
-pub(crate) struct ThreadCalls<'a>(&'a FfiThread);
+/// A status: the error's status, XLOG_ERR_INTERNAL for a panic.
+impl Returned for xlog_status {
+    type Value = ();
+    fn succeeded((): ()) -> Self {
+        XLOG_OK
+    }
+    fn failed(e: &ResourceError) -> Self {
+        status_of(e)
+    }
+    fn panicked() -> Self {
+        XLOG_ERR_INTERNAL
+    }
+}
 
-impl ThreadCalls<'_> {
-    /// `with_runtime_ref` through this thread's state.
+/// A pointer (the malloc hooks, the library's strings): NULL.
+impl<T> Returned for *mut T {
+    type Value = Self;
+    fn succeeded(value: Self) -> Self {
+        value
+    }
+    fn failed(_: &ResourceError) -> Self {
+        std::ptr::null_mut()
+    }
+    fn panicked() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> Returned for *const T {
+    type Value = Self;
+    fn succeeded(value: Self) -> Self {
+        value
+    }
+    fn failed(_: &ResourceError) -> Self {
+        std::ptr::null()
+    }
+    fn panicked() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// Nothing (the free hooks): echoed on stderr.
+impl Returned for () {
+    type Value = ();
+    const ECHO: bool = true;
+    fn succeeded((): ()) {}
+    fn failed(_: &ResourceError) {}
+    fn panicked() {}
+}
+
+/// A count or a length: 0.
+macro_rules! returned_count {
+    ($($t:ty),*) => {$(
+        impl Returned for $t {
+            type Value = $t;
+            fn succeeded(value: $t) -> $t {
+                value
+            }
+            fn failed(_: &ResourceError) -> $t {
+                0
+            }
+            fn panicked() -> $t {
+                0
+            }
+        }
+    )*};
+}
+returned_count!(u64, usize);
+
+/// What an entry point may reach, which decides what the boundary does
+/// before its body runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry {
+    /// An entry point that reaches a runtime or the hooks (every one but
+    /// the four below): it clears this thread's last error, and is refused
+    /// from inside a host callback.
+    Runtime(&'static str),
+    /// `xlog_version`, `xlog_status_name`, `xlog_last_error_message` and
+    /// `xlog_config_init` (which only forwards to `xlog_config_from_env`,
+    /// an `Entry::Runtime`): they work from a host callback, and leave this
+    /// thread's last error as it is (so the message of the call that
+    /// failed can still be read).
+    Library(&'static str),
+}
+
+/// Every entry point is named by its C name: `boundary("xlog_allocate", …)`.
+impl From<&'static str> for Entry {
+    fn from(name: &'static str) -> Entry {
+        Entry::Runtime(name)
+    }
+}
+
+/// The one panic boundary: every exported function's body runs in it.
+///
+/// It runs `body` with this thread's `Call` state, turns its error into
+/// the return type's fallback (`Returned`) with "NAME: error" as this
+/// thread's last error, and a panic into that type's panic value with
+/// "NAME: internal error (panic): …": since Rust 1.81 a panic escaping
+/// `extern "C"` aborts the host process, and an engine must never die
+/// because of us.
+///
+/// An `Entry::Runtime` call from inside an xlog host callback is refused
+/// here, the one place that checks it, before `body` runs (so it changes
+/// nothing): on both backends (`device::in_host_callback`), with
+/// XLOG_ERR_STREAM_MISUSE or the type's fallback and the reason as the
+/// last error (not echoed). Only the `Entry::Library` calls work there.
+pub(crate) fn boundary<R: Returned>(
+    entry: impl Into<Entry>,
+    body: impl FnOnce(Call<'_>) -> Result<R::Value, ResourceError>,
+) -> R {
+    let (name, runtime) = match entry.into() {
+        Entry::Runtime(name) => (name, true),
+        Entry::Library(name) => (name, false),
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        FFI.with(|t| {
+            if runtime {
+                t.last_error.borrow_mut().clear();
+                if crate::device::in_host_callback() {
+                    let e = ResourceError::in_host_callback();
+                    *t.last_error.borrow_mut() = format!("{name}: {e}");
+                    return R::failed(&e);
+                }
+            }
+            match body(Call(t)) {
+                Ok(value) => R::succeeded(value),
+                Err(e) => {
+                    let message = format!("{name}: {e}");
+                    if R::ECHO {
+                        eprintln!("xlog: {message}");
+                    }
+                    *t.last_error.borrow_mut() = message;
+                    R::failed(&e)
+                }
+            }
+        })
+    }));
+    outcome.unwrap_or_else(|payload| {
+        let message = format!("{name}: internal error (panic): {}", panic_text(&*payload));
+        if R::ECHO {
+            eprintln!("xlog: {message}");
+        }
+        // `try_with`: a panic while this thread's state is being torn down
+        // must not panic again outside the boundary.
+        let _ = FFI.try_with(|t| *t.last_error.borrow_mut() = message);
+        R::panicked()
+    })
+}
+
+/// This thread's boundary state, handed to the body of every entry point:
+/// its runtime and hook lookups need no thread-local access of their own
+/// (one per call in all, which the allocation and launch paths count on).
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a>(&'a FfiThread);
+
+impl<'a> Call<'a> {
+    /// Run `f` on the runtime of `handle`, through this thread's last
+    /// resolution when it is still valid (see "runtime handles" below).
     pub(crate) fn with_runtime<T>(
-        &self,
+        self,
         handle: *mut xlog_runtime,
         f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
     ) -> Result<T, ResourceError> {
         with_runtime_in(self.0, handle, f)
     }
-}
 
-/// `boundary` for a body that looks a runtime up (through the given
-/// `ThreadCalls`).
-pub(crate) fn boundary_calls(name: &'static str, body: impl FnOnce(ThreadCalls<'_>) -> FfiResult) -> xlog_status {
-    FFI.with(|t| boundary_in(t, name, || body(ThreadCalls(t))))
-}
-
-fn boundary_in(t: &FfiThread, name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
-    t.last_error.borrow_mut().clear();
-    if let Some(status) = refused_in_host_callback(name) {
-        return status;
+    /// This thread's hook state.
+    pub(crate) fn hooks(self) -> &'a interop::HookThread {
+        &self.0.hooks
     }
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => XLOG_OK,
-        Ok(Err(e)) => {
-            *t.last_error.borrow_mut() = format!("{name}: {e}");
-            status_of(&e)
-        }
-        Err(payload) => {
-            *t.last_error.borrow_mut() = format!("{name}: internal error (panic): {}", panic_text(&*payload));
-            XLOG_ERR_INTERNAL
-        }
+
+    /// This thread's last error message.
+    pub(crate) fn last_error(self) -> std::cell::Ref<'a, String> {
+        self.0.last_error.borrow()
     }
 }
 
-/// `Some(XLOG_ERR_STREAM_MISUSE)`, with the message set, when the calling
-/// thread is running an xlog host callback: every entry point that touches
-/// a runtime refuses there, on both backends (`device::in_host_callback`).
-/// Only `xlog_version`, `xlog_status_name` and `xlog_last_error_message`,
-/// which touch no runtime, work from a callback.
-pub(crate) fn refused_in_host_callback(name: &'static str) -> Option<xlog_status> {
-    if !crate::device::in_host_callback() {
-        return None;
-    }
-    let e = ResourceError::in_host_callback();
-    set_last_error(format!("{name}: {e}"));
-    Some(status_of(&e))
-}
-
-/// Like `boundary` for the few entry points that return a value rather
-/// than a status: a panic yields `fallback`.
-pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(v) => v,
-        Err(payload) => {
-            set_last_error(format!("{name}: internal error (panic): {}", panic_text(&*payload)));
-            fallback
-        }
-    }
-}
-
-/// The boundary of the framework hooks (`xlog_torch_malloc` and the
-/// like), which return a pointer or nothing rather than a status: one
-/// thread-local access for the whole call clears the last error, hands
-/// `body` this thread's hook state and records the outcome. A refusal in a
-/// host callback, an error or a panic yields `fallback`, with the message
-/// in `xlog_last_error_message`; with `echo` also on stderr (the frees
-/// have no other way to say why they freed nothing).
-pub(crate) fn boundary_hook<T>(
-    name: &'static str,
-    fallback: T,
-    echo: bool,
-    body: impl FnOnce(&interop::HookThread) -> Result<T, ResourceError>,
-) -> T {
-    FFI.with(|t| {
-        t.last_error.borrow_mut().clear();
-        if refused_in_host_callback(name).is_some() {
-            return fallback;
-        }
-        let message = match catch_unwind(AssertUnwindSafe(|| body(&t.hooks))) {
-            Ok(Ok(value)) => return value,
-            Ok(Err(e)) => format!("{name}: {e}"),
-            Err(payload) => format!("{name}: internal error (panic): {}", panic_text(&*payload)),
-        };
-        if echo {
-            eprintln!("xlog: {message}");
-        }
-        *t.last_error.borrow_mut() = message;
-        fallback
-    })
-}
-
-/// `f` with this thread's hook state, for the hook calls that go through
-/// `boundary`.
+/// `f` with this thread's hook state, for the hook calls made outside
+/// a body's `Call`.
 pub(crate) fn with_hook_thread<R>(f: impl FnOnce(&interop::HookThread) -> R) -> R {
     FFI.with(|t| f(&t.hooks))
 }
@@ -257,15 +336,6 @@ struct ResolvedRuntime {
     handle: usize,
     epoch: u64,
     runtime: Arc<Runtime>,
-}
-
-/// Run `f` on the runtime of `handle`, through this thread's last
-/// resolution when it is still valid.
-pub(crate) fn with_runtime_ref<T>(
-    handle: *mut xlog_runtime,
-    f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
-) -> Result<T, ResourceError> {
-    FFI.with(|t| with_runtime_in(t, handle, f))
 }
 
 fn with_runtime_in<T>(
@@ -413,6 +483,33 @@ mod tests {
             super::types::XLOG_VERSION_PATCH
         );
         assert_eq!(version, expected, "XLOG_VERSION_* constants must match Cargo.toml");
+    }
+
+    #[test]
+    fn the_fallback_of_a_failed_or_panicking_call_comes_from_its_return_type() {
+        use super::{boundary, Entry};
+        use crate::error::ResourceError;
+        let last = || super::with_last_error(|m| m.to_string());
+        let refused = || ResourceError::InvalidArgument("no".into());
+        let p: *mut u8 = boundary("xlog_test_ptr", |_| Err(refused()));
+        assert!(p.is_null());
+        assert_eq!(last(), "xlog_test_ptr: invalid argument: no");
+        let p: *const u8 = boundary("xlog_test_cptr", |_| panic!("boom"));
+        assert!(p.is_null());
+        assert!(last().starts_with("xlog_test_cptr: internal error (panic): boom"), "{}", last());
+        let n: u64 = boundary("xlog_test_u64", |_| Err(refused()));
+        assert_eq!(n, 0);
+        let n: usize = boundary("xlog_test_usize", |_| panic!("boom"));
+        assert_eq!(n, 0);
+        let s: super::types::xlog_status = boundary("xlog_test_status", |_| Err(refused()));
+        assert_eq!(s, super::types::XLOG_ERR_INVALID_ARGUMENT);
+        // A call that succeeds clears the message; a library call leaves it.
+        let v: u64 = boundary("xlog_test_ok", |_| Ok(7));
+        assert_eq!((v, last().as_str()), (7, ""));
+        let _: super::types::xlog_status = boundary("xlog_test_status", |_| Err(refused()));
+        let v: usize = boundary(Entry::Library("xlog_test_library"), |_| Ok(3));
+        assert_eq!(v, 3);
+        assert_eq!(last(), "xlog_test_status: invalid argument: no", "a library call keeps the last error");
     }
 
     #[test]
