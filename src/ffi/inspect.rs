@@ -12,9 +12,9 @@
 
 use std::ffi::{c_char, CStr};
 
-use super::api::{block_of, invalid, stream_id};
+use super::block::block_of;
 use super::types::*;
-use super::{boundary, out_ptr, write_out};
+use super::{boundary, invalid, out_ptr, stream_id, write_out};
 use crate::error::ResourceError;
 use crate::resource::{AllocTag, DeviceBlock};
 use crate::telemetry::{tag_c_name, CallSite, LiveBlock, TagStats};

@@ -22,7 +22,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::api::config_of;
+use super::config::config_of;
 use super::types::*;
 use super::hook_index::{HookBlock, HookIndex, Reservation};
 use super::{boundary, out_ptr, register_runtime, with_hook_thread, write_out};

@@ -1,12 +1,34 @@
 //! The C boundary: one panic boundary used by every entry point, status
 //! codes, the thread-local last-error message, and the runtime handle table.
+//!
+//! The entry points live one concept per file, as the header declares them
+//! (a file's functions, in the order of the `mod` lines below, are the
+//! header's): `library` (version, status names, last error), `config`,
+//! `runtime` (open, close), `stats`, `stream`, `block` (allocate, free,
+//! prepare/finish of one block), `launch` (the recorded-launch pair, peer
+//! access), `capture`, `reclaim` (reap, trim, drain), `inspect` (live
+//! blocks, tags, summary, call sites), `interop` (the framework hooks) and
+//! `testing` (the test header's). `api` gathers the production ones for
+//! Rust callers. Each file's contract is at its top.
 
-pub mod api;
-mod hook_index;
+// The order of the modules is the order of their declarations in the
+// generated header (cbindgen reads them in this order): keep it.
+pub mod library;
+pub mod config;
+pub mod runtime;
+pub mod stats;
+pub mod stream;
+pub mod block;
+pub mod launch;
+pub mod capture;
+pub mod reclaim;
 pub mod inspect;
 pub mod interop;
 pub mod testing;
 pub mod types;
+
+pub mod api;
+mod hook_index;
 
 use std::cell::{Cell, RefCell};
 use crate::fast_hash::FastMap;
@@ -15,6 +37,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::ResourceError;
+use crate::resource::StreamId;
 use crate::runtime::Runtime;
 use types::*;
 
@@ -48,6 +71,18 @@ thread_local! {
 #[cfg(test)]
 pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
     FFI.with(|t| f(&t.last_error.borrow()))
+}
+
+pub(crate) fn invalid(msg: String) -> ResourceError {
+    ResourceError::InvalidArgument(msg)
+}
+
+/// A caller's stream id: 0 is never one.
+pub(crate) fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
+    if stream == 0 {
+        return Err(invalid("stream 0 is never a valid stream id".into()));
+    }
+    Ok(StreamId(stream))
 }
 
 pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
