@@ -28,7 +28,6 @@ pub mod testing;
 pub mod types;
 
 pub mod api;
-mod hook_index;
 
 use std::cell::{Cell, RefCell};
 use crate::fast_hash::FastMap;
@@ -37,6 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::ResourceError;
+use crate::hooks::HookThread;
 use crate::resource::StreamId;
 use crate::runtime::Runtime;
 use types::*;
@@ -53,8 +53,8 @@ struct FfiThread {
     /// Calls of `Call::with_runtime` in progress on this thread: while one
     /// is, `last_runtime` is not replaced (it backs the reference in use).
     in_use: Cell<u32>,
-    /// The framework hooks' per-thread state (`interop::HookThread`).
-    hooks: interop::HookThread,
+    /// The framework hooks' per-thread state.
+    hooks: HookThread,
 }
 
 thread_local! {
@@ -63,7 +63,7 @@ thread_local! {
             last_error: RefCell::new(String::new()),
             last_runtime: RefCell::new(None),
             in_use: Cell::new(0),
-            hooks: interop::HookThread::new(),
+            hooks: HookThread::new(),
         }
     };
 }
@@ -313,7 +313,7 @@ impl<'a> Call<'a> {
     }
 
     /// This thread's hook state.
-    pub(crate) fn hooks(self) -> &'a interop::HookThread {
+    pub(crate) fn hooks(self) -> &'a HookThread {
         &self.0.hooks
     }
 
@@ -321,12 +321,6 @@ impl<'a> Call<'a> {
     pub(crate) fn last_error(self) -> std::cell::Ref<'a, String> {
         self.0.last_error.borrow()
     }
-}
-
-/// `f` with this thread's hook state, for the hook calls made outside
-/// a body's `Call`.
-pub(crate) fn with_hook_thread<R>(f: impl FnOnce(&interop::HookThread) -> R) -> R {
-    FFI.with(|t| f(&t.hooks))
 }
 
 // ----- runtime handles -----

@@ -63,8 +63,8 @@ pub extern "C" fn xlog_debug_panic() -> xlog_status {
 /// refused: while a stream of the hook runtime takes part in a capture.
 #[no_mangle]
 pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u64) -> xlog_status {
-    boundary("xlog_testing_interop_reset", |_| {
-        let leaked = super::interop::reset_device(device)?;
+    boundary("xlog_testing_interop_reset", |call| {
+        let leaked = crate::hooks::reset_device(call.hooks(), device)?;
         if out_ptr(leaked_blocks, "leaked_blocks").is_ok() {
             write_out(leaked_blocks, leaked);
         }
