@@ -16,6 +16,7 @@ pub mod inline_list;
 pub mod resource;
 pub mod resources;
 pub mod runtime;
+pub(crate) mod registry;
 pub mod stream_pool;
 pub mod tag_counters;
 pub mod telemetry;

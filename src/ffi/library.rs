@@ -38,16 +38,17 @@ pub extern "C" fn xlog_status_name(status: xlog_status) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn xlog_last_error_message(buf: *mut c_char, cap: usize) -> usize {
     boundary(Entry::Library("xlog_last_error_message"), |call| {
-        let msg = call.last_error();
-        if !buf.is_null() && cap > 0 {
-            let n = msg.len().min(cap - 1);
-            // SAFETY: non-NULL, and the caller guarantees `cap` writable
-            // bytes at `buf`; we write n + 1 <= cap bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, n);
-                *buf.add(n) = 0;
+        Ok(call.with_last_error(|msg| {
+            if !buf.is_null() && cap > 0 {
+                let n = msg.len().min(cap - 1);
+                // SAFETY: non-NULL, and the caller guarantees `cap` writable
+                // bytes at `buf`; we write n + 1 <= cap bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, n);
+                    *buf.add(n) = 0;
+                }
             }
-        }
-        Ok(msg.len())
+            msg.len()
+        }))
     })
 }

@@ -29,14 +29,15 @@ pub mod types;
 
 pub mod api;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use crate::fast_hash::FastMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::error::ResourceError;
 use crate::hooks::HookThread;
+use crate::registry::{Memo, Registry};
 use crate::resource::StreamId;
 use crate::runtime::Runtime;
 use types::*;
@@ -49,10 +50,7 @@ struct FfiThread {
     last_error: RefCell<String>,
     /// The runtime this thread resolved last, so that a call on it needs
     /// neither the handle table's lock nor a reference-count change.
-    last_runtime: RefCell<Option<ResolvedRuntime>>,
-    /// Calls of `Call::with_runtime` in progress on this thread: while one
-    /// is, `last_runtime` is not replaced (it backs the reference in use).
-    in_use: Cell<u32>,
+    last_runtime: Memo<usize, Arc<Runtime>, 1>,
     /// The framework hooks' per-thread state.
     hooks: HookThread,
 }
@@ -61,8 +59,7 @@ thread_local! {
     static FFI: FfiThread = const {
         FfiThread {
             last_error: RefCell::new(String::new()),
-            last_runtime: RefCell::new(None),
-            in_use: Cell::new(0),
+            last_runtime: Memo::new(),
             hooks: HookThread::new(),
         }
     };
@@ -160,7 +157,7 @@ impl Returned for xlog_status {
     }
 }
 
-/// A pointer (the malloc hooks, the library's strings): NULL.
+/// A pointer (the malloc hooks): NULL.
 impl<T> Returned for *mut T {
     type Value = Self;
     fn succeeded(value: Self) -> Self {
@@ -174,6 +171,7 @@ impl<T> Returned for *mut T {
     }
 }
 
+/// A constant pointer (the library's strings): NULL.
 impl<T> Returned for *const T {
     type Value = Self;
     fn succeeded(value: Self) -> Self {
@@ -225,9 +223,11 @@ pub(crate) enum Entry {
     Runtime(&'static str),
     /// `xlog_version`, `xlog_status_name`, `xlog_last_error_message` and
     /// `xlog_config_init` (which only forwards to `xlog_config_from_env`,
-    /// an `Entry::Runtime`): they work from a host callback, and leave this
+    /// an `Entry::Runtime`): they work from a host callback, leave this
     /// thread's last error as it is (so the message of the call that
-    /// failed can still be read).
+    /// failed can still be read), and reach this thread's state only to
+    /// read that message (so they work while it is torn down, from another
+    /// thread-local's destructor).
     Library(&'static str),
 }
 
@@ -252,74 +252,91 @@ impl From<&'static str> for Entry {
 /// nothing): on both backends (`device::in_host_callback`), with
 /// XLOG_ERR_STREAM_MISUSE or the type's fallback and the reason as the
 /// last error (not echoed). Only the `Entry::Library` calls work there.
+#[inline]
 pub(crate) fn boundary<R: Returned>(
     entry: impl Into<Entry>,
     body: impl FnOnce(Call<'_>) -> Result<R::Value, ResourceError>,
 ) -> R {
-    let (name, runtime) = match entry.into() {
-        Entry::Runtime(name) => (name, true),
-        Entry::Library(name) => (name, false),
+    match entry.into() {
+        // The thread's state first (the call's one thread-local access),
+        // then the guard around the body.
+        Entry::Runtime(name) => FFI.with(|t| {
+            t.last_error.borrow_mut().clear();
+            if crate::device::in_host_callback() {
+                let e = ResourceError::in_host_callback();
+                *t.last_error.borrow_mut() = format!("{name}: {e}");
+                return R::failed(&e);
+            }
+            guarded(name, Some(t), || body(Call(Some(t))))
+        }),
+        // No thread state unless the body asks for it: these work even
+        // while it is torn down (from another thread-local's destructor).
+        Entry::Library(name) => guarded(name, None, || body(Call(None))),
+    }
+}
+
+/// `body` under the panic guard, its outcome turned into `R` and the
+/// thread's last error (through `t`, else looked up).
+#[inline]
+fn guarded<R: Returned>(
+    name: &'static str,
+    t: Option<&FfiThread>,
+    body: impl FnOnce() -> Result<R::Value, ResourceError>,
+) -> R {
+    let (message, fallback) = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(value)) => return R::succeeded(value),
+        Ok(Err(e)) => (format!("{name}: {e}"), R::failed(&e)),
+        Err(payload) => (format!("{name}: internal error (panic): {}", panic_text(&*payload)), R::panicked()),
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        FFI.with(|t| {
-            if runtime {
-                t.last_error.borrow_mut().clear();
-                if crate::device::in_host_callback() {
-                    let e = ResourceError::in_host_callback();
-                    *t.last_error.borrow_mut() = format!("{name}: {e}");
-                    return R::failed(&e);
-                }
-            }
-            match body(Call(t)) {
-                Ok(value) => R::succeeded(value),
-                Err(e) => {
-                    let message = format!("{name}: {e}");
-                    if R::ECHO {
-                        eprintln!("xlog: {message}");
-                    }
-                    *t.last_error.borrow_mut() = message;
-                    R::failed(&e)
-                }
-            }
-        })
-    }));
-    outcome.unwrap_or_else(|payload| {
-        let message = format!("{name}: internal error (panic): {}", panic_text(&*payload));
-        if R::ECHO {
-            eprintln!("xlog: {message}");
+    if R::ECHO {
+        eprintln!("xlog: {message}");
+    }
+    match t {
+        Some(t) => *t.last_error.borrow_mut() = message,
+        // `try_with`: not while this thread's state is being torn down.
+        None => {
+            let _ = FFI.try_with(|t| *t.last_error.borrow_mut() = message);
         }
-        // `try_with`: a panic while this thread's state is being torn down
-        // must not panic again outside the boundary.
-        let _ = FFI.try_with(|t| *t.last_error.borrow_mut() = message);
-        R::panicked()
-    })
+    }
+    fallback
 }
 
 /// This thread's boundary state, handed to the body of every entry point:
 /// its runtime and hook lookups need no thread-local access of their own
 /// (one per call in all, which the allocation and launch paths count on).
+/// (None for an `Entry::Library` call, which reaches no runtime.)
 #[derive(Clone, Copy)]
-pub(crate) struct Call<'a>(&'a FfiThread);
+pub(crate) struct Call<'a>(Option<&'a FfiThread>);
 
 impl<'a> Call<'a> {
     /// Run `f` on the runtime of `handle`, through this thread's last
     /// resolution when it is still valid (see "runtime handles" below).
+    #[inline]
     pub(crate) fn with_runtime<T>(
         self,
         handle: *mut xlog_runtime,
         f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
     ) -> Result<T, ResourceError> {
-        with_runtime_in(self.0, handle, f)
+        with_runtime_in(self.thread(), handle, f)
     }
 
     /// This thread's hook state.
+    #[inline]
     pub(crate) fn hooks(self) -> &'a HookThread {
-        &self.0.hooks
+        &self.thread().hooks
     }
 
-    /// This thread's last error message.
-    pub(crate) fn last_error(self) -> std::cell::Ref<'a, String> {
-        self.0.last_error.borrow()
+    #[inline]
+    fn thread(self) -> &'a FfiThread {
+        self.0.expect("an Entry::Library call reaches no runtime and no hooks")
+    }
+
+    /// `f` on this thread's last error message.
+    pub(crate) fn with_last_error<T>(self, f: impl FnOnce(&str) -> T) -> T {
+        match self.0 {
+            Some(t) => f(&t.last_error.borrow()),
+            None => FFI.with(|t| f(&t.last_error.borrow())),
+        }
     }
 }
 
@@ -333,109 +350,71 @@ impl<'a> Call<'a> {
 const TOKEN_STRIDE: usize = 16;
 static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10_0000);
 
-fn handles() -> &'static RwLock<FastMap<usize, Arc<Runtime>>> {
-    static TABLE: once_cell::sync::Lazy<RwLock<FastMap<usize, Arc<Runtime>>>> =
-        once_cell::sync::Lazy::new(|| RwLock::new(FastMap::default()));
+/// Open handles → runtimes (`registry.rs`: an unregister moves the
+/// epoch, so a thread's memoized resolution dies with its handle).
+fn handles() -> &'static Registry<FastMap<usize, Arc<Runtime>>> {
+    static TABLE: Registry<FastMap<usize, Arc<Runtime>>> = Registry::new(FastMap::default);
     &TABLE
 }
 
 pub(crate) fn register_runtime(rt: Arc<Runtime>) -> *mut xlog_runtime {
     let token = NEXT_TOKEN.fetch_add(TOKEN_STRIDE, Ordering::Relaxed);
-    handles().write().unwrap_or_else(|p| p.into_inner()).insert(token, rt);
+    handles().write().insert(token, rt);
     token as *mut xlog_runtime
+}
+
+fn not_open(handle: *mut xlog_runtime) -> ResourceError {
+    if handle.is_null() {
+        return ResourceError::InvalidArgument("runtime handle is NULL".into());
+    }
+    ResourceError::InvalidArgument(format!(
+        "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
+    ))
 }
 
 pub(crate) fn runtime_of(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
     if handle.is_null() {
-        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+        return Err(not_open(handle));
     }
-    let table = handles().read().unwrap_or_else(|p| p.into_inner());
-    table.get(&(handle as usize)).cloned().ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
-        ))
-    })
+    handles().read().get(&(handle as usize)).cloned().ok_or_else(|| not_open(handle))
 }
 
-/// Bumped by every unregister: a handle resolved on a thread stays good
-/// for that thread only while this has not moved.
-static HANDLE_EPOCH: AtomicU64 = AtomicU64::new(0);
-
-struct ResolvedRuntime {
-    handle: usize,
-    epoch: u64,
-    runtime: Arc<Runtime>,
-}
-
+/// Run `f` on the runtime of `handle`, through this thread's last
+/// resolution while it is still valid (borrowed: no lock, no reference
+/// count touched).
+#[inline]
 fn with_runtime_in<T>(
     t: &FfiThread,
     handle: *mut xlog_runtime,
     f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
 ) -> Result<T, ResourceError> {
-    let epoch = HANDLE_EPOCH.load(Ordering::Acquire);
-    let cached = t
-        .last_runtime
-        .borrow()
-        .as_ref()
-        .filter(|r| r.handle == handle as usize && r.epoch == epoch)
-        .map(|r| Arc::as_ptr(&r.runtime));
-    if let Some(ptr) = cached {
-        t.in_use.set(t.in_use.get() + 1);
-        struct Release<'a>(&'a Cell<u32>);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.set(self.0.get() - 1);
-            }
-        }
-        let _release = Release(&t.in_use);
-        // SAFETY: `ptr` comes from the Arc held in this thread's
-        // `last_runtime`, which is not replaced or dropped while `in_use`
-        // is non-zero (see below), so the Runtime outlives this call.
-        return f(unsafe { &*ptr });
-    }
-    let runtime = runtime_of(handle)?;
-    if t.in_use.get() == 0 {
-        let old = t
-            .last_runtime
-            .borrow_mut()
-            .replace(ResolvedRuntime { handle: handle as usize, epoch, runtime: runtime.clone() });
-        drop(old);
-    }
-    f(&runtime)
+    let key = handle as usize;
+    // NULL is never a key of the table: it falls through to `not_open`.
+    handles().resolve(&t.last_runtime, key, |table| table.get(&key).cloned(), |rt| f(rt)).unwrap_or_else(|| Err(not_open(handle)))
 }
 
 pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
     if handle.is_null() {
-        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+        return Err(not_open(handle));
     }
-    let removed = handles().write().unwrap_or_else(|p| p.into_inner()).remove(&(handle as usize));
-    // After the removal: a resolution cached under the old epoch is dead,
-    // and one made from now on cannot find the handle.
-    HANDLE_EPOCH.fetch_add(1, Ordering::AcqRel);
+    let removed = {
+        let mut table = handles().write();
+        let removed = table.remove(&(handle as usize));
+        // A resolution memoized before is dead, and one made from now on
+        // cannot find the handle.
+        handles().invalidate(&mut table);
+        removed
+    };
     // This thread lets go of it now (other threads do at their next call).
-    let mine = FFI.with(|t| {
-        if t.in_use.get() != 0 {
-            return None;
-        }
-        let mut c = t.last_runtime.borrow_mut();
-        if c.as_ref().is_some_and(|r| r.handle == handle as usize) {
-            c.take()
-        } else {
-            None
-        }
-    });
+    let mine = FFI.with(|t| t.last_runtime.forget(|&h| h == handle as usize));
     drop(mine);
-    removed.ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
-        ))
-    })
+    removed.ok_or_else(|| not_open(handle))
 }
 
 /// Put back a handle `unregister_runtime` took, for a close that was
 /// refused before it changed anything: the caller's handle stays valid.
 pub(crate) fn reregister_runtime(handle: *mut xlog_runtime, rt: Arc<Runtime>) {
-    handles().write().unwrap_or_else(|p| p.into_inner()).insert(handle as usize, rt);
+    handles().write().insert(handle as usize, rt);
 }
 
 /// Store `value` through a caller's out-pointer: the one place the boundary

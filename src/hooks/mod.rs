@@ -27,14 +27,14 @@
 
 pub(crate) mod index;
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::ResourceError;
 use crate::ids::PoolKey;
+use crate::registry::{Memo, Registry};
 use crate::resource::{Access, AllocTag};
 use crate::runtime::{check_ordinal, check_pool, Runtime};
 use index::{HookBlock, HookIndex, Reservation};
@@ -78,24 +78,23 @@ struct HookTable {
     hooks: HashMap<i32, Arc<Hooks>>,
 }
 
-fn table() -> MutexGuard<'static, HookTable> {
-    static TABLE: once_cell::sync::Lazy<Mutex<HookTable>> = once_cell::sync::Lazy::new(Default::default);
-    TABLE.lock().unwrap_or_else(|p| p.into_inner())
+/// The hooks and configs of every device (`registry.rs`: the epoch moves
+/// whenever a device's hooks are replaced or forgotten, so the per-thread
+/// copy below is used only while it is still the table's).
+fn table() -> &'static Registry<HookTable> {
+    static TABLE: Registry<HookTable> = Registry::new(HookTable::default);
+    &TABLE
 }
-
-/// Bumped whenever the table's hooks change, so the per-thread copy below
-/// is used only while it is still the table's.
-static HOOKS_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// What the hooks keep per thread. The caller keeps it: the C boundary
 /// holds it in its one thread-local (`ffi::FfiThread`), since in a shared
 /// library every thread-local access is a call into the dynamic loader,
 /// and a hook call reaches this and its last-error message with one.
 pub(crate) struct HookThread {
-    /// The hooks this thread used last: (device, epoch, hooks). Frameworks
-    /// call the hooks of one device over and over; this spares them the
+    /// The hooks this thread used last, by device. Frameworks call the
+    /// hooks of one device over and over; this spares them the
     /// process-wide table lock.
-    last: RefCell<Option<(i32, u64, Arc<Hooks>)>>,
+    last: Memo<i32, Arc<Hooks>, 1>,
     /// Hook frees this thread made, per device: (device, frees since the
     /// last reap). Counted here, not in a shared counter, so that a free
     /// writes no cache line another thread's free writes too. Exact for up
@@ -111,7 +110,7 @@ pub(crate) struct HookThread {
 impl HookThread {
     pub(crate) const fn new() -> HookThread {
         HookThread {
-            last: RefCell::new(None),
+            last: Memo::new(),
             frees: [const { Cell::new(None) }; REAP_DEVICES],
             reserved: Reservation::new(),
         }
@@ -119,12 +118,22 @@ impl HookThread {
 
     /// Forget the hooks this thread used last, giving back its reserved
     /// slot in them; the caller drops them (outside any borrow).
-    fn forget_last(&self) -> Option<(i32, u64, Arc<Hooks>)> {
-        let last = self.last.borrow_mut().take();
-        if let Some((_, _, h)) = &last {
+    fn forget_last(&self) -> Vec<Arc<Hooks>> {
+        let last = self.last.forget(|_| true);
+        for h in &last {
             h.blocks.release(&self.reserved);
         }
         last
+    }
+
+    /// Make `h`, at `epoch`, the hooks this thread used last, giving back
+    /// the reserved slot in the ones it used before.
+    fn remember(&self, device: i32, epoch: u64, h: &Arc<Hooks>) {
+        // While the hooks used last are borrowed (a hook call inside a hook
+        // call's use of them) they stay, reserved slot and all.
+        if let Ok(Some(old)) = self.last.remember(device, epoch, h.clone()) {
+            old.blocks.release(&self.reserved);
+        }
     }
 
     /// Count a hook free of `device` on this thread: true when it is one
@@ -158,22 +167,16 @@ impl Drop for HookThread {
 /// that copy is still current (borrowed: no reference count touched).
 #[inline]
 fn with_cached_hooks<T>(thread: &HookThread, device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
-    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
-    match thread.last.borrow().as_ref() {
-        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => Some(f(h)),
-        _ => None,
-    }
+    let h = thread.last.get(device, table().epoch())?;
+    (!h.runtime.is_closed()).then(|| f(&h))
 }
 
-/// The table's open hooks of `device`, if any (none are opened here).
-fn table_hooks(device: i32) -> Option<Arc<Hooks>> {
-    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
-}
-
-fn remember_hooks(thread: &HookThread, device: i32, epoch: u64, h: &Arc<Hooks>) {
-    let old = thread.forget_last();
-    *thread.last.borrow_mut() = Some((device, epoch, h.clone()));
-    drop(old);
+/// The table's open hooks of `device`, if any (none are opened here), and
+/// the epoch they were read at.
+fn table_hooks(device: i32) -> Option<(Arc<Hooks>, u64)> {
+    let t = table().read();
+    let h = t.hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()?;
+    Some((h, table().epoch()))
 }
 
 /// The hooks of `device`, opening its runtime on first use.
@@ -181,10 +184,8 @@ pub(crate) fn hooks(thread: &HookThread, device: i32) -> Result<Arc<Hooks>, Reso
     if let Some(h) = with_cached_hooks(thread, device, Arc::clone) {
         return Ok(h);
     }
-    let h = hooks_from_table(device)?;
-    // The epoch after the table lookup: a change since then makes the copy
-    // stale at once.
-    remember_hooks(thread, device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    let (h, epoch) = hooks_from_table(device)?;
+    thread.remember(device, epoch, &h);
     Ok(h)
 }
 
@@ -204,8 +205,8 @@ fn with_hooks<T>(
     if let Some(result) = with_cached_hooks(thread, device, |h| (f.take().expect("called once"))(h)) {
         return result;
     }
-    let h = if open { hooks_from_table(device)? } else { table_hooks(device).ok_or_else(missing)? };
-    remember_hooks(thread, device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
+    let (h, epoch) = if open { hooks_from_table(device)? } else { table_hooks(device).ok_or_else(missing)? };
+    thread.remember(device, epoch, &h);
     (f.take().expect("called once"))(&h)
 }
 
@@ -219,11 +220,17 @@ pub(crate) fn environment_config() -> Result<Config, ResourceError> {
     Ok(c)
 }
 
-fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
-    let mut t = table();
+/// The open hooks of `device`, opened now if need be, and the epoch they
+/// were read at. Under the table's write lock, so that two threads never
+/// open one device's hooks twice.
+fn hooks_from_table(device: i32) -> Result<(Arc<Hooks>, u64), ResourceError> {
+    if let Some(found) = table_hooks(device) {
+        return Ok(found);
+    }
+    let mut t = table().write();
     if let Some(h) = t.hooks.get(&device) {
         if !h.runtime.is_closed() {
-            return Ok(h.clone());
+            return Ok((h.clone(), table().epoch()));
         }
     }
     let config = match t.configs.get(&device) {
@@ -232,16 +239,17 @@ fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
     };
     let runtime = Runtime::open(device, &config)?;
     let h = Arc::new(Hooks { runtime, blocks: HookIndex::default() });
+    // Replaces closed hooks, if any.
+    table().invalidate(&mut t);
     t.hooks.insert(device, h.clone());
-    HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
-    Ok(h)
+    Ok((h, table().epoch()))
 }
 
 /// The hooks of `device` if they have been opened (and not closed since):
 /// for the calls that only make sense after an allocation, so that a
 /// failing free or record_stream on a device never used opens nothing.
 fn opened_hooks(thread: &HookThread, device: i32) -> Option<Arc<Hooks>> {
-    with_cached_hooks(thread, device, Arc::clone).or_else(|| table_hooks(device))
+    with_cached_hooks(thread, device, Arc::clone).or_else(|| table_hooks(device).map(|(h, _)| h))
 }
 
 fn not_a_hook_block(ptr: u64, device: i32) -> ResourceError {
@@ -303,14 +311,14 @@ pub(crate) fn free(thread: &HookThread, ptr: u64, device: i32) -> Result<(), Res
 pub(crate) fn reset_device(thread: &HookThread, device: i32) -> Result<u64, ResourceError> {
     check_ordinal(device)?;
     let (hooks, _config) = {
-        let mut t = table();
+        let mut t = table().write();
         // A close that would be refused (a stream of the hook runtime
         // captures) is refused before the hooks are forgotten: nothing
         // changes.
         if let Some(h) = t.hooks.get(&device).filter(|h| !h.runtime.is_closed()) {
             h.runtime.check_close_allowed()?;
         }
-        HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
+        table().invalidate(&mut t);
         (t.hooks.remove(&device), t.configs.remove(&device))
     };
     drop(thread.forget_last());
@@ -323,7 +331,7 @@ pub(crate) fn reset_device(thread: &HookThread, device: i32) -> Result<u64, Reso
 /// Set the config the hook runtime of `device` opens with; refused once
 /// it is open.
 pub(crate) fn configure(device: i32, config: Config) -> Result<(), ResourceError> {
-    let mut t = table();
+    let mut t = table().write();
     if let Some(h) = t.hooks.get(&device) {
         if !h.runtime.is_closed() {
             return Err(ResourceError::InvalidArgument(format!(
@@ -332,7 +340,7 @@ pub(crate) fn configure(device: i32, config: Config) -> Result<(), ResourceError
         }
     }
     t.hooks.remove(&device);
-    HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
+    table().invalidate(&mut t);
     t.configs.insert(device, config);
     Ok(())
 }
@@ -347,14 +355,14 @@ pub(crate) fn shared_runtime(thread: &HookThread, device: i32) -> Result<Arc<Run
 /// 0 (opening nothing) where the hooks are not open.
 pub(crate) fn trim(device: i32, keep_bytes: u64) -> Result<u64, ResourceError> {
     match table_hooks(device) {
-        Some(h) => Ok(h.runtime.trim(keep_bytes)?.released),
+        Some((h, _)) => Ok(h.runtime.trim(keep_bytes)?.released),
         None => Ok(0),
     }
 }
 
 /// Blocks the hooks of `device` hold (0 if never used).
 pub(crate) fn live_blocks(device: i32) -> u64 {
-    table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
+    table().read().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
 }
 
 /// Record that the hook block at `ptr` on `device` is used on the native
@@ -376,7 +384,7 @@ pub(crate) fn record_stream_any_device(ptr: u64, stream: u64) -> Result<(), Reso
     if ptr == 0 {
         return Err(not_live());
     }
-    let opened: Vec<Arc<Hooks>> = table().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
+    let opened: Vec<Arc<Hooks>> = table().read().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
     for h in opened {
         if let Ok(result) = record_use_on(&h, ptr, stream) {
             return result;
@@ -454,6 +462,6 @@ pub(crate) fn release_pool(thread: &HookThread, device: i32, pool: PoolKey) -> R
 /// For tests: whether `device` has hooks in the table, and its config.
 #[cfg(test)]
 pub(crate) fn table_entry(device: i32) -> (bool, Option<Config>) {
-    let t = table();
+    let t = table().read();
     (t.hooks.contains_key(&device), t.configs.get(&device).cloned())
 }
