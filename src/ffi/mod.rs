@@ -257,48 +257,61 @@ pub(crate) fn boundary<R: Returned>(
     entry: impl Into<Entry>,
     body: impl FnOnce(Call<'_>) -> Result<R::Value, ResourceError>,
 ) -> R {
-    match entry.into() {
-        // The thread's state first (the call's one thread-local access),
-        // then the guard around the body.
-        Entry::Runtime(name) => FFI.with(|t| {
+    let (name, runtime) = match entry.into() {
+        Entry::Runtime(name) => (name, true),
+        Entry::Library(name) => (name, false),
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        if !runtime {
+            // No thread state unless the body asks for it: these work even
+            // while it is torn down (from another thread-local's destructor).
+            return settle(name, None, body(Call(None)));
+        }
+        // The call's one thread-local access.
+        FFI.with(|t| {
             t.last_error.borrow_mut().clear();
             if crate::device::in_host_callback() {
                 let e = ResourceError::in_host_callback();
                 *t.last_error.borrow_mut() = format!("{name}: {e}");
                 return R::failed(&e);
             }
-            guarded(name, Some(t), || body(Call(Some(t))))
-        }),
-        // No thread state unless the body asks for it: these work even
-        // while it is torn down (from another thread-local's destructor).
-        Entry::Library(name) => guarded(name, None, || body(Call(None))),
+            settle(name, Some(t), body(Call(Some(t))))
+        })
+    }));
+    outcome.unwrap_or_else(|payload| {
+        let message = format!("{name}: internal error (panic): {}", panic_text(&*payload));
+        record(None, message, R::ECHO);
+        R::panicked()
+    })
+}
+
+/// The return for a body's outcome; an error becomes this thread's last
+/// error.
+#[inline]
+fn settle<R: Returned>(name: &'static str, t: Option<&FfiThread>, outcome: Result<R::Value, ResourceError>) -> R {
+    match outcome {
+        Ok(value) => R::succeeded(value),
+        Err(e) => {
+            record(t, format!("{name}: {e}"), R::ECHO);
+            R::failed(&e)
+        }
     }
 }
 
-/// `body` under the panic guard, its outcome turned into `R` and the
-/// thread's last error (through `t`, else looked up).
-#[inline]
-fn guarded<R: Returned>(
-    name: &'static str,
-    t: Option<&FfiThread>,
-    body: impl FnOnce() -> Result<R::Value, ResourceError>,
-) -> R {
-    let (message, fallback) = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(value)) => return R::succeeded(value),
-        Ok(Err(e)) => (format!("{name}: {e}"), R::failed(&e)),
-        Err(payload) => (format!("{name}: internal error (panic): {}", panic_text(&*payload)), R::panicked()),
-    };
-    if R::ECHO {
+/// Make `message` this thread's last error (through `t`, else looked up),
+/// and with `echo` print it on stderr too.
+fn record(t: Option<&FfiThread>, message: String, echo: bool) {
+    if echo {
         eprintln!("xlog: {message}");
     }
     match t {
         Some(t) => *t.last_error.borrow_mut() = message,
-        // `try_with`: not while this thread's state is being torn down.
+        // `try_with`: not while this thread's state is being torn down (a
+        // panic there must not panic again outside the boundary).
         None => {
             let _ = FFI.try_with(|t| *t.last_error.borrow_mut() = message);
         }
     }
-    fallback
 }
 
 /// This thread's boundary state, handed to the body of every entry point:
