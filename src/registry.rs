@@ -36,13 +36,19 @@ pub struct Registry<T> {
     /// `static` whose epoch a memo hit reads without any check.
     state: OnceLock<RwLock<T>>,
     init: fn() -> T,
-    epoch: AtomicU64,
+    epoch: Epoch,
 }
+
+/// The epoch, on a cache line of its own: every memo hit of every thread
+/// reads it, and the lock beside it is written by every lookup that
+/// misses and by every change.
+#[repr(align(64))]
+struct Epoch(AtomicU64);
 
 impl<T> Registry<T> {
     /// A registry whose table `init` makes on first use.
     pub const fn new(init: fn() -> T) -> Registry<T> {
-        Registry { state: OnceLock::new(), init, epoch: AtomicU64::new(0) }
+        Registry { state: OnceLock::new(), init, epoch: Epoch(AtomicU64::new(0)) }
     }
 
     fn state(&self) -> &RwLock<T> {
@@ -52,7 +58,7 @@ impl<T> Registry<T> {
     /// The epoch now: a memoized answer stamped with it is still true.
     #[inline]
     pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+        self.epoch.0.load(Ordering::Acquire)
     }
 
     /// The table, for lookups. An answer read here is stamped with
@@ -73,7 +79,7 @@ impl<T> Registry<T> {
     /// sees the new epoch sees the change.
     pub fn invalidate(&self, held: &mut RwLockWriteGuard<'_, T>) {
         let _ = held;
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.epoch.0.fetch_add(1, Ordering::AcqRel);
     }
 
     /// `f` on the value of `key`: from `memo` while its answer is current,
