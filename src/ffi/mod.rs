@@ -317,7 +317,7 @@ fn record(t: Option<&FfiThread>, message: String, echo: bool) {
 /// This thread's boundary state, handed to the body of every entry point:
 /// its runtime and hook lookups need no thread-local access of their own
 /// (one per call in all, which the allocation and launch paths count on).
-/// (None for an `Entry::Library` call, which reaches no runtime.)
+/// An `Entry::Library` call gets none: it reaches no runtime.
 #[derive(Clone, Copy)]
 pub(crate) struct Call<'a>(Option<&'a FfiThread>);
 
