@@ -3,7 +3,8 @@
 //! Layers, bottom up: [`device`] (the only code that talks to a driver:
 //! CUDA through cudarc, or the host-simulated sim backend), [`resources`]
 //! (the `DeviceMemoryResource` stack: budget, logging, async pool, direct),
-//! [`stream_pool`], [`runtime`], and the C ABI in `ffi`.
+//! [`stream_pool`], [`runtime`], the framework hooks in `hooks` (PyTorch's
+//! and CuPy's allocators over the runtime), and the C ABI in `ffi`.
 
 pub mod call_gate;
 pub mod config;
@@ -15,9 +16,11 @@ pub mod inline_list;
 pub mod resource;
 pub mod resources;
 pub mod runtime;
+pub(crate) mod registry;
 pub mod stream_pool;
 pub mod tag_counters;
 pub mod telemetry;
+pub(crate) mod hooks;
 pub mod ffi;
 
 pub use config::{AllocatorKind, Config};

@@ -11,10 +11,11 @@
 //! caller may still hold. u32::MAX is never issued.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::device::{Device, RawStream};
 use crate::fast_hash::FastMap;
+use crate::registry::{Memo, Registry};
 use crate::resource::{ResourceError, ResourceResult, StreamId, StreamRef};
 
 /// The next id to issue; `u32::MAX` once every id has been issued (it then
@@ -65,39 +66,26 @@ struct PoolState {
 pub struct StreamPool {
     device: Arc<dyn Device>,
     capacity: u32,
-    state: RwLock<PoolState>,
-    /// This pool's identity for the per-thread resolve cache.
+    /// The pool's state; its epoch moves with every release and with
+    /// shutdown, so a resolution a thread memoized is good only while no
+    /// id it may name has died (`registry.rs`).
+    state: Registry<PoolState>,
+    /// This pool's identity in the per-thread memos, which serve every
+    /// pool a thread uses.
     unique: u64,
-    /// Bumped by every release and by shutdown: a cached resolution is
-    /// good only while it has not moved.
-    releases: AtomicU64,
 }
 
-/// A foreign stream a thread imported last (see `StreamPool::import_resolved`).
-#[derive(Copy, Clone)]
-struct ImportedHere {
-    pool: u64,
-    native: u64,
-    releases: u64,
-    stream: StreamRef,
-}
-
-/// Entries of the per-thread resolve cache.
+/// Entries of the per-thread resolve memo.
 const RESOLVE_CACHE: usize = 4;
 
-#[derive(Copy, Clone)]
-struct Resolved {
-    pool: u64,
-    releases: u64,
-    id: StreamId,
-    raw: RawStream,
-}
-
 thread_local! {
-    /// The last streams this thread resolved: resolving is on every
-    /// allocate/prepare/finish, and a thread mostly works on a few streams.
-    static RESOLVED: std::cell::Cell<[Option<Resolved>; RESOLVE_CACHE]> =
-        const { std::cell::Cell::new([None; RESOLVE_CACHE]) };
+    /// The last streams this thread resolved, by (pool, id): resolving is
+    /// on every allocate/prepare/finish, and a thread mostly works on a
+    /// few streams.
+    static RESOLVED: Memo<(u64, StreamId), RawStream, RESOLVE_CACHE> = const { Memo::new() };
+    /// The last foreign stream this thread imported, by (pool, native
+    /// handle): the framework hooks import theirs on every allocation.
+    static IMPORTED: Memo<(u64, u64), StreamRef, 1> = const { Memo::new() };
 }
 
 /// What a pool holds, for stats and tests.
@@ -113,15 +101,15 @@ impl StreamPool {
     pub fn new(device: Arc<dyn Device>, capacity: u32) -> StreamPool {
         static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
         let unique = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
-        StreamPool { device, capacity, state: RwLock::default(), unique, releases: AtomicU64::new(0) }
+        StreamPool { device, capacity, state: Registry::new(PoolState::default), unique }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, PoolState> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.state.read()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, PoolState> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        self.state.write()
     }
 
     /// A pooled stream: an idle one if any, else a new one while fewer than
@@ -201,9 +189,7 @@ impl StreamPool {
         // Under the write lock, so no acquire sees the stream meanwhile.
         self.refuse_if_capturing(id, raw, "releasing it")?;
         let entry = st.active.remove(&id).expect("looked up above");
-        // Under the write lock: a resolve that read the old count also saw
-        // the id active; one that reads the new count sees it gone.
-        self.releases.fetch_add(1, Ordering::AcqRel);
+        self.state.invalidate(&mut st);
         match entry.origin {
             Origin::Pooled => {
                 st.idle.push(entry.raw);
@@ -226,29 +212,15 @@ impl StreamPool {
     /// work on, so a caller that goes on to use the stream (the framework
     /// hooks' allocation) needs no second lookup through `resolve`.
     pub fn import_resolved(&self, native: u64) -> ResourceResult<StreamRef> {
-        thread_local! {
-            /// The last foreign stream this thread imported, resolved: the
-            /// framework hooks import theirs on every allocation. Good while
-            /// the pool's release count has not moved (as `RESOLVED`).
-            static IMPORTED: std::cell::Cell<Option<ImportedHere>> = const { std::cell::Cell::new(None) };
-        }
-        let releases = self.releases.load(Ordering::Acquire);
-        if let Some(hit) = IMPORTED.with(|c| c.get()) {
-            if hit.pool == self.unique && hit.native == native && hit.releases == releases {
-                return Ok(hit.stream);
-            }
-        }
-        let remember = |stream: StreamRef, releases: u64| {
-            IMPORTED.with(|c| c.set(Some(ImportedHere { pool: self.unique, native, releases, stream })));
-        };
-        let found = {
-            let st = self.read();
-            let stream = st.imported.get(&native).and_then(|id| st.active.get(id).map(|e| StreamRef { id: *id, raw: e.raw }));
-            // Read under the lock, as in `resolve`.
-            (stream, self.releases.load(Ordering::Acquire))
-        };
-        if let (Some(stream), releases) = found {
-            remember(stream, releases);
+        let known = IMPORTED.with(|memo| {
+            self.state.resolve(
+                memo,
+                (self.unique, native),
+                |st| st.imported.get(&native).and_then(|id| st.active.get(id).map(|e| StreamRef { id: *id, raw: e.raw })),
+                |stream| *stream,
+            )
+        });
+        if let Some(stream) = known {
             return Ok(stream);
         }
         let mut st = self.write();
@@ -266,37 +238,13 @@ impl StreamPool {
 
     /// Resolve a live id to the stream resources order work on.
     pub fn resolve(&self, id: StreamId) -> ResourceResult<StreamRef> {
-        let releases = self.releases.load(Ordering::Acquire);
-        // Entry by entry: copying the whole array out of the cell would
-        // cost a memcpy per call.
-        let hit = RESOLVED.with(|c| {
-            let cells: &std::cell::Cell<[Option<Resolved>]> = c;
-            for e in cells.as_slice_of_cells() {
-                if let Some(r) = e.get() {
-                    if r.id == id && r.pool == self.unique && r.releases == releases {
-                        return Some(r.raw);
-                    }
-                }
-            }
-            None
+        let raw = RESOLVED.with(|memo| {
+            self.state.resolve(memo, (self.unique, id), |st| st.active.get(&id).map(|e| e.raw), |raw| *raw)
         });
-        if let Some(raw) = hit {
-            return Ok(StreamRef { id, raw });
+        match raw {
+            Some(raw) => Ok(StreamRef { id, raw }),
+            None => Err(ResourceError::unknown_stream(id)),
         }
-        let st = self.read();
-        let raw = match st.active.get(&id) {
-            Some(e) => e.raw,
-            None => return Err(ResourceError::unknown_stream(id)),
-        };
-        let releases = self.releases.load(Ordering::Acquire);
-        drop(st);
-        RESOLVED.with(|c| {
-            let mut entries = c.get();
-            entries.rotate_right(1);
-            entries[0] = Some(Resolved { pool: self.unique, releases, id, raw });
-            c.set(entries);
-        });
-        Ok(StreamRef { id, raw })
     }
 
     /// Whether `id` is a live imported (foreign) stream.
@@ -349,7 +297,7 @@ impl StreamPool {
     pub fn shutdown(&self) -> ResourceResult<()> {
         let created = {
             let mut st = self.write();
-            self.releases.fetch_add(1, Ordering::AcqRel);
+            self.state.invalidate(&mut st);
             st.active.clear();
             st.imported.clear();
             st.idle.clear();

@@ -1,7 +1,7 @@
 //! Fuzz target for the C ABI: each input is decoded into a sequence of
-//! `xlog_*` calls (the exported functions of `src/ffi/api.rs`, called as
-//! Rust functions) with arbitrary runtime handles (open, closed, NULL,
-//! forged tokens), stream ids (live, released, never issued, 0, ids of other
+//! `xlog_*` calls (the exported functions of `src/ffi/`, gathered in
+//! `ffi::api`, called as Rust functions) with arbitrary runtime handles
+//! (open, closed, NULL, forged tokens), stream ids (live, released, never issued, 0, ids of other
 //! runtimes), block handles (live, freed, with one field changed, forged),
 //! sizes (0 to `u64::MAX`), enum values in and out of range, and configs
 //! with any field wrong.

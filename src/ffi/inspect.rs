@@ -12,9 +12,9 @@
 
 use std::ffi::{c_char, CStr};
 
-use super::api::{block_of, invalid, stream_id};
+use super::block::block_of;
 use super::types::*;
-use super::{boundary, out_ptr, with_runtime_ref, write_out};
+use super::{boundary, invalid, out_ptr, stream_id, write_out};
 use crate::error::ResourceError;
 use crate::resource::{AllocTag, DeviceBlock};
 use crate::telemetry::{tag_c_name, CallSite, LiveBlock, TagStats};
@@ -106,9 +106,9 @@ pub unsafe extern "C" fn xlog_live_blocks(
     cap: usize,
     count: *mut usize,
 ) -> xlog_status {
-    boundary("xlog_live_blocks", || {
+    boundary("xlog_live_blocks", |call| {
         let stride = array_stride(out, cap, count, "xlog_live_block", std::mem::size_of::<xlog_live_block>())?;
-        with_runtime_ref(rt, |r| {
+        call.with_runtime(rt, |r| {
             let blocks = r.live_blocks()?;
             let entries: Vec<xlog_live_block> = blocks.iter().take(cap).map(live_block_of).collect();
             write_array(out, stride, cap, &entries, |e, n| e.struct_size = n);
@@ -128,9 +128,9 @@ pub unsafe extern "C" fn xlog_tag_stats(
     cap: usize,
     count: *mut usize,
 ) -> xlog_status {
-    boundary("xlog_tag_stats", || {
+    boundary("xlog_tag_stats", |call| {
         let stride = array_stride(out, cap, count, "xlog_tag_stat", std::mem::size_of::<xlog_tag_stat>())?;
-        with_runtime_ref(rt, |r| {
+        call.with_runtime(rt, |r| {
             let tags = r.tag_stats()?;
             let entries: Vec<xlog_tag_stat> = tags.iter().take(cap).map(tag_stat_of).collect();
             write_array(out, stride, cap, &entries, |e, n| e.struct_size = n);
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn xlog_tag_stats(
 /// role of `torch.cuda.reset_peak_memory_stats`).
 #[no_mangle]
 pub extern "C" fn xlog_reset_peak(rt: *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_reset_peak", || with_runtime_ref(rt, |r| r.reset_peak()))
+    boundary("xlog_reset_peak", |call| call.with_runtime(rt, |r| r.reset_peak()))
 }
 
 /// A readable memory summary of `rt`: totals (live, cached, pending, held,
@@ -162,12 +162,12 @@ pub unsafe extern "C" fn xlog_memory_summary(
     cap: usize,
     needed: *mut usize,
 ) -> xlog_status {
-    boundary("xlog_memory_summary", || {
+    boundary("xlog_memory_summary", |call| {
         out_ptr(needed, "needed")?;
         if buf.is_null() && cap > 0 {
             return Err(invalid(format!("buf is NULL but cap is {cap} (pass cap = 0 to only size it)")));
         }
-        with_runtime_ref(rt, |r| {
+        call.with_runtime(rt, |r| {
             let text = r.memory_summary(XLOG_SUMMARY_TOP_BLOCKS as usize)?;
             if cap > 0 {
                 let mut n = text.len().min(cap - 1);
@@ -211,10 +211,10 @@ pub unsafe extern "C" fn xlog_allocate_at(
     call_site: *const c_char,
     out: *mut xlog_block,
 ) -> xlog_status {
-    boundary("xlog_allocate_at", || {
+    boundary("xlog_allocate_at", |call| {
         out_ptr(out, "out")?;
         let tag = AllocTag::from_bytes(text_arg(tag));
-        with_runtime_ref(rt, |r| {
+        call.with_runtime(rt, |r| {
             let site = if r.tracks_call_sites() {
                 CallSite::new(&String::from_utf8_lossy(text_arg(call_site)))
             } else {
@@ -234,7 +234,7 @@ pub unsafe extern "C" fn xlog_allocate_at(
 /// that allocates.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_set_call_site(call_site: *const c_char) -> xlog_status {
-    boundary("xlog_set_call_site", || {
+    boundary("xlog_set_call_site", |_| {
         let text = String::from_utf8_lossy(text_arg(call_site));
         CallSite::set_thread_current(CallSite::new(&text));
         Ok(())

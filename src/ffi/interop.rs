@@ -1,317 +1,26 @@
-//! Framework hooks: PyTorch's `CUDAPluggableAllocator` and CuPy's
-//! `CFunctionAllocator` call these to allocate through the per-device
-//! runtime, so frameworks and engines in one process share one budget, one
-//! set of stats and one log.
-//!
-//! The hook runtime of a device is opened on first use from the environment
-//! (`XLOG_BACKEND`, `XLOG_BUDGET_BYTES`, `XLOG_LOG_PATH`), or from the
-//! config given earlier to `xlog_interop_configure`. Frameworks free by
-//! pointer, so the hooks keep a pointer → block map. Foreign streams are
-//! imported on first sight (the stream pool caches them by native handle).
+//! The C entry points of the framework hooks (`crate::hooks`, where what
+//! they do is specified): PyTorch's `CUDAPluggableAllocator` and CuPy's
+//! `CFunctionAllocator` call the malloc and free hooks; the configure,
+//! runtime, trim and live-block calls and the capture-pool calls serve the
+//! Python side (`xlog_cuda.torch`, `xlog_cuda.cupy`). Each converts its C
+//! arguments (native pointers and streams become addresses), checks the
+//! device ordinal where it takes one, and calls the hooks layer with this
+//! thread's hook state from the boundary. The malloc hooks return NULL and
+//! the free hooks nothing on failure, with the reason in
+//! `xlog_last_error_message` (and, for the frees, on stderr).
 
 // The C contract of each entry point (valid or NULL pointers) is in its doc
 // comment, which is also the header's; no separate `# Safety` section.
 #![allow(clippy::missing_safety_doc)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-
-use crate::resource::AllocTag;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::api::config_of;
+use super::config::config_of;
 use super::types::*;
-use super::hook_index::{HookBlock, HookIndex, Reservation};
-use super::{boundary, boundary_hook, boundary_value, out_ptr, register_runtime, with_hook_thread, write_out};
-use crate::config::Config;
-use crate::error::ResourceError;
-use crate::resource::Access;
-use crate::runtime::{check_ordinal, Runtime};
-
-/// Reap after this many hook frees of a device on a thread, so pending
-/// bytes do not pile up between budget-pressure reaps.
-const REAP_EVERY: u32 = 32;
-
-/// Devices whose frees a thread counts apart (see `HookThread::frees`).
-const REAP_DEVICES: usize = 8;
-
-pub(crate) struct Hooks {
-    runtime: Arc<Runtime>,
-    /// Pointer → block of what the hooks handed out (contract in
-    /// `hook_index.rs`).
-    blocks: HookIndex,
-}
-
-#[derive(Default)]
-struct HookTable {
-    configs: HashMap<i32, Config>,
-    hooks: HashMap<i32, Arc<Hooks>>,
-}
-
-fn table() -> MutexGuard<'static, HookTable> {
-    static TABLE: once_cell::sync::Lazy<Mutex<HookTable>> = once_cell::sync::Lazy::new(Default::default);
-    TABLE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The hooks of `device`, opening its runtime on first use.
-/// Bumped whenever the table's hooks change, so the per-thread copy below
-/// is used only while it is still the table's.
-static HOOKS_EPOCH: AtomicU64 = AtomicU64::new(0);
-
-/// What the hooks keep per thread. It lives in the boundary's one
-/// thread-local (`ffi::FfiThread`): in a shared library every
-/// thread-local access is a call into the dynamic loader, and a hook call
-/// reaches this and its last-error message with one.
-pub(crate) struct HookThread {
-    /// The hooks this thread used last: (device, epoch, hooks). Frameworks
-    /// call the hooks of one device over and over; this spares them the
-    /// process-wide table lock.
-    last: RefCell<Option<(i32, u64, Arc<Hooks>)>>,
-    /// Hook frees this thread made, per device: (device, frees since the
-    /// last reap). Counted here, not in a shared counter, so that a free
-    /// writes no cache line another thread's free writes too. Exact for up
-    /// to `REAP_DEVICES` devices a thread frees on; beyond, the last entry
-    /// is reused and its count starts again.
-    frees: [Cell<Option<(i32, u32)>>; REAP_DEVICES],
-    /// The index slot this thread kept from its last hook free, for its
-    /// next hook allocation (`hook_index.rs`, "Reuse"): always one of the
-    /// hooks in `last`, given back before `last` changes.
-    reserved: Reservation,
-}
-
-impl HookThread {
-    pub(crate) const fn new() -> HookThread {
-        HookThread {
-            last: RefCell::new(None),
-            frees: [const { Cell::new(None) }; REAP_DEVICES],
-            reserved: Reservation::new(),
-        }
-    }
-
-    /// Forget the hooks this thread used last, giving back its reserved
-    /// slot in them; the caller drops them (outside any borrow).
-    fn forget_last(&self) -> Option<(i32, u64, Arc<Hooks>)> {
-        let last = self.last.borrow_mut().take();
-        if let Some((_, _, h)) = &last {
-            h.blocks.release(&self.reserved);
-        }
-        last
-    }
-
-    /// Count a hook free of `device` on this thread: true when it is one
-    /// after which to reap (every `REAP_EVERY` of them).
-    fn count_free(&self, device: i32) -> bool {
-        let mut unused = None;
-        for cell in &self.frees {
-            match cell.get() {
-                Some((d, frees)) if d == device => {
-                    let frees = frees + 1;
-                    cell.set(Some((d, frees % REAP_EVERY)));
-                    return frees == REAP_EVERY;
-                }
-                None if unused.is_none() => unused = Some(cell),
-                _ => {}
-            }
-        }
-        unused.unwrap_or(&self.frees[REAP_DEVICES - 1]).set(Some((device, 1 % REAP_EVERY)));
-        REAP_EVERY == 1
-    }
-}
-
-/// `f` applied to this thread's copy of the open hooks of `device`, if
-/// that copy is still current (borrowed: no reference count touched).
-#[inline]
-fn with_cached_hooks<T>(thread: &HookThread, device: i32, f: impl FnOnce(&Arc<Hooks>) -> T) -> Option<T> {
-    let epoch = HOOKS_EPOCH.load(Ordering::Acquire);
-    match thread.last.borrow().as_ref() {
-        Some((d, e, h)) if *d == device && *e == epoch && !h.runtime.is_closed() => Some(f(h)),
-        _ => None,
-    }
-}
-
-/// This thread's copy of the open hooks of `device`, if still current.
-fn cached_hooks(device: i32) -> Option<Arc<Hooks>> {
-    with_hook_thread(|t| with_cached_hooks(t, device, Arc::clone))
-}
-
-/// The table's open hooks of `device`, if any (none are opened here).
-fn table_hooks(device: i32) -> Option<Arc<Hooks>> {
-    table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned()
-}
-
-fn remember_hooks(thread: &HookThread, device: i32, epoch: u64, h: &Arc<Hooks>) {
-    let old = thread.forget_last();
-    *thread.last.borrow_mut() = Some((device, epoch, h.clone()));
-    drop(old);
-}
-
-impl Drop for HookThread {
-    fn drop(&mut self) {
-        // The thread ends: its reserved slot goes back to the index.
-        drop(self.forget_last());
-    }
-}
-
-fn hooks(device: i32) -> Result<Arc<Hooks>, ResourceError> {
-    if let Some(h) = cached_hooks(device) {
-        return Ok(h);
-    }
-    let h = hooks_from_table(device)?;
-    // The epoch after the table lookup: a change since then makes the copy
-    // stale at once.
-    with_hook_thread(|t| remember_hooks(t, device, HOOKS_EPOCH.load(Ordering::Acquire), &h));
-    Ok(h)
-}
-
-/// Run `f` with the hooks of `device`: borrowed from this thread's copy
-/// while it is current (no reference count touched, no table lock), else
-/// from the table (opened there on first use when `open`; else an error
-/// from `missing` when the device has no open hooks).
-fn with_hooks<T>(
-    device: i32,
-    open: bool,
-    missing: impl FnOnce() -> ResourceError,
-    f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
-) -> Result<T, ResourceError> {
-    with_hook_thread(|t| with_hooks_in(t, device, open, missing, f))
-}
-
-/// `with_hooks` through `thread`, this thread's hook state.
-#[inline]
-fn with_hooks_in<T>(
-    thread: &HookThread,
-    device: i32,
-    open: bool,
-    missing: impl FnOnce() -> ResourceError,
-    f: impl FnOnce(&Hooks) -> Result<T, ResourceError>,
-) -> Result<T, ResourceError> {
-    let mut f = Some(f);
-    if let Some(result) = with_cached_hooks(thread, device, |h| (f.take().expect("called once"))(h)) {
-        return result;
-    }
-    let h = if open { hooks_from_table(device)? } else { table_hooks(device).ok_or_else(missing)? };
-    remember_hooks(thread, device, HOOKS_EPOCH.load(Ordering::Acquire), &h);
-    (f.take().expect("called once"))(&h)
-}
-
-fn hooks_from_table(device: i32) -> Result<Arc<Hooks>, ResourceError> {
-    let mut t = table();
-    if let Some(h) = t.hooks.get(&device) {
-        if !h.runtime.is_closed() {
-            return Ok(h.clone());
-        }
-    }
-    let config = match t.configs.get(&device) {
-        Some(c) => c.clone(),
-        None => {
-            let mut c = Config::from_env()?;
-            // Frameworks free eagerly and allocate again at once; waiting for
-            // pending frees beats refusing an allocation that would fit.
-            c.wait_on_pressure = true;
-            c
-        }
-    };
-    let runtime = Runtime::open(device, &config)?;
-    let h = Arc::new(Hooks { runtime, blocks: HookIndex::default() });
-    t.hooks.insert(device, h.clone());
-    HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
-    Ok(h)
-}
-
-/// The hooks of `device` if they have been opened (and not closed since):
-/// for the calls that only make sense after an allocation, so that a
-/// failing free or record_stream on a device never used opens nothing.
-fn opened_hooks(device: i32) -> Option<Arc<Hooks>> {
-    cached_hooks(device).or_else(|| table_hooks(device))
-}
-
-fn not_a_hook_block(ptr: *mut c_void, device: i32) -> ResourceError {
-    ResourceError::InvalidArgument(format!(
-        "{ptr:p} on device {device} was not allocated through the xlog framework hooks (or was freed already)"
-    ))
-}
-
-#[inline]
-fn hook_allocate(
-    thread: &HookThread,
-    size: usize,
-    device: i32,
-    stream: u64,
-    tag: AllocTag,
-) -> Result<*mut c_void, ResourceError> {
-    with_hooks_in(thread, device, true, || unreachable!("opened on first use"), |h| {
-        // Frameworks expect a usable, distinct pointer even for 0 bytes.
-        let block = h.runtime.allocate_on_native((size as u64).max(1), stream, tag)?;
-        h.blocks.insert_keeping(HookBlock { id: block.id, used_on: Vec::new() }, Some(&thread.reserved));
-        Ok(block.id.ptr as usize as *mut c_void)
-    })
-}
-
-#[inline]
-fn hook_free(thread: &HookThread, ptr: *mut c_void, device: i32) -> Result<(), ResourceError> {
-    if ptr.is_null() {
-        return Ok(());
-    }
-    with_hooks_in(thread, device, false, || not_a_hook_block(ptr, device), |h| {
-        // The index keeps the block until the free succeeds: an error
-        // leaves it the hooks' to free later, nothing changed.
-        let freed = h.blocks.take_with(ptr as u64, Some(&thread.reserved), |id, used_on| {
-            // Fence every stream that used the block: the free then waits
-            // for the work queued on them so far (the contract of
-            // record_stream).
-            for &stream in used_on {
-                h.runtime.finish(id, stream, Access::Read)?;
-            }
-            h.runtime.deallocate(id).map(|_| ())
-        });
-        freed.ok_or_else(|| not_a_hook_block(ptr, device))??;
-        if thread.count_free(device) {
-            let _ = h.runtime.reap();
-        }
-        Ok(())
-    })
-}
-
-/// Tags of the framework hooks, interned once.
-fn framework_tag(name: &'static str) -> AllocTag {
-    static TORCH: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("torch"));
-    static CUPY: once_cell::sync::Lazy<AllocTag> = once_cell::sync::Lazy::new(|| AllocTag::new("cupy"));
-    match name {
-        "torch" => *TORCH,
-        "cupy" => *CUPY,
-        other => AllocTag::new(other),
-    }
-}
-
-/// Test support (`xlog_testing_interop_reset`): forget the hooks of
-/// `device` and its config, and drop the hooks' own reference to their
-/// runtime. If no handle from `xlog_interop_runtime` is open, that closes
-/// it, freeing the blocks the hooks still held; returns how many. With
-/// handles open the runtime stays open for them (their last close reports
-/// the blocks), and this returns 0.
-pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
-    check_ordinal(device)?;
-    let (hooks, _config) = {
-        let mut t = table();
-        // A close that would be refused (a stream of the hook runtime
-        // captures) is refused before the hooks are forgotten: nothing
-        // changes.
-        if let Some(h) = t.hooks.get(&device).filter(|h| !h.runtime.is_closed()) {
-            h.runtime.check_close_allowed()?;
-        }
-        HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
-        (t.hooks.remove(&device), t.configs.remove(&device))
-    };
-    let mine = with_hook_thread(HookThread::forget_last);
-    drop(mine);
-    match hooks {
-        Some(h) if !h.runtime.is_closed() => Ok(h.runtime.close()?.leaked.len() as u64),
-        _ => Ok(0),
-    }
-}
+use super::{boundary, out_ptr, register_runtime, write_out};
+use crate::hooks::{self, Framework};
+use crate::runtime::check_ordinal;
 
 /// Configure the hook runtime of `device` before its first allocation
 /// (`cfg` as for `xlog_runtime_open`; NULL = environment, with
@@ -322,26 +31,12 @@ pub(crate) fn reset_device(device: i32) -> Result<u64, ResourceError> {
 /// nothing.
 #[no_mangle]
 pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_config) -> xlog_status {
-    boundary("xlog_interop_configure", || {
+    boundary("xlog_interop_configure", |_| {
         check_ordinal(device)?;
-        let mut config = config_of(cfg)?;
-        if cfg.is_null() {
-            // NULL means "the environment", exactly as for hooks that were
-            // never configured: those wait on pressure too (see `hooks`).
-            config.wait_on_pressure = true;
-        }
-        let mut t = table();
-        if let Some(h) = t.hooks.get(&device) {
-            if !h.runtime.is_closed() {
-                return Err(ResourceError::InvalidArgument(format!(
-                    "the framework hooks of device {device} are already in use; configure them before the first allocation"
-                )));
-            }
-        }
-        t.hooks.remove(&device);
-        HOOKS_EPOCH.fetch_add(1, Ordering::AcqRel);
-        t.configs.insert(device, config);
-        Ok(())
+        // NULL means "the environment", exactly as for hooks that were
+        // never configured: those wait on pressure too.
+        let config = if cfg.is_null() { hooks::environment_config()? } else { config_of(cfg)? };
+        hooks::configure(device, config)
     })
 }
 
@@ -350,10 +45,10 @@ pub unsafe extern "C" fn xlog_interop_configure(device: i32, cfg: *const xlog_co
 /// keep their own reference.
 #[no_mangle]
 pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_interop_runtime", || {
+    boundary("xlog_interop_runtime", |call| {
         out_ptr(out, "out")?;
         check_ordinal(device)?;
-        let shared = hooks(device)?.runtime.share()?;
+        let shared = hooks::shared_runtime(call.hooks(), device)?;
         write_out(out, register_runtime(shared));
         Ok(())
     })
@@ -367,15 +62,11 @@ pub extern "C" fn xlog_interop_runtime(device: i32, out: *mut *mut xlog_runtime)
 /// not opened, so their config can still be set.
 #[no_mangle]
 pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes: *mut u64) -> xlog_status {
-    boundary("xlog_interop_trim", || {
+    boundary("xlog_interop_trim", |_| {
         check_ordinal(device)?;
-        let open = table().hooks.get(&device).filter(|h| !h.runtime.is_closed()).cloned();
-        let released = match open {
-            Some(h) => h.runtime.trim(keep_bytes)?.released,
-            None => 0,
-        };
+        let released = hooks::trim(device, keep_bytes)?;
         if !released_bytes.is_null() {
-            super::write_out(released_bytes, released);
+            write_out(released_bytes, released);
         }
         Ok(())
     })
@@ -387,16 +78,9 @@ pub extern "C" fn xlog_interop_trim(device: i32, keep_bytes: u64, released_bytes
 /// xlog_stream_enqueue_host).
 #[no_mangle]
 pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
-    boundary_value("xlog_interop_live_blocks", 0, || {
-        super::clear_last_error();
-        if super::refused_in_host_callback("xlog_interop_live_blocks").is_some() {
-            return 0;
-        }
-        if let Err(e) = check_ordinal(device) {
-            super::set_last_error(format!("xlog_interop_live_blocks: {e}"));
-            return 0;
-        }
-        table().hooks.get(&device).map_or(0, |h| h.blocks.len() as u64)
+    boundary("xlog_interop_live_blocks", |_| {
+        check_ordinal(device)?;
+        Ok(hooks::live_blocks(device))
     })
 }
 
@@ -405,8 +89,9 @@ pub extern "C" fn xlog_interop_live_blocks(device: i32) -> u64 {
 /// `xlog_last_error_message` on this thread.
 #[no_mangle]
 pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
-    boundary_hook("xlog_torch_malloc", std::ptr::null_mut(), false, |t| {
-        hook_allocate(t, size, device, stream as u64, framework_tag("torch"))
+    boundary("xlog_torch_malloc", |call| {
+        let ptr = hooks::allocate(call.hooks(), size, device, stream as u64, Framework::Torch)?;
+        Ok(ptr as usize as *mut c_void)
     })
 }
 
@@ -416,7 +101,7 @@ pub extern "C" fn xlog_torch_malloc(size: usize, device: i32, stream: *mut c_voi
 #[no_mangle]
 pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
     let _ = (size, stream);
-    boundary_hook("xlog_torch_free", (), true, |t| hook_free(t, ptr, device))
+    boundary("xlog_torch_free", |call| hooks::free(call.hooks(), ptr as u64, device))
 }
 
 /// Record that the block at `ptr` is used on `stream` (the role of
@@ -424,12 +109,9 @@ pub extern "C" fn xlog_torch_free(ptr: *mut c_void, size: usize, device: i32, st
 /// waits for all work queued on `stream` up to that moment.
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream: *mut c_void) -> xlog_status {
-    boundary("xlog_torch_record_stream", || {
+    boundary("xlog_torch_record_stream", |call| {
         check_ordinal(device)?;
-        let not_live =
-            || ResourceError::InvalidArgument(format!("{ptr:p} on device {device} is not a live hook allocation"));
-        let h = opened_hooks(device).ok_or_else(not_live)?;
-        record_use_on(&h, ptr, stream).map_err(|()| not_live())?
+        hooks::record_stream(call.hooks(), device, ptr as u64, stream as u64)
     })
 }
 
@@ -441,64 +123,15 @@ pub extern "C" fn xlog_torch_record_stream(ptr: *mut c_void, device: i32, stream
 /// `Tensor.record_stream` and PyTorch's own calls reach xlog.
 #[no_mangle]
 pub extern "C" fn xlog_torch_record_stream_hook(ptr: *mut c_void, stream: *mut c_void) -> xlog_status {
-    boundary("xlog_torch_record_stream_hook", || {
-        let not_live = || {
-            ResourceError::InvalidArgument(format!(
-                "{ptr:p} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
-            ))
-        };
-        if ptr.is_null() {
-            return Err(not_live());
-        }
-        let opened: Vec<Arc<Hooks>> = table().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
-        for h in opened {
-            if let Ok(result) = record_use_on(&h, ptr, stream) {
-                return result;
-            }
-        }
-        Err(not_live())
-    })
-}
-
-/// Add `stream` to the streams that used the hook block at `ptr` in `h`:
-/// `Err(())` when `h` does not hold `ptr` (nothing changed, no stream
-/// imported), else the import's result.
-fn record_use_on(h: &Hooks, ptr: *mut c_void, stream: *mut c_void) -> Result<Result<(), ResourceError>, ()> {
-    if !h.blocks.contains(ptr as u64) {
-        return Err(());
-    }
-    let sid = match h.runtime.import_stream(stream as u64) {
-        Ok(sid) => sid,
-        Err(e) => return Ok(Err(e)),
-    };
-    // False when another thread freed the block since the lookup above.
-    if !h.blocks.add_use(ptr as u64, sid) {
-        return Err(());
-    }
-    Ok(Ok(()))
+    boundary("xlog_torch_record_stream_hook", |_| hooks::record_stream_any_device(ptr as u64, stream as u64))
 }
 
 // ----- CUDA graphs: captures PyTorch begins itself, announced -----
 //
-// PyTorch's `CUDAGraph::capture_begin` calls the allocator's
-// `beginAllocateToPool(device, pool, filter)` just before it begins
-// capturing, `capture_end` calls `endAllocateToPool(device, pool)` just
-// after, and destroying the graph calls `releasePool(device, pool)`. The OOM
-// shim of `xlog_cuda.torch` sets the pluggable allocator's three hooks to
-// the entry points below (docs/frameworks.md, "CUDA graphs"), so the hook
-// runtime adopts the capture as if it had begun it through
-// `xlog_capture_begin` (`resources/announced_pools.rs`).
+// The OOM shim of `xlog_cuda.torch` sets the pluggable allocator's three
+// pool hooks to the entry points below (docs/frameworks.md, "CUDA
+// graphs"); `crate::hooks` says what the hook runtime does with them.
 
-fn pool_key(pool_id_0: u64, pool_id_1: u64) -> (u64, u64) {
-    (pool_id_0, pool_id_1)
-}
-
-fn no_hooks_for_pool(device: i32, pool: (u64, u64)) -> ResourceError {
-    ResourceError::InvalidArgument(format!(
-        "pool ({}, {}) was never announced on device {device}: its framework hooks are not open",
-        pool.0, pool.1
-    ))
-}
 
 /// PyTorch's `beginAllocateToPool`: a capture into the graph pool
 /// (`pool_id_0`, `pool_id_1`) (PyTorch's `MempoolId_t`) is about to begin on
@@ -520,18 +153,10 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
     pool_id_1: u64,
     capture_stream: *mut c_void,
 ) -> xlog_status {
-    boundary("xlog_torch_begin_allocate_to_pool", || {
-        let pool = pool_key(pool_id_0, pool_id_1);
+    boundary("xlog_torch_begin_allocate_to_pool", |call| {
         // Before anything opens or imports.
         check_ordinal(device)?;
-        crate::runtime::check_pool(pool)?;
-        with_hooks(device, true, || unreachable!("opened on first use"), |h| {
-            let origin = match capture_stream as u64 {
-                0 => None,
-                native => Some(h.runtime.import_stream(native)?),
-            };
-            h.runtime.announce_capture_pool(pool, origin)
-        })
+        hooks::begin_allocate_to_pool(call.hooks(), device, (pool_id_0, pool_id_1), capture_stream as u64)
     })
 }
 
@@ -545,12 +170,9 @@ pub extern "C" fn xlog_torch_begin_allocate_to_pool(
 /// nothing.
 #[no_mangle]
 pub extern "C" fn xlog_torch_end_allocate_to_pool(device: i32, pool_id_0: u64, pool_id_1: u64) -> xlog_status {
-    boundary("xlog_torch_end_allocate_to_pool", || {
+    boundary("xlog_torch_end_allocate_to_pool", |call| {
         check_ordinal(device)?;
-        let pool = pool_key(pool_id_0, pool_id_1);
-        with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
-            h.runtime.end_capture_pool(pool).map(|_| ())
-        })
+        hooks::end_allocate_to_pool(call.hooks(), device, (pool_id_0, pool_id_1))
     })
 }
 
@@ -574,12 +196,9 @@ pub extern "C" fn xlog_torch_release_pool(
     pool_id_1: u64,
     released_bytes: *mut u64,
 ) -> xlog_status {
-    boundary("xlog_torch_release_pool", || {
+    boundary("xlog_torch_release_pool", |call| {
         check_ordinal(device)?;
-        let pool = pool_key(pool_id_0, pool_id_1);
-        let released = with_hooks(device, false, || no_hooks_for_pool(device, pool), |h| {
-            h.runtime.release_capture_pool(pool)
-        })?;
+        let released = hooks::release_pool(call.hooks(), device, (pool_id_0, pool_id_1))?;
         if !released_bytes.is_null() {
             write_out(released_bytes, released);
         }
@@ -593,8 +212,9 @@ pub extern "C" fn xlog_torch_release_pool(
 #[no_mangle]
 pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32) -> *mut c_void {
     let _ = param;
-    boundary_hook("xlog_cupy_malloc", std::ptr::null_mut(), false, |t| {
-        hook_allocate(t, size, device, 0, framework_tag("cupy"))
+    boundary("xlog_cupy_malloc", |call| {
+        let ptr = hooks::allocate(call.hooks(), size, device, 0, Framework::Cupy)?;
+        Ok(ptr as usize as *mut c_void)
     })
 }
 
@@ -602,13 +222,21 @@ pub extern "C" fn xlog_cupy_malloc(param: *mut c_void, size: usize, device: i32)
 #[no_mangle]
 pub extern "C" fn xlog_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
     let _ = param;
-    boundary_hook("xlog_cupy_free", (), true, |t| hook_free(t, ptr, device))
+    boundary("xlog_cupy_free", |call| hooks::free(call.hooks(), ptr as u64, device))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ffi::api::{xlog_config_init, xlog_get_stats, xlog_runtime_close};
+    use crate::hooks::Hooks;
+    use std::sync::Arc;
+
+    /// The hooks of `device`, opened if needed, through this thread's hook
+    /// state as the entry points reach them.
+    fn open_hooks(device: i32) -> Result<Arc<Hooks>, crate::error::ResourceError> {
+        crate::ffi::FFI.with(|t| hooks::hooks(&t.hooks, device))
+    }
 
     fn sim_config(budget: u64) -> xlog_config {
         let mut cfg = std::mem::MaybeUninit::<xlog_config>::zeroed();
@@ -691,7 +319,7 @@ mod tests {
         let p = xlog_torch_malloc(8192, device, std::ptr::null_mut());
         assert!(!keep.is_null() && !p.is_null(), "{}", last_error());
         xlog_torch_free(p, 8192, device, std::ptr::null_mut());
-        let h = hooks(device).unwrap();
+        let h = open_hooks(device).unwrap();
         let before = (h.runtime.stats().unwrap(), xlog_interop_live_blocks(device));
         // Freed already (its slot is this thread's reserved one now), an
         // address inside a live block, and one never handed out.
@@ -742,7 +370,7 @@ mod tests {
             drop(senders);
         });
         assert_eq!(xlog_interop_live_blocks(device), 0);
-        assert_eq!(hooks(device).unwrap().runtime.stats().unwrap().live_blocks, 0);
+        assert_eq!(open_hooks(device).unwrap().runtime.stats().unwrap().live_blocks, 0);
     }
 
     #[test]
@@ -755,7 +383,7 @@ mod tests {
         assert!(!p.is_null());
         let other = 0x5000 as *mut c_void; // a foreign native stream
         assert_eq!(xlog_torch_record_stream(p, device, other), XLOG_OK);
-        let h = hooks(device).unwrap();
+        let h = open_hooks(device).unwrap();
         let waits_before = h.runtime.usage().cross_stream_waits;
         xlog_torch_free(p, 4096, device, std::ptr::null_mut());
         assert_eq!(h.runtime.usage().cross_stream_waits, waits_before + 1, "the free waited on the other stream");
@@ -776,7 +404,7 @@ mod tests {
         let b = xlog_torch_malloc(8192, d2, std::ptr::null_mut());
         assert!(!a.is_null() && !b.is_null(), "{}", last_error());
         let side = 0x7000 as *mut c_void;
-        let (h1, h2) = (hooks(d1).unwrap(), hooks(d2).unwrap());
+        let (h1, h2) = (open_hooks(d1).unwrap(), open_hooks(d2).unwrap());
         let imported = (h1.runtime.stream_usage().imported, h2.runtime.stream_usage().imported);
         assert_eq!(xlog_torch_record_stream_hook(b, side), XLOG_OK, "{}", last_error());
         assert_eq!(h2.runtime.stream_usage().imported, imported.1 + 1, "the side stream was imported on the block's device");
@@ -805,7 +433,7 @@ mod tests {
         // Never used: nothing to trim, and the hooks stay unopened.
         assert_eq!(xlog_interop_trim(device, 0, &mut released), XLOG_OK);
         assert_eq!(released, 0);
-        assert!(!table().hooks.contains_key(&device));
+        assert!(!hooks::table_entry(device).0);
         let cfg = sim_config(0);
         // SAFETY: a valid config pointer.
         assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK, "still configurable");
@@ -815,7 +443,7 @@ mod tests {
         assert!(!a.is_null() && !b.is_null(), "{}", last_error());
         xlog_torch_free(a, 64 << 10, device, std::ptr::null_mut());
         xlog_torch_free(b, 256 << 10, device, std::ptr::null_mut());
-        let h = hooks(device).unwrap();
+        let h = open_hooks(device).unwrap();
         let cached = h.runtime.stats().unwrap().cached_bytes;
         assert!(cached >= (64 << 10) + (256 << 10), "the frees went to the cache: {cached}");
 
@@ -840,7 +468,7 @@ mod tests {
         assert!(last_error().contains("not allocated through the xlog framework hooks"), "{}", last_error());
         assert_eq!(xlog_torch_record_stream(bogus, device, 0x5000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("not a live hook allocation"), "{}", last_error());
-        assert!(!table().hooks.contains_key(&device), "a failing call opened the hook runtime of device {device}");
+        assert!(!hooks::table_entry(device).0, "a failing call opened the hook runtime of device {device}");
         assert_eq!(xlog_interop_live_blocks(device), 0);
         // So the device can still be configured before its first allocation.
         let cfg = sim_config(1 << 20);
@@ -850,7 +478,7 @@ mod tests {
         assert!(!p.is_null(), "{}", last_error());
         // On a device in use, a record_stream of a pointer it does not hold
         // imports nothing either.
-        let h = hooks(device).unwrap();
+        let h = open_hooks(device).unwrap();
         let imported = h.runtime.stream_usage().imported;
         assert_eq!(xlog_torch_record_stream(bogus, device, 0x6000 as *mut c_void), XLOG_ERR_INVALID_ARGUMENT);
         assert_eq!(h.runtime.stream_usage().imported, imported);
@@ -871,7 +499,7 @@ mod tests {
         assert_eq!(xlog_testing_interop_reset(device, &mut leaked), XLOG_OK, "{}", last_error());
         assert_eq!(leaked, 2);
         assert_eq!(xlog_interop_live_blocks(device), 0);
-        assert!(!table().hooks.contains_key(&device) && !table().configs.contains_key(&device));
+        assert!(hooks::table_entry(device) == (false, None));
         // Configurable again, as a device never used.
         // SAFETY: a valid config pointer.
         assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
@@ -958,7 +586,7 @@ mod tests {
         assert!(last_error().contains("device 7010"), "{}", last_error());
         assert_eq!(xlog_torch_release_pool(device, 1, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
         assert_eq!(xlog_torch_begin_allocate_to_pool(device, 0, 0, std::ptr::null_mut()), XLOG_ERR_INVALID_ARGUMENT);
-        assert!(!table().hooks.contains_key(&device), "a refused pool call opened the hooks of device {device}");
+        assert!(!hooks::table_entry(device).0, "a refused pool call opened the hooks of device {device}");
     }
 
     #[test]
@@ -971,11 +599,11 @@ mod tests {
             assert!(last_error().contains("environment variable"), "{}", last_error());
             return;
         }
-        assert!(table().configs[&device].wait_on_pressure);
+        assert!(hooks::table_entry(device).1.unwrap().wait_on_pressure);
         let mut explicit = sim_config(0);
         explicit.wait_on_pressure = 0;
         // SAFETY: a valid config pointer.
         assert_eq!(unsafe { xlog_interop_configure(device, &explicit) }, XLOG_OK);
-        assert!(!table().configs[&device].wait_on_pressure, "an explicit config is kept as given");
+        assert!(!hooks::table_entry(device).1.unwrap().wait_on_pressure, "an explicit config is kept as given");
     }
 }

@@ -1,24 +1,46 @@
 //! The C boundary: one panic boundary used by every entry point, status
 //! codes, the thread-local last-error message, and the runtime handle table.
+//!
+//! The entry points live one concept per file, as the header declares them
+//! (a file's functions, in the order of the `mod` lines below, are the
+//! header's): `library` (version, status names, last error), `config`,
+//! `runtime` (open, close), `stats`, `stream`, `block` (allocate, free,
+//! prepare/finish of one block), `launch` (the recorded-launch pair, peer
+//! access), `capture`, `reclaim` (reap, trim, drain), `inspect` (live
+//! blocks, tags, summary, call sites), `interop` (the framework hooks) and
+//! `testing` (the test header's). `api` gathers the production ones for
+//! Rust callers. Each file's contract is at its top.
 
-pub mod api;
-mod hook_index;
+// The order of the modules is the order of their declarations in the
+// generated header (cbindgen reads them in this order): keep it.
+pub mod library;
+pub mod config;
+pub mod runtime;
+pub mod stats;
+pub mod stream;
+pub mod block;
+pub mod launch;
+pub mod capture;
+pub mod reclaim;
 pub mod inspect;
 pub mod interop;
 pub mod testing;
 pub mod types;
 
-use std::cell::{Cell, RefCell};
+pub mod api;
+
+use std::cell::RefCell;
 use crate::fast_hash::FastMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::error::ResourceError;
+use crate::hooks::HookThread;
+use crate::registry::{Memo, Registry};
+use crate::resource::StreamId;
 use crate::runtime::Runtime;
 use types::*;
-
-pub(crate) type FfiResult = Result<(), ResourceError>;
 
 /// Everything the boundary keeps per thread, in one thread-local: in a
 /// shared library every thread-local access is a call into the dynamic
@@ -28,35 +50,36 @@ struct FfiThread {
     last_error: RefCell<String>,
     /// The runtime this thread resolved last, so that a call on it needs
     /// neither the handle table's lock nor a reference-count change.
-    last_runtime: RefCell<Option<ResolvedRuntime>>,
-    /// Calls of `with_runtime_ref` in progress on this thread: while one
-    /// is, `last_runtime` is not replaced (it backs the reference in use).
-    in_use: Cell<u32>,
-    /// The framework hooks' per-thread state (`interop::HookThread`).
-    hooks: interop::HookThread,
+    last_runtime: Memo<usize, Arc<Runtime>, 1>,
+    /// The framework hooks' per-thread state.
+    hooks: HookThread,
 }
 
 thread_local! {
     static FFI: FfiThread = const {
         FfiThread {
             last_error: RefCell::new(String::new()),
-            last_runtime: RefCell::new(None),
-            in_use: Cell::new(0),
-            hooks: interop::HookThread::new(),
+            last_runtime: Memo::new(),
+            hooks: HookThread::new(),
         }
     };
 }
 
-pub(crate) fn set_last_error(message: String) {
-    FFI.with(|t| *t.last_error.borrow_mut() = message);
-}
-
-pub(crate) fn clear_last_error() {
-    FFI.with(|t| t.last_error.borrow_mut().clear());
-}
-
+#[cfg(test)]
 pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
     FFI.with(|t| f(&t.last_error.borrow()))
+}
+
+pub(crate) fn invalid(msg: String) -> ResourceError {
+    ResourceError::InvalidArgument(msg)
+}
+
+/// A caller's stream id: 0 is never one.
+pub(crate) fn stream_id(stream: xlog_stream) -> Result<StreamId, ResourceError> {
+    if stream == 0 {
+        return Err(invalid("stream 0 is never a valid stream id".into()));
+    }
+    Ok(StreamId(stream))
 }
 
 pub(crate) fn status_of(e: &ResourceError) -> xlog_status {
@@ -101,118 +124,233 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The one panic boundary. Runs `body`, maps its error to a status and the
-/// thread's last-error message, and turns a panic into XLOG_ERR_INTERNAL:
-/// since Rust 1.81 a panic escaping `extern "C"` aborts the host process,
-/// and an engine must never die because of us.
+// ----- the panic boundary -----
+
+/// The C return types of the entry points, and what each returns when the
+/// call does not succeed: the boundary picks an entry point's fallback by
+/// its return type (as rustls-ffi's `PanicOrDefault` does), so status,
+/// pointer, count and void functions share one boundary.
+pub(crate) trait Returned: Sized {
+    /// What a successful body yields (for a status: nothing, XLOG_OK).
+    type Value;
+    /// A function that returns nothing has no other way to say it did
+    /// nothing: its errors and panics also go to stderr.
+    const ECHO: bool = false;
+    fn succeeded(value: Self::Value) -> Self;
+    /// The return for an error (its message already set).
+    fn failed(e: &ResourceError) -> Self;
+    /// The return for a panic (its message already set).
+    fn panicked() -> Self;
+}
+
+/// A status: the error's status, XLOG_ERR_INTERNAL for a panic.
+impl Returned for xlog_status {
+    type Value = ();
+    fn succeeded((): ()) -> Self {
+        XLOG_OK
+    }
+    fn failed(e: &ResourceError) -> Self {
+        status_of(e)
+    }
+    fn panicked() -> Self {
+        XLOG_ERR_INTERNAL
+    }
+}
+
+/// A pointer (the malloc hooks): NULL.
+impl<T> Returned for *mut T {
+    type Value = Self;
+    fn succeeded(value: Self) -> Self {
+        value
+    }
+    fn failed(_: &ResourceError) -> Self {
+        std::ptr::null_mut()
+    }
+    fn panicked() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+/// A constant pointer (the library's strings): NULL.
+impl<T> Returned for *const T {
+    type Value = Self;
+    fn succeeded(value: Self) -> Self {
+        value
+    }
+    fn failed(_: &ResourceError) -> Self {
+        std::ptr::null()
+    }
+    fn panicked() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// Nothing (the free hooks): echoed on stderr.
+impl Returned for () {
+    type Value = ();
+    const ECHO: bool = true;
+    fn succeeded((): ()) {}
+    fn failed(_: &ResourceError) {}
+    fn panicked() {}
+}
+
+/// A count or a length: 0.
+macro_rules! returned_count {
+    ($($t:ty),*) => {$(
+        impl Returned for $t {
+            type Value = $t;
+            fn succeeded(value: $t) -> $t {
+                value
+            }
+            fn failed(_: &ResourceError) -> $t {
+                0
+            }
+            fn panicked() -> $t {
+                0
+            }
+        }
+    )*};
+}
+returned_count!(u64, usize);
+
+/// What an entry point may reach, which decides what the boundary does
+/// before its body runs.
+#[derive(Clone, Copy)]
+pub(crate) enum Entry {
+    /// An entry point that reaches a runtime or the hooks (every one but
+    /// the four below): it clears this thread's last error, and is refused
+    /// from inside a host callback.
+    Runtime(&'static str),
+    /// `xlog_version`, `xlog_status_name`, `xlog_last_error_message` and
+    /// `xlog_config_init` (which only forwards to `xlog_config_from_env`,
+    /// an `Entry::Runtime`): they work from a host callback, leave this
+    /// thread's last error as it is (so the message of the call that
+    /// failed can still be read), and reach this thread's state only to
+    /// read that message (so they work while it is torn down, from another
+    /// thread-local's destructor).
+    Library(&'static str),
+}
+
+/// Every entry point is named by its C name: `boundary("xlog_allocate", …)`.
+impl From<&'static str> for Entry {
+    fn from(name: &'static str) -> Entry {
+        Entry::Runtime(name)
+    }
+}
+
+/// The one panic boundary: every exported function's body runs in it.
 ///
-/// A call from inside a host callback is refused here, before `body` runs,
-/// so it changes nothing (see `refused_in_host_callback`).
-pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
-    FFI.with(|t| boundary_in(t, name, body))
-}
-
-/// The boundary's per-thread state, handed to a body run by
-/// `boundary_calls`: its runtime lookups need no thread-local access of
-/// their own (the launch and allocation paths make one per call in all).
-pub(crate) struct ThreadCalls<'a>(&'a FfiThread);
-
-impl ThreadCalls<'_> {
-    /// `with_runtime_ref` through this thread's state.
-    pub(crate) fn with_runtime<T>(
-        &self,
-        handle: *mut xlog_runtime,
-        f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
-    ) -> Result<T, ResourceError> {
-        with_runtime_in(self.0, handle, f)
-    }
-}
-
-/// `boundary` for a body that looks a runtime up (through the given
-/// `ThreadCalls`).
-pub(crate) fn boundary_calls(name: &'static str, body: impl FnOnce(ThreadCalls<'_>) -> FfiResult) -> xlog_status {
-    FFI.with(|t| boundary_in(t, name, || body(ThreadCalls(t))))
-}
-
-fn boundary_in(t: &FfiThread, name: &'static str, body: impl FnOnce() -> FfiResult) -> xlog_status {
-    t.last_error.borrow_mut().clear();
-    if let Some(status) = refused_in_host_callback(name) {
-        return status;
-    }
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => XLOG_OK,
-        Ok(Err(e)) => {
-            *t.last_error.borrow_mut() = format!("{name}: {e}");
-            status_of(&e)
+/// It runs `body` with this thread's `Call` state, turns its error into
+/// the return type's fallback (`Returned`) with "NAME: error" as this
+/// thread's last error, and a panic into that type's panic value with
+/// "NAME: internal error (panic): …": since Rust 1.81 a panic escaping
+/// `extern "C"` aborts the host process, and an engine must never die
+/// because of us.
+///
+/// An `Entry::Runtime` call from inside an xlog host callback is refused
+/// here, the one place that checks it, before `body` runs (so it changes
+/// nothing): on both backends (`device::in_host_callback`), with
+/// XLOG_ERR_STREAM_MISUSE or the type's fallback and the reason as the
+/// last error (not echoed). Only the `Entry::Library` calls work there.
+#[inline]
+pub(crate) fn boundary<R: Returned>(
+    entry: impl Into<Entry>,
+    body: impl FnOnce(Call<'_>) -> Result<R::Value, ResourceError>,
+) -> R {
+    let (name, runtime) = match entry.into() {
+        Entry::Runtime(name) => (name, true),
+        Entry::Library(name) => (name, false),
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        if !runtime {
+            // No thread state unless the body asks for it: these work even
+            // while it is torn down (from another thread-local's destructor).
+            return settle(name, None, body(Call(None)));
         }
-        Err(payload) => {
-            *t.last_error.borrow_mut() = format!("{name}: internal error (panic): {}", panic_text(&*payload));
-            XLOG_ERR_INTERNAL
-        }
-    }
-}
-
-/// `Some(XLOG_ERR_STREAM_MISUSE)`, with the message set, when the calling
-/// thread is running an xlog host callback: every entry point that touches
-/// a runtime refuses there, on both backends (`device::in_host_callback`).
-/// Only `xlog_version`, `xlog_status_name` and `xlog_last_error_message`,
-/// which touch no runtime, work from a callback.
-pub(crate) fn refused_in_host_callback(name: &'static str) -> Option<xlog_status> {
-    if !crate::device::in_host_callback() {
-        return None;
-    }
-    let e = ResourceError::in_host_callback();
-    set_last_error(format!("{name}: {e}"));
-    Some(status_of(&e))
-}
-
-/// Like `boundary` for the few entry points that return a value rather
-/// than a status: a panic yields `fallback`.
-pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(v) => v,
-        Err(payload) => {
-            set_last_error(format!("{name}: internal error (panic): {}", panic_text(&*payload)));
-            fallback
-        }
-    }
-}
-
-/// The boundary of the framework hooks (`xlog_torch_malloc` and the
-/// like), which return a pointer or nothing rather than a status: one
-/// thread-local access for the whole call clears the last error, hands
-/// `body` this thread's hook state and records the outcome. A refusal in a
-/// host callback, an error or a panic yields `fallback`, with the message
-/// in `xlog_last_error_message`; with `echo` also on stderr (the frees
-/// have no other way to say why they freed nothing).
-pub(crate) fn boundary_hook<T>(
-    name: &'static str,
-    fallback: T,
-    echo: bool,
-    body: impl FnOnce(&interop::HookThread) -> Result<T, ResourceError>,
-) -> T {
-    FFI.with(|t| {
-        t.last_error.borrow_mut().clear();
-        if refused_in_host_callback(name).is_some() {
-            return fallback;
-        }
-        let message = match catch_unwind(AssertUnwindSafe(|| body(&t.hooks))) {
-            Ok(Ok(value)) => return value,
-            Ok(Err(e)) => format!("{name}: {e}"),
-            Err(payload) => format!("{name}: internal error (panic): {}", panic_text(&*payload)),
-        };
-        if echo {
-            eprintln!("xlog: {message}");
-        }
-        *t.last_error.borrow_mut() = message;
-        fallback
+        // The call's one thread-local access.
+        FFI.with(|t| {
+            t.last_error.borrow_mut().clear();
+            if crate::device::in_host_callback() {
+                let e = ResourceError::in_host_callback();
+                *t.last_error.borrow_mut() = format!("{name}: {e}");
+                return R::failed(&e);
+            }
+            settle(name, Some(t), body(Call(Some(t))))
+        })
+    }));
+    outcome.unwrap_or_else(|payload| {
+        let message = format!("{name}: internal error (panic): {}", panic_text(&*payload));
+        record(None, message, R::ECHO);
+        R::panicked()
     })
 }
 
-/// `f` with this thread's hook state, for the hook calls that go through
-/// `boundary`.
-pub(crate) fn with_hook_thread<R>(f: impl FnOnce(&interop::HookThread) -> R) -> R {
-    FFI.with(|t| f(&t.hooks))
+/// The return for a body's outcome; an error becomes this thread's last
+/// error.
+#[inline]
+fn settle<R: Returned>(name: &'static str, t: Option<&FfiThread>, outcome: Result<R::Value, ResourceError>) -> R {
+    match outcome {
+        Ok(value) => R::succeeded(value),
+        Err(e) => {
+            record(t, format!("{name}: {e}"), R::ECHO);
+            R::failed(&e)
+        }
+    }
+}
+
+/// Make `message` this thread's last error (through `t`, else looked up),
+/// and with `echo` print it on stderr too.
+fn record(t: Option<&FfiThread>, message: String, echo: bool) {
+    if echo {
+        eprintln!("xlog: {message}");
+    }
+    match t {
+        Some(t) => *t.last_error.borrow_mut() = message,
+        // `try_with`: not while this thread's state is being torn down (a
+        // panic there must not panic again outside the boundary).
+        None => {
+            let _ = FFI.try_with(|t| *t.last_error.borrow_mut() = message);
+        }
+    }
+}
+
+/// This thread's boundary state, handed to the body of every entry point:
+/// its runtime and hook lookups need no thread-local access of their own
+/// (one per call in all, which the allocation and launch paths count on).
+/// An `Entry::Library` call gets none: it reaches no runtime.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a>(Option<&'a FfiThread>);
+
+impl<'a> Call<'a> {
+    /// Run `f` on the runtime of `handle`, through this thread's last
+    /// resolution when it is still valid (see "runtime handles" below).
+    #[inline]
+    pub(crate) fn with_runtime<T>(
+        self,
+        handle: *mut xlog_runtime,
+        f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
+    ) -> Result<T, ResourceError> {
+        with_runtime_in(self.thread(), handle, f)
+    }
+
+    /// This thread's hook state.
+    #[inline]
+    pub(crate) fn hooks(self) -> &'a HookThread {
+        &self.thread().hooks
+    }
+
+    #[inline]
+    fn thread(self) -> &'a FfiThread {
+        self.0.expect("an Entry::Library call reaches no runtime and no hooks")
+    }
+
+    /// `f` on this thread's last error message.
+    pub(crate) fn with_last_error<T>(self, f: impl FnOnce(&str) -> T) -> T {
+        match self.0 {
+            Some(t) => f(&t.last_error.borrow()),
+            None => FFI.with(|t| f(&t.last_error.borrow())),
+        }
+    }
 }
 
 // ----- runtime handles -----
@@ -225,118 +363,71 @@ pub(crate) fn with_hook_thread<R>(f: impl FnOnce(&interop::HookThread) -> R) -> 
 const TOKEN_STRIDE: usize = 16;
 static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10_0000);
 
-fn handles() -> &'static RwLock<FastMap<usize, Arc<Runtime>>> {
-    static TABLE: once_cell::sync::Lazy<RwLock<FastMap<usize, Arc<Runtime>>>> =
-        once_cell::sync::Lazy::new(|| RwLock::new(FastMap::default()));
+/// Open handles → runtimes (`registry.rs`: an unregister moves the
+/// epoch, so a thread's memoized resolution dies with its handle).
+fn handles() -> &'static Registry<FastMap<usize, Arc<Runtime>>> {
+    static TABLE: Registry<FastMap<usize, Arc<Runtime>>> = Registry::new(FastMap::default);
     &TABLE
 }
 
 pub(crate) fn register_runtime(rt: Arc<Runtime>) -> *mut xlog_runtime {
     let token = NEXT_TOKEN.fetch_add(TOKEN_STRIDE, Ordering::Relaxed);
-    handles().write().unwrap_or_else(|p| p.into_inner()).insert(token, rt);
+    handles().write().insert(token, rt);
     token as *mut xlog_runtime
+}
+
+fn not_open(handle: *mut xlog_runtime) -> ResourceError {
+    if handle.is_null() {
+        return ResourceError::InvalidArgument("runtime handle is NULL".into());
+    }
+    ResourceError::InvalidArgument(format!(
+        "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
+    ))
 }
 
 pub(crate) fn runtime_of(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
     if handle.is_null() {
-        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+        return Err(not_open(handle));
     }
-    let table = handles().read().unwrap_or_else(|p| p.into_inner());
-    table.get(&(handle as usize)).cloned().ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
-        ))
-    })
-}
-
-/// Bumped by every unregister: a handle resolved on a thread stays good
-/// for that thread only while this has not moved.
-static HANDLE_EPOCH: AtomicU64 = AtomicU64::new(0);
-
-struct ResolvedRuntime {
-    handle: usize,
-    epoch: u64,
-    runtime: Arc<Runtime>,
+    handles().read().get(&(handle as usize)).cloned().ok_or_else(|| not_open(handle))
 }
 
 /// Run `f` on the runtime of `handle`, through this thread's last
-/// resolution when it is still valid.
-pub(crate) fn with_runtime_ref<T>(
-    handle: *mut xlog_runtime,
-    f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
-) -> Result<T, ResourceError> {
-    FFI.with(|t| with_runtime_in(t, handle, f))
-}
-
+/// resolution while it is still valid (borrowed: no lock, no reference
+/// count touched).
+#[inline]
 fn with_runtime_in<T>(
     t: &FfiThread,
     handle: *mut xlog_runtime,
     f: impl FnOnce(&Runtime) -> Result<T, ResourceError>,
 ) -> Result<T, ResourceError> {
-    let epoch = HANDLE_EPOCH.load(Ordering::Acquire);
-    let cached = t
-        .last_runtime
-        .borrow()
-        .as_ref()
-        .filter(|r| r.handle == handle as usize && r.epoch == epoch)
-        .map(|r| Arc::as_ptr(&r.runtime));
-    if let Some(ptr) = cached {
-        t.in_use.set(t.in_use.get() + 1);
-        struct Release<'a>(&'a Cell<u32>);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.set(self.0.get() - 1);
-            }
-        }
-        let _release = Release(&t.in_use);
-        // SAFETY: `ptr` comes from the Arc held in this thread's
-        // `last_runtime`, which is not replaced or dropped while `in_use`
-        // is non-zero (see below), so the Runtime outlives this call.
-        return f(unsafe { &*ptr });
-    }
-    let runtime = runtime_of(handle)?;
-    if t.in_use.get() == 0 {
-        let old = t
-            .last_runtime
-            .borrow_mut()
-            .replace(ResolvedRuntime { handle: handle as usize, epoch, runtime: runtime.clone() });
-        drop(old);
-    }
-    f(&runtime)
+    let key = handle as usize;
+    // NULL is never a key of the table: it falls through to `not_open`.
+    handles().resolve(&t.last_runtime, key, |table| table.get(&key).cloned(), |rt| f(rt)).unwrap_or_else(|| Err(not_open(handle)))
 }
 
 pub(crate) fn unregister_runtime(handle: *mut xlog_runtime) -> Result<Arc<Runtime>, ResourceError> {
     if handle.is_null() {
-        return Err(ResourceError::InvalidArgument("runtime handle is NULL".into()));
+        return Err(not_open(handle));
     }
-    let removed = handles().write().unwrap_or_else(|p| p.into_inner()).remove(&(handle as usize));
-    // After the removal: a resolution cached under the old epoch is dead,
-    // and one made from now on cannot find the handle.
-    HANDLE_EPOCH.fetch_add(1, Ordering::AcqRel);
+    let removed = {
+        let mut table = handles().write();
+        let removed = table.remove(&(handle as usize));
+        // A resolution memoized before is dead, and one made from now on
+        // cannot find the handle.
+        handles().invalidate(&mut table);
+        removed
+    };
     // This thread lets go of it now (other threads do at their next call).
-    let mine = FFI.with(|t| {
-        if t.in_use.get() != 0 {
-            return None;
-        }
-        let mut c = t.last_runtime.borrow_mut();
-        if c.as_ref().is_some_and(|r| r.handle == handle as usize) {
-            c.take()
-        } else {
-            None
-        }
-    });
+    let mine = FFI.with(|t| t.last_runtime.forget(|&h| h == handle as usize));
     drop(mine);
-    removed.ok_or_else(|| {
-        ResourceError::InvalidArgument(format!(
-            "runtime handle {handle:p} is not open (already closed, or never returned by xlog_runtime_open)"
-        ))
-    })
+    removed.ok_or_else(|| not_open(handle))
 }
 
 /// Put back a handle `unregister_runtime` took, for a close that was
 /// refused before it changed anything: the caller's handle stays valid.
 pub(crate) fn reregister_runtime(handle: *mut xlog_runtime, rt: Arc<Runtime>) {
-    handles().write().unwrap_or_else(|p| p.into_inner()).insert(handle as usize, rt);
+    handles().write().insert(handle as usize, rt);
 }
 
 /// Store `value` through a caller's out-pointer: the one place the boundary
@@ -413,6 +504,33 @@ mod tests {
             super::types::XLOG_VERSION_PATCH
         );
         assert_eq!(version, expected, "XLOG_VERSION_* constants must match Cargo.toml");
+    }
+
+    #[test]
+    fn the_fallback_of_a_failed_or_panicking_call_comes_from_its_return_type() {
+        use super::{boundary, Entry};
+        use crate::error::ResourceError;
+        let last = || super::with_last_error(|m| m.to_string());
+        let refused = || ResourceError::InvalidArgument("no".into());
+        let p: *mut u8 = boundary("xlog_test_ptr", |_| Err(refused()));
+        assert!(p.is_null());
+        assert_eq!(last(), "xlog_test_ptr: invalid argument: no");
+        let p: *const u8 = boundary("xlog_test_cptr", |_| panic!("boom"));
+        assert!(p.is_null());
+        assert!(last().starts_with("xlog_test_cptr: internal error (panic): boom"), "{}", last());
+        let n: u64 = boundary("xlog_test_u64", |_| Err(refused()));
+        assert_eq!(n, 0);
+        let n: usize = boundary("xlog_test_usize", |_| panic!("boom"));
+        assert_eq!(n, 0);
+        let s: super::types::xlog_status = boundary("xlog_test_status", |_| Err(refused()));
+        assert_eq!(s, super::types::XLOG_ERR_INVALID_ARGUMENT);
+        // A call that succeeds clears the message; a library call leaves it.
+        let v: u64 = boundary("xlog_test_ok", |_| Ok(7));
+        assert_eq!((v, last().as_str()), (7, ""));
+        let _: super::types::xlog_status = boundary("xlog_test_status", |_| Err(refused()));
+        let v: usize = boundary(Entry::Library("xlog_test_library"), |_| Ok(3));
+        assert_eq!(v, 3);
+        assert_eq!(last(), "xlog_test_status: invalid argument: no", "a library call keeps the last error");
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub const XLOG_FAULT_STREAM_CREATE: xlog_fault = 4;
 /// fail; 0 disarms. XLOG_ERR_INVALID_ARGUMENT on a CUDA runtime.
 #[no_mangle]
 pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault, nth: u64) -> xlog_status {
-    boundary("xlog_sim_inject_fault", || {
+    boundary("xlog_sim_inject_fault", |_| {
         let kind = match fault {
             XLOG_FAULT_ALLOC => FaultKind::Alloc,
             XLOG_FAULT_FREE => FaultKind::Free,
@@ -49,7 +49,7 @@ pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault
 /// XLOG_ERR_INTERNAL with a message instead of aborting the process.
 #[no_mangle]
 pub extern "C" fn xlog_debug_panic() -> xlog_status {
-    boundary("xlog_debug_panic", || panic!("deliberate panic from xlog_debug_panic"))
+    boundary("xlog_debug_panic", |_| panic!("deliberate panic from xlog_debug_panic"))
 }
 
 /// Forget the framework hooks of `device` and its configuration, so that a
@@ -63,8 +63,8 @@ pub extern "C" fn xlog_debug_panic() -> xlog_status {
 /// refused: while a stream of the hook runtime takes part in a capture.
 #[no_mangle]
 pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u64) -> xlog_status {
-    boundary("xlog_testing_interop_reset", || {
-        let leaked = super::interop::reset_device(device)?;
+    boundary("xlog_testing_interop_reset", |call| {
+        let leaked = crate::hooks::reset_device(call.hooks(), device)?;
         if out_ptr(leaked_blocks, "leaked_blocks").is_ok() {
             write_out(leaked_blocks, leaked);
         }
@@ -79,7 +79,7 @@ pub extern "C" fn xlog_testing_interop_reset(device: i32, leaked_blocks: *mut u6
 /// XLOG_ERR_INVALID_ARGUMENT unless both are open sim runtimes.
 #[no_mangle]
 pub extern "C" fn xlog_sim_deny_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut xlog_runtime) -> xlog_status {
-    boundary("xlog_sim_deny_peer_access", || {
+    boundary("xlog_sim_deny_peer_access", |_| {
         let a = runtime_of(rt_a)?;
         let b = runtime_of(rt_b)?;
         match (a.sim(), b.sim()) {
@@ -101,7 +101,7 @@ pub extern "C" fn xlog_sim_deny_peer_access(rt_a: *mut xlog_runtime, rt_b: *mut 
 /// (may be NULL) receives the capture's id.
 #[no_mangle]
 pub extern "C" fn xlog_sim_stream_begin_capture(rt: *mut xlog_runtime, stream: *mut c_void, capture_out: *mut u64) -> xlog_status {
-    boundary("xlog_sim_stream_begin_capture", || {
+    boundary("xlog_sim_stream_begin_capture", |_| {
         let (runtime, raw) = sim_stream(rt, stream)?;
         let device = runtime.device();
         device.begin_capture(raw, CaptureMode::Global)?;
@@ -119,7 +119,7 @@ pub extern "C" fn xlog_sim_stream_begin_capture(rt: *mut xlog_runtime, stream: *
 /// `graph_out` (may be NULL) receives the graph token.
 #[no_mangle]
 pub extern "C" fn xlog_sim_stream_end_capture(rt: *mut xlog_runtime, stream: *mut c_void, graph_out: *mut u64) -> xlog_status {
-    boundary("xlog_sim_stream_end_capture", || {
+    boundary("xlog_sim_stream_end_capture", |_| {
         let (runtime, raw) = sim_stream(rt, stream)?;
         let graph = runtime.device().end_capture(raw)?;
         if !graph_out.is_null() {
