@@ -9,7 +9,10 @@
 //!   one shape serves the next shape: sizes that change do not leave
 //!   blocks of every size behind. Block sizes are rounded to 512 bytes.
 //! - **Hits.** A block whose granules are all mapped already is a hit: no
-//!   driver call, no event, no wait (stream order fences the reuse).
+//!   driver call, no event, no wait (stream order fences the reuse). When
+//!   the best fit is not mapped, mapped space at either end of one of the
+//!   next smallest fitting ranges is taken instead (`take_mapped`): a
+//!   repeating workload then finds the layout it left and maps nothing.
 //! - **Across streams.** Before it maps anything, a stream takes a mapped
 //!   free range of another stream's region, made to wait on the GPU for
 //!   that stream's work (one event record and one stream wait, never a
@@ -21,27 +24,25 @@
 //!   (the `ChargeGate`) is charged a page's bytes right before `cuMemCreate`
 //!   and uncharged when it is released. Nothing else xlog does on this
 //!   path holds device memory, so the charge is the device's number.
-//! - **Recycling.** A page no live block overlaps is idle. Before the
-//!   arena creates a page while it holds more than its live peak plus
-//!   1/256 (at least two pages), and before any refusal, it takes idle pages
-//!   whose frees are complete on the GPU, unmaps them and maps them where
-//!   they are needed (GMLake's stitching, in page units): what the call
-//!   frees serves the call. Completion is known without a host wait: an
-//!   event recorded after the frees has completed, or the stream has nothing
-//!   left to run (`cuStreamQuery`). With `wait_on_pressure`, a refusal first
+//! - **Lending.** A page no live block overlaps is idle. Before the arena
+//!   creates a page while it holds more than its live peak plus 1/256 (at
+//!   least two pages), and before any refusal, it *lends* idle pages,
+//!   longest idle first: each is mapped a second time where it is needed
+//!   (GMLake's stitching, in page units), while its old address stays
+//!   mapped and out of use (`region.rs`). The new block's work is ordered
+//!   after the frees that made the page idle by the stream itself (the
+//!   page's region is the stream's own) or by a GPU-side wait on an event
+//!   of the page's stream: no host wait, even while the GPU still runs
+//!   those frees, and no unmap, whose cost is a stall of the device. So
+//!   what the call frees serves the call. Old addresses are unmapped in
+//!   batches once their frees are known complete (a completed event, or
+//!   `cuStreamQuery` finding the stream idle) and they outnumber the
+//!   pages held, or on trim and close; a page is never released while an
+//!   old address still maps it.
+//! - **Recycling** (unmap an idle page whose frees are complete, map it
+//!   where it is needed) is what is left when lending finds nothing (a
+//!   fence that fails). With `wait_on_pressure`, a refusal first
 //!   synchronises the streams whose idle pages are still in use.
-//! - **Lending.** When no idle page is known complete (the GPU runs behind
-//!   the program, so the latest frees are still running), an idle page is
-//!   *lent* instead: mapped a second time where it is needed, while its
-//!   old address stays mapped, out of use, until those frees complete
-//!   (`region.rs`). The new block's work is ordered after them by the
-//!   stream itself (the page's region is the stream's own) or by a
-//!   GPU-side wait on an event of the page's stream. So a miss past the
-//!   soft cap, and a would-be refusal, take memory the program has freed
-//!   without a new page and without a host wait. The old address is
-//!   unmapped (and its granule free address space again) when recycling
-//!   next finds the frees complete; a page is never released while an old
-//!   address still maps it.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
 //!   calls run in relaxed capture mode).
@@ -72,8 +73,8 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult, StreamRef};
 /// Every block's size is a multiple of this (and so is its address).
 pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
-/// `MIN_SLACK_PAGES` pages) before idle pages are recycled instead of new
-/// ones created.
+/// `MIN_SLACK_PAGES` pages) before idle pages are lent (or recycled)
+/// instead of new ones created.
 const SLACK_DIV: u64 = 256;
 const MIN_SLACK_PAGES: u64 = 2;
 
@@ -151,6 +152,8 @@ pub struct Arena {
     misses: AtomicU64,
     recycled: AtomicU64,
     lent: AtomicU64,
+    /// Old addresses of lent pages still mapped.
+    lent_now: AtomicU64,
     /// Other devices that use this memory: every mapping grants them access.
     peers: Mutex<Vec<i32>>,
     /// The runtime's CSV log: `reserve` rows for pages created, `release`
@@ -189,6 +192,7 @@ impl Arena {
             misses: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             lent: AtomicU64::new(0),
+            lent_now: AtomicU64::new(0),
             peers: Mutex::default(),
             log: None,
         })
@@ -462,16 +466,23 @@ impl Arena {
     fn carve(&self, stream: RawStream, len: u64) -> Option<Carved> {
         let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
         let regions = streams.get(&stream)?;
-        // A hit first: a recent free of the size or a mapped free range.
+        // A hit first: a recent free of the size, the best fit if it is
+        // mapped, else mapped space in another fitting range.
         for region in regions {
             let mut r = lock(region);
+            let mut hit = None;
             if let Some((addr, freed)) = r.take(len) {
                 if r.all_mapped(addr, len) {
-                    drop(r);
-                    self.make_hot(stream, region);
-                    return Some((region.clone(), addr, freed, Vec::new()));
+                    hit = Some((addr, freed));
+                } else {
+                    r.unreserve(addr, len, freed);
+                    hit = r.take_mapped(len);
                 }
-                r.unreserve(addr, len, freed);
+            }
+            if let Some((addr, freed)) = hit {
+                drop(r);
+                self.make_hot(stream, region);
+                return Some((region.clone(), addr, freed, Vec::new()));
             }
         }
         // Then with the recent frees merged (they may coalesce into room):
@@ -480,6 +491,11 @@ impl Arena {
             let mut r = lock(region);
             r.settle_recent();
             self.settle_foreign(&mut r, false, true);
+            if let Some((addr, freed)) = r.take_mapped(len) {
+                drop(r);
+                self.make_hot(stream, region);
+                return Some((region.clone(), addr, freed, Vec::new()));
+            }
             if let Some((addr, freed)) = r.take(len) {
                 let missing = r.unmapped_in(addr, len);
                 drop(r);
@@ -562,9 +578,9 @@ impl Arena {
             spare.pages.split_off(keep)
         };
         if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
-            got.extend(self.recycle(count - got.len(), Completion::Query));
+            got.extend(self.lend(count - got.len(), stream));
             if got.len() < count {
-                got.extend(self.lend(count - got.len(), stream));
+                got.extend(self.recycle(count - got.len(), Completion::Query));
             }
         }
         while got.len() + made.len() < count {
@@ -572,9 +588,9 @@ impl Arena {
                 Ok(handle) => made.push(handle),
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let missing = count - got.len() - made.len();
-                    let mut more = self.recycle(missing, Completion::Query);
+                    let mut more = self.lend(missing, stream);
                     if more.is_empty() {
-                        more = self.lend(missing, stream);
+                        more = self.recycle(missing, Completion::Query);
                     }
                     if more.is_empty() && self.wait_on_pressure {
                         more = self.recycle(missing, Completion::Wait);
@@ -666,7 +682,9 @@ impl Arena {
             r.settle_recent();
             self.settle_foreign(&mut r, completion == Completion::Wait, false);
             self.refresh(&mut r, completion);
-            self.unmap_lent(&mut r);
+            if completion == Completion::Wait || self.too_many_lent() {
+                self.unmap_lent(&mut r);
+            }
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {
                 if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
@@ -713,20 +731,45 @@ impl Arena {
             got.extend(pages);
         }
         self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
+        self.lent_now.fetch_add(got.len() as u64, Ordering::Relaxed);
         got
+    }
+
+    /// Whether the old addresses of lent pages add up to more than the
+    /// pages held: time to unmap those whose frees are complete. Until then
+    /// they cost no memory (the pages are the same) and no call; each
+    /// unmap may stall the device, so they go in batches.
+    fn too_many_lent(&self) -> bool {
+        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.granularity
     }
 
     /// Unmap the old addresses of `r`'s lent pages whose frees are now
     /// known complete: free address space again.
     fn unmap_lent(&self, r: &mut Region) {
-        for (page, freed, handle) in r.lent_done() {
-            let addr = r.page_addr(page);
-            if self.device.vm_unmap(addr, self.granularity).is_ok() {
-                r.unreserve(addr, self.granularity, freed);
+        let mut done = r.lent_done();
+        if done.is_empty() {
+            return;
+        }
+        // One unmap per run of adjacent granules: each call may stall the
+        // device, so a lent block's pages go together.
+        done.sort_unstable_by_key(|&(page, _, _)| page);
+        let pages: Vec<usize> = done.iter().map(|&(page, _, _)| page).collect();
+        let mut at = 0;
+        for (first, n) in runs(&pages) {
+            let run = &done[at..at + n];
+            at += n;
+            let (addr, bytes) = (r.page_addr(first), n as u64 * self.granularity);
+            if self.device.vm_unmap(addr, bytes).is_ok() {
+                self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
+                for &(page, freed, _) in run {
+                    r.unreserve(r.page_addr(page), self.granularity, freed);
+                }
             } else {
-                // Still mapped: keep it out of use (and its page out of a
-                // release) until a later try.
-                r.lent_again(page, freed, handle);
+                // Still mapped: keep them out of use (and their pages out of
+                // a release) until a later try.
+                for &(page, freed, handle) in run {
+                    r.lent_again(page, freed, handle);
+                }
             }
         }
     }

@@ -98,6 +98,11 @@ impl FreeRanges {
         Some(span.freed)
     }
 
+    /// The ranges of at least `len` bytes, smallest first: (start, length).
+    pub fn fitting(&self, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.by_size.range((len, 0)..).map(|&(size, addr)| (addr, size))
+    }
+
     /// Every range, in address order: (start, span).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Span)> + '_ {
         self.by_addr.iter().map(|(&a, &s)| (a, s))

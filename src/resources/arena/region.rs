@@ -25,14 +25,14 @@
 //!   cover it. It joins the free ranges once that event has completed, or
 //!   when this region's stream needs room and waits for the event on the
 //!   GPU; the stream that freed it may take it back as it is.
-//! - An idle page whose frees are not yet known complete may be *lent*:
-//!   its physical page is mapped a second time elsewhere (the arena orders
-//!   the new use after this stream's work), and its granule here leaves
-//!   the free ranges and the page table (`lent`), still mapped but never
-//!   handed out, until those frees are complete; then the arena unmaps it
-//!   and the granule is free address space again (`unlend`). So memory
-//!   the GPU is still finishing with serves a new block at once, with no
-//!   new physical page and no host wait.
+//! - An idle page may be *lent*, whether or not its frees are known
+//!   complete: its physical page is mapped a second time elsewhere (the
+//!   arena orders the new use after this stream's work), and its granule
+//!   here leaves the free ranges and the page table (`lent`), still mapped
+//!   but never handed out, until the arena unmaps it after those frees are
+//!   complete (`lent_done`); the granule is then free address space
+//!   again. So memory the GPU is still finishing with serves a new block at
+//!   once, with no new physical page, no host wait and no unmap.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -64,12 +64,14 @@ pub(crate) struct Region {
     pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
     /// Granules whose page was lent while still mapped here: (granule,
     /// its free's sequence, the page). Out of the free ranges and the page
-    /// table until `unlend`.
+    /// table until the arena unmaps its old address.
     pub lent: Vec<(usize, u64, PhysHandle)>,
 }
 
 /// Frees kept unmerged for same-size reuse.
 const RECENT_MAX: usize = 32;
+/// Fitting free ranges `take_mapped` looks at.
+const MAPPED_CANDIDATES: usize = 16;
 
 impl Region {
     pub fn new(stream: RawStream, base: u64, len: u64, granularity: u64) -> Region {
@@ -155,6 +157,20 @@ impl Region {
         self.free.take(len)
     }
 
+    /// `len` bytes of free space whose granules are all mapped, when the
+    /// best fit is not: the first of the `MAPPED_CANDIDATES` smallest
+    /// fitting ranges with a mapped placement at its start or its end.
+    /// Taking mapped space where it exists keeps a repeating workload from
+    /// moving pages (each move shifts where the next blocks fit). The
+    /// address and the range's free sequence.
+    pub fn take_mapped(&mut self, len: u64) -> Option<(u64, u64)> {
+        let found = self.free.fitting(len).take(MAPPED_CANDIDATES).find_map(|(start, size)| {
+            [start, start + size - len].into_iter().find(|&at| self.all_mapped(at, len))
+        })?;
+        let freed = self.free.withdraw(found, len).expect("a fitting free range covers it");
+        Some((found, freed))
+    }
+
     /// Merge the recent frees into the free ranges (before a miss, a
     /// recycle or a trim: only merged free space can coalesce or be idle).
     /// Whether there were any.
@@ -199,18 +215,18 @@ impl Region {
         out
     }
 
-    /// Lend up to `max` idle pages whose frees are not known complete yet
-    /// (the complete ones are `idle_pages`'): each leaves the free ranges
-    /// and the page table, and is listed in `lent` until `unlend`. The
-    /// pages, in address order.
+    /// Lend up to `max` idle pages, longest idle first: each leaves the
+    /// free ranges and the page table, and is listed in `lent` until the
+    /// arena unmaps its old address. The pages.
     pub fn lend_pages(&mut self, max: usize) -> Vec<PhysHandle> {
+        // The longest-idle space first: in a workload that repeats, what
+        // was freed last is what the next step allocates again.
+        let mut ranges: Vec<(u64, super::ranges::Span)> = self.free.iter().collect();
+        ranges.sort_by_key(|&(_, span)| span.freed);
         let mut candidates = Vec::new();
-        for (start, span) in self.free.iter() {
+        for (start, span) in ranges {
             if candidates.len() >= max {
                 break;
-            }
-            if span.freed <= self.done {
-                continue;
             }
             let first = (start - self.base).div_ceil(self.granularity) as usize;
             let end = ((start + span.len - self.base) / self.granularity) as usize;
