@@ -1,6 +1,14 @@
-//! The shared resource suite: every test below runs against every stack
-//! (Direct, Async, Budget(Async), Budget(Logging(Async))) on a fresh sim
-//! runtime. Test names are `<stack>::<test>`, and every assertion message
+//! The runtime-level resource suite: the same tests run against every
+//! stack (Direct, Async, Budget(Async), Budget(Logging(Async)) and the
+//! cache-off pools) on a fresh sim runtime. How the stacks differ is
+//! declared once, in `StackProps` (tests/common/mod.rs, next to
+//! `StackKind`): the tests read those properties, never the stack's
+//! identity, and a test that only makes sense for some stacks is
+//! instantiated only for them, in an explicit list below (RMM's `mr_ref`
+//! habit, as in tests/resource_mr.rs). `lists_match_the_declared_properties`
+//! checks every list against the property it stands for.
+//!
+//! Test names are `<list>::<stack>::<test>`, and every assertion message
 //! starts with the stack's name.
 //!
 //! Ordering tests observe real data: host callbacks read and write the sim
@@ -10,6 +18,7 @@
 
 mod common;
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -17,53 +26,154 @@ use std::time::Duration;
 
 use common::*;
 use xlog_cuda::device::sim::FaultKind;
-use xlog_cuda::{Access, BlockId, BlockState, BlockUse, Generation, ResourceError, Runtime, StreamId};
+use xlog_cuda::{
+    Access, BlockId, BlockState, BlockUse, Generation, ResourceError, ResourceResult, Runtime, StreamId,
+};
 
-/// One `#[test]` per (stack, shared test).
-macro_rules! shared_suite {
-    ($($test:ident),* $(,)?) => {
-        mod direct {
-            $( #[test] fn $test() { super::$test(super::StackKind::Direct) } )*
+/// One `#[test]` per (stack, test) of a list, as `<list>::<stack>::<test>`;
+/// `<list>::STACKS` names the list's stacks.
+macro_rules! instantiate {
+    ($list:ident [$($stack:ident = $kind:ident),+ $(,)?] $tests:tt) => {
+        mod $list {
+            pub const STACKS: &[super::StackKind] = &[$(super::StackKind::$kind),+];
+            $( instantiate!(@stack $stack $kind $tests); )+
         }
-        mod async_pool {
-            $( #[test] fn $test() { super::$test(super::StackKind::Async) } )*
-        }
-        mod budget_async {
-            $( #[test] fn $test() { super::$test(super::StackKind::BudgetAsync) } )*
-        }
-        mod budget_logging_async {
-            $( #[test] fn $test() { super::$test(super::StackKind::BudgetLoggingAsync) } )*
-        }
-        mod async_no_cache {
-            $( #[test] fn $test() { super::$test(super::StackKind::AsyncNoCache) } )*
-        }
-        mod budget_async_no_cache {
-            $( #[test] fn $test() { super::$test(super::StackKind::BudgetAsyncNoCache) } )*
+    };
+    (@stack $stack:ident $kind:ident ($($test:ident),* $(,)?)) => {
+        mod $stack {
+            $( #[test] fn $test() { super::super::$test(super::super::StackKind::$kind) } )*
         }
     };
 }
 
-shared_suite!(
+instantiate!(every [
+    direct = Direct,
+    async_pool = Async,
+    budget_async = BudgetAsync,
+    budget_logging_async = BudgetLoggingAsync,
+    async_no_cache = AsyncNoCache,
+    budget_async_no_cache = BudgetAsyncNoCache,
+] (
     zero_size_allocation,
     alignment_is_at_least_256,
     capacity_exhaustion,
     double_free_is_an_error_that_changes_nothing,
     stale_generation_after_address_reuse,
-    write_read_write_ordering_across_streams,
     without_prepare_the_reader_sees_stale_data,
-    fan_out_reads_then_write_are_ordered,
     without_prepare_fan_out_is_misordered,
-    free_waits_for_every_reader,
     without_recorded_reads_a_free_lets_reuse_clobber_readers,
     budget_invariant_after_every_op,
-    budget_refusal_carries_the_numbers,
-    pending_bytes_stay_charged_until_reap,
     alloc_fault_rolls_back,
-    free_fault_keeps_the_block_live,
-    event_record_fault_changes_nothing,
     eight_threads_never_exceed_the_budget,
     bad_input_is_a_typed_error_that_changes_nothing,
-);
+));
+
+// `tracks_uses`: prepare/finish order the streams.
+instantiate!(tracking [
+    async_pool = Async,
+    budget_async = BudgetAsync,
+    budget_logging_async = BudgetLoggingAsync,
+    async_no_cache = AsyncNoCache,
+    budget_async_no_cache = BudgetAsyncNoCache,
+] (
+    write_read_write_ordering_across_streams,
+    fan_out_reads_then_write_are_ordered,
+    free_waits_for_every_reader,
+));
+
+// Not `tracks_uses`: every tracking call is refused.
+instantiate!(not_tracking [direct = Direct] (
+    tracking_calls_are_refused_and_change_nothing,
+    event_record_fault_changes_nothing_without_tracking,
+));
+
+// Not `stream_ordered`: a free retires at once.
+instantiate!(synchronous [direct = Direct] (
+    a_free_retires_at_once,
+));
+
+// `frees_to_cache`: a free goes to the per-stream cache.
+instantiate!(caching [
+    async_pool = Async,
+    budget_async = BudgetAsync,
+    budget_logging_async = BudgetLoggingAsync,
+] (
+    cached_bytes_stay_charged_until_trim,
+    free_fault_in_trim_keeps_the_block_cached,
+    event_record_fault_in_a_cross_stream_hand_out_changes_nothing,
+));
+
+// `stream_ordered`, not `frees_to_cache`: a free goes pending until reap.
+instantiate!(pending [
+    async_no_cache = AsyncNoCache,
+    budget_async_no_cache = BudgetAsyncNoCache,
+] (
+    pending_bytes_stay_charged_until_reap,
+    event_record_fault_in_reap_changes_nothing,
+));
+
+// Not `frees_to_cache`: a free calls the driver.
+instantiate!(freeing_to_driver [
+    direct = Direct,
+    async_no_cache = AsyncNoCache,
+    budget_async_no_cache = BudgetAsyncNoCache,
+] (
+    free_fault_keeps_the_block_live,
+    budget_invariant_after_every_op_and_a_failed_free,
+));
+
+// `budget` and `frees_to_cache`: a refusal gives the cache back first.
+instantiate!(budget_caching [
+    budget_async = BudgetAsync,
+    budget_logging_async = BudgetLoggingAsync,
+] (
+    budget_refusal_releases_the_cache_then_carries_the_numbers,
+));
+
+// `budget`, not `frees_to_cache`.
+instantiate!(budget_pending [budget_async_no_cache = BudgetAsyncNoCache] (
+    budget_refusal_carries_the_numbers,
+));
+
+// Not `budget`.
+instantiate!(unbudgeted [
+    direct = Direct,
+    async_pool = Async,
+    async_no_cache = AsyncNoCache,
+] (
+    without_a_budget_the_same_request_fits,
+));
+
+// `logs`.
+instantiate!(logging [budget_logging_async = BudgetLoggingAsync] (
+    alloc_faults_are_logged,
+    a_failed_trim_logs_no_free,
+));
+
+/// Each list holds exactly the stacks with the property it stands for.
+#[test]
+fn lists_match_the_declared_properties() {
+    let with = |f: fn(&StackProps) -> bool| -> Vec<StackKind> {
+        ALL_STACKS.iter().copied().filter(|k| f(&k.props())).collect()
+    };
+    assert_eq!(every::STACKS, ALL_STACKS);
+    assert_eq!(tracking::STACKS, with(|p| p.tracks_uses));
+    assert_eq!(not_tracking::STACKS, with(|p| !p.tracks_uses));
+    assert_eq!(synchronous::STACKS, with(|p| !p.stream_ordered));
+    assert_eq!(caching::STACKS, with(|p| p.frees_to_cache));
+    assert_eq!(pending::STACKS, with(|p| p.stream_ordered && !p.frees_to_cache));
+    assert_eq!(freeing_to_driver::STACKS, with(|p| !p.frees_to_cache));
+    assert_eq!(budget_caching::STACKS, with(|p| p.budget && p.frees_to_cache));
+    assert_eq!(budget_pending::STACKS, with(|p| p.budget && !p.frees_to_cache));
+    assert_eq!(unbudgeted::STACKS, with(|p| !p.budget));
+    assert_eq!(logging::STACKS, with(|p| p.logs));
+    // The lists' premises, as the tests rely on them.
+    for k in ALL_STACKS {
+        let p = k.props();
+        assert_eq!(p.freed_state == BlockState::Pending, p.stream_ordered && !p.frees_to_cache, "{p:?}");
+        assert_eq!(p.freed_state == BlockState::Cached, p.frees_to_cache, "{p:?}");
+    }
+}
 
 fn r(access: Access, block: &BlockId) -> BlockUse {
     BlockUse { block: *block, access }
@@ -82,6 +192,45 @@ fn assert_tracking_refused(st: &Stack, block: &BlockId, stream: StreamId) {
     expect_stream_misuse(rt.prepare_all(stream, &uses), &format!("[{n}] prepare_all"));
     expect_stream_misuse(rt.finish_all(stream, &uses), &format!("[{n}] finish_all"));
     st.assert_unchanged(&before, 0, "refused tracking calls");
+}
+
+/// A tracking call's declared outcome: where the stack `tracks_uses`,
+/// `tracked` judges it; where it does not, it is refused with StreamMisuse
+/// (before the handle is looked at).
+fn expect_tracking<T: fmt::Debug>(props: &StackProps, r: ResourceResult<T>, what: &str, tracked: impl FnOnce(ResourceResult<T>)) {
+    match props.tracks_uses {
+        true => tracked(r),
+        false => expect_stream_misuse(r, what),
+    }
+}
+
+/// A tracking call that goes through where the stack tracks uses.
+fn expect_tracked<T: fmt::Debug>(props: &StackProps, r: ResourceResult<T>, what: &str) {
+    expect_tracking(props, r, what, |r| {
+        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+    });
+}
+
+/// The declared refusal of a request the stack cannot hold: OutOfBudget
+/// naming the budget's limit (`limit`), or OutOfMemory from the device.
+fn expect_refusal<T: fmt::Debug>(
+    props: &StackProps,
+    limit: Option<u64>,
+    r: ResourceResult<T>,
+    requested: u64,
+    what: &str,
+) -> ResourceError {
+    let e = match r {
+        Err(e) => e,
+        Ok(v) => panic!("{what}: expected a refusal, got {v:?}"),
+    };
+    let seen = match &e {
+        ResourceError::OutOfBudget { requested, limit, .. } => (Refusal::Budget, *requested, Some(*limit)),
+        ResourceError::OutOfMemory { requested, .. } => (Refusal::Device, *requested, None),
+        other => panic!("{what}: expected a refusal, got {other}"),
+    };
+    assert_eq!(seen, (props.refusal, requested, limit), "{what}: {e}");
+    e
 }
 
 // ---------------------------------------------------------------------------
@@ -114,14 +263,14 @@ fn zero_size_allocation(kind: StackKind) {
     st.check_invariant("after zero-size allocations");
     assert_eq!(&*rt.validate(&a.id).unwrap().tag.name(), "empty", "[{n}]");
 
-    if kind.is_async() {
-        rt.prepare(&a.id, other, Access::Write).unwrap();
-        rt.finish(&a.id, other, Access::Write).unwrap();
-        rt.prepare(&a.id, s, Access::Read).unwrap();
-        rt.finish(&a.id, s, Access::Read).unwrap();
-    } else {
-        assert_tracking_refused(&st, &a.id, other);
-    }
+    // Uses on another stream (refused where uses are not tracked: see
+    // tracking_calls_are_refused_and_change_nothing) leave a zero-size
+    // free nothing to wait for.
+    let p = &st.props;
+    expect_tracked(p, rt.prepare(&a.id, other, Access::Write), &format!("[{n}] prepare"));
+    expect_tracked(p, rt.finish(&a.id, other, Access::Write), &format!("[{n}] finish"));
+    expect_tracked(p, rt.prepare(&a.id, s, Access::Read), &format!("[{n}] prepare"));
+    expect_tracked(p, rt.finish(&a.id, s, Access::Read), &format!("[{n}] finish"));
 
     let freed = rt.deallocate(&a.id).unwrap();
     assert_eq!(freed.state, BlockState::Retired, "[{n}] nothing to wait for on a zero-size free");
@@ -163,7 +312,7 @@ fn alignment_is_at_least_256(kind: StackKind) {
         assert!(sim.read(b.id.ptr, b.id.size).unwrap().iter().all(|&x| x == i as u8 + 1), "[{n}] block {i}");
     }
     // Budget and stats count what the device gives: each size rounded up.
-    let total: u64 = sizes.iter().map(|&sz| kind.held_bytes(sz)).sum();
+    let total: u64 = sizes.iter().map(|&sz| st.props.held_bytes(sz)).sum();
     assert!(total >= sizes.iter().map(|&sz| sz.div_ceil(256) * 256).sum::<u64>(), "[{n}]");
     let stats = rt.stats().unwrap();
     assert_eq!(stats.live_bytes, total, "[{n}] charged the device bytes, not the requested ones");
@@ -210,8 +359,7 @@ fn capacity_exhaustion(kind: StackKind) {
 
     rt.deallocate(&blocks[1].id).unwrap();
     let drained = rt.drain().unwrap();
-    let retired = if kind.is_async() && !kind.caches() { quarter } else { 0 };
-    assert_eq!(drained, retired, "[{n}] bytes retired by drain (a cached block stays held)");
+    assert_eq!(drained, st.props.pending_after_free(quarter), "[{n}] bytes retired by drain (a cached block stays held)");
     let again = rt.allocate(quarter, s, "refill").unwrap();
     assert_eq!(again.id.ptr, blocks[1].id.ptr, "[{n}] the freed range is reused");
     assert_eq!(rt.stats().unwrap().live_bytes, MIB, "[{n}]");
@@ -225,7 +373,7 @@ fn double_free_is_an_error_that_changes_nothing(kind: StackKind) {
     let x = rt.allocate(4096, s, "x").unwrap();
     let y = rt.allocate(8192, s, "y").unwrap();
     let freed = rt.deallocate(&x.id).unwrap();
-    assert_eq!(freed.state, kind.freed_state(4096), "[{n}]");
+    assert_eq!(freed.state, st.props.freed_state(4096), "[{n}]");
     assert_eq!(&*freed.tag.name(), "x", "[{n}]");
     rt.synchronize(s).unwrap(); // the device-side free has run; the bytes stay pending until reap
 
@@ -260,17 +408,19 @@ fn stale_generation_after_address_reuse(kind: StackKind) {
     let what = |op: &str| format!("[{n}] stale {op}");
     expect_use_after_free(rt.deallocate(&old.id), &old.id, &what("deallocate"));
     expect_use_after_free(rt.validate(&old.id), &old.id, &what("validate"));
-    if kind.is_async() {
-        for access in [Access::Read, Access::Write, Access::ReadWrite] {
-            expect_use_after_free(rt.prepare(&old.id, other, access), &old.id, &what("prepare"));
-            expect_use_after_free(rt.finish(&old.id, other, access), &old.id, &what("finish"));
-        }
-        let uses = [r(Access::Read, &old.id)];
-        expect_use_after_free(rt.prepare_all(other, &uses), &old.id, &what("prepare_all"));
-        expect_use_after_free(rt.finish_all(other, &uses), &old.id, &what("finish_all"));
-    } else {
-        assert_tracking_refused(&st, &old.id, other);
+    // Where uses are tracked the stale handle is the error; where they are
+    // not, the call is refused first.
+    let p = &st.props;
+    let stale = |r: ResourceResult<()>, op: &str| {
+        expect_tracking(p, r, &what(op), |r| expect_use_after_free(r, &old.id, &what(op)));
+    };
+    for access in [Access::Read, Access::Write, Access::ReadWrite] {
+        stale(rt.prepare(&old.id, other, access), "prepare");
+        stale(rt.finish(&old.id, other, access), "finish");
     }
+    let uses = [r(Access::Read, &old.id)];
+    stale(rt.prepare_all(other, &uses), "prepare_all");
+    stale(rt.finish_all(other, &uses), "finish_all");
     st.assert_unchanged(&before, 0, "stale handle calls");
     assert!(st.sim().read(new.id.ptr, 8192).unwrap().iter().all(|&b| b == 0x3C), "[{n}] new block's data untouched");
     let v = rt.validate(&new.id).unwrap();
@@ -290,10 +440,6 @@ fn write_read_write_ordering_across_streams(kind: StackKind) {
     let (a, b, c) = (st.stream(), st.stream(), st.stream());
     let x = rt.allocate(64, a, "x").unwrap();
     st.sim().fill(x.id.ptr, 64, 0).unwrap();
-    if !kind.is_async() {
-        assert_tracking_refused(&st, &x.id, b);
-        return;
-    }
     let p = x.id.ptr;
 
     // Write on A (held back by a gate), read on B.
@@ -451,12 +597,6 @@ fn fan_out_scenario(st: &Stack, tracked: bool) -> Vec<(&'static str, u64)> {
 fn fan_out_reads_then_write_are_ordered(kind: StackKind) {
     let st = Stack::open_default(kind);
     let n = st.name();
-    if !kind.is_async() {
-        let s = st.stream();
-        let x = st.rt.allocate(64, s, "fan").unwrap();
-        assert_tracking_refused(&st, &x.id, st.stream());
-        return;
-    }
     let log = fan_out_scenario(&st, true);
     let pos = |who: &str| log.iter().position(|(w, _)| *w == who).unwrap_or_else(|| panic!("[{n}] {who} missing: {log:?}"));
     let seen = |who: &str| log[pos(who)].1;
@@ -540,12 +680,6 @@ fn free_reuse_scenario(st: &Stack, tracked: bool) -> (Vec<Vec<u8>>, bool) {
 fn free_waits_for_every_reader(kind: StackKind) {
     let st = Stack::open_default(kind);
     let n = st.name();
-    if !kind.is_async() {
-        let s = st.stream();
-        let x = st.rt.allocate(4096, s, "shared").unwrap();
-        assert_tracking_refused(&st, &x.id, st.stream());
-        return;
-    }
     let (seen, s_blocked) = free_reuse_scenario(&st, true);
     assert!(s_blocked, "[{n}] the allocation stream must wait for the readers after the free");
     for (i, data) in seen.iter().enumerate() {
@@ -569,10 +703,25 @@ fn without_recorded_reads_a_free_lets_reuse_clobber_readers(kind: StackKind) {
 // ----- budget -----
 
 fn budget_invariant_after_every_op(kind: StackKind) {
+    budget_invariant_scenario(kind, false);
+}
+
+/// The scenario above with a failed driver free in the middle, where a free
+/// calls the driver (with the cache it makes no driver call: see
+/// free_fault_in_trim_keeps_the_block_cached).
+fn budget_invariant_after_every_op_and_a_failed_free(kind: StackKind) {
+    budget_invariant_scenario(kind, true);
+}
+
+/// Allocations, uses, frees, refusals and faults, with the budget invariant
+/// and the live bytes checked after each; `failed_free` adds a free that
+/// fails in the driver.
+fn budget_invariant_scenario(kind: StackKind, failed_free: bool) {
     let st = Stack::open_default(kind);
     let (rt, n) = (&st.rt, st.name());
     let (s, t) = (st.stream(), st.stream());
-    let h = |size: u64| kind.held_bytes(size);
+    let p = &st.props;
+    let h = |size: u64| p.held_bytes(size);
     let check = |what: &str, live: u64| {
         st.check_invariant(what);
         assert_eq!(rt.usage().live_bytes, live, "[{n}] {what}: live bytes");
@@ -584,31 +733,24 @@ fn budget_invariant_after_every_op(kind: StackKind) {
     check("allocate 0", h(1000));
     let b = rt.allocate(300 * KIB, t, "b").unwrap();
     check("allocate 300 KiB", h(1000) + h(300 * KIB));
-    if kind.is_async() {
-        rt.prepare(&a.id, t, Access::Write).unwrap();
-        check("prepare", h(1000) + h(300 * KIB));
-        rt.finish(&a.id, t, Access::Write).unwrap();
-        check("finish", h(1000) + h(300 * KIB));
-        let uses = [r(Access::Read, &a.id), r(Access::ReadWrite, &b.id)];
-        rt.prepare_all(s, &uses).unwrap();
-        rt.finish_all(s, &uses).unwrap();
-        check("launch", h(1000) + h(300 * KIB));
-    }
+    expect_tracked(p, rt.prepare(&a.id, t, Access::Write), &format!("[{n}] prepare"));
+    check("prepare", h(1000) + h(300 * KIB));
+    expect_tracked(p, rt.finish(&a.id, t, Access::Write), &format!("[{n}] finish"));
+    check("finish", h(1000) + h(300 * KIB));
+    let uses = [r(Access::Read, &a.id), r(Access::ReadWrite, &b.id)];
+    expect_tracked(p, rt.prepare_all(s, &uses), &format!("[{n}] prepare_all"));
+    expect_tracked(p, rt.finish_all(s, &uses), &format!("[{n}] finish_all"));
+    check("launch", h(1000) + h(300 * KIB));
     rt.deallocate(&a.id).unwrap();
     check("free a", h(300 * KIB));
     assert!(matches!(rt.deallocate(&a.id), Err(ResourceError::UseAfterFree { .. })), "[{n}]");
     check("double free", h(300 * KIB));
-    match (rt.allocate(8 * MIB, s, "huge"), kind.has_budget()) {
-        (Err(ResourceError::OutOfBudget { requested, .. }), true) => assert_eq!(requested, 8 * MIB, "[{n}]"),
-        (Err(ResourceError::OutOfMemory { requested, .. }), false) => assert_eq!(requested, 8 * MIB, "[{n}]"),
-        (other, _) => panic!("[{n}] 8 MiB: unexpected {other:?}"),
-    }
+    expect_refusal(p, st.limit, rt.allocate(8 * MIB, s, "huge"), 8 * MIB, &format!("[{n}] 8 MiB"));
     check("refused allocation", h(300 * KIB));
     st.sim().inject_fault(FaultKind::Alloc, 1);
     expect_injected(rt.allocate(2000, s, "faulty"), &[], &format!("[{n}] alloc fault"));
     check("failed allocation", h(300 * KIB));
-    if !kind.caches() {
-        // (With the cache a free makes no driver call: see the trim tests.)
+    if failed_free {
         st.sim().inject_fault(FaultKind::Free, 1);
         expect_injected(rt.deallocate(&b.id), &[], &format!("[{n}] free fault"));
         check("failed free", h(300 * KIB));
@@ -631,7 +773,11 @@ fn budget_invariant_after_every_op(kind: StackKind) {
     assert_eq!(st.reserved().unwrap_or(0), 0, "[{n}]");
 }
 
-fn budget_refusal_carries_the_numbers(kind: StackKind) {
+/// 512 KiB kept and 256 KiB freed (pending where frees are stream-ordered:
+/// S is gated), then another 512 KiB asked for: over the 1 MiB budget of
+/// the budget stacks. `refused` checks the refusal against the snapshot
+/// taken just before it; then S is released and the request fits.
+fn budget_refusal_scenario(kind: StackKind, refused: impl FnOnce(&Stack, &Snapshot)) {
     let st = Stack::open_default(kind); // 1 MiB budget on the budget stacks
     let (rt, n) = (&st.rt, st.name());
     let s = st.stream();
@@ -640,15 +786,7 @@ fn budget_refusal_carries_the_numbers(kind: StackKind) {
     let gone = rt.allocate(256 * KIB, s, "gone").unwrap();
     rt.deallocate(&gone.id).unwrap(); // pending on async stacks: S is gated
     let before = st.snapshot();
-    let result = rt.allocate(512 * KIB, s, "more");
-    if !kind.has_budget() {
-        let b = result.unwrap_or_else(|e| panic!("[{n}] no budget, so 512 KiB must fit: {e}"));
-        assert_eq!(rt.stats().unwrap().budget_limit, 0, "[{n}]");
-        rt.deallocate(&b.id).unwrap();
-        g.open();
-        return;
-    }
-    let err = result.unwrap_err();
+    let err = rt.allocate(512 * KIB, s, "more").unwrap_err();
     assert_eq!(
         err,
         ResourceError::OutOfBudget {
@@ -665,20 +803,7 @@ fn budget_refusal_carries_the_numbers(kind: StackKind) {
     for needle in ["requested 524288", "live 524288", "cached 0", "pending 262144", "limit 1048576", "remaining 262144"] {
         assert!(msg.contains(needle), "[{n}] {msg:?} lacks {needle:?}");
     }
-    if kind.caches() {
-        // The freed block was cached; under pressure it went back to the
-        // driver before the refusal (pending now, S being gated), and that
-        // is the only change.
-        assert_eq!(before.stats.cached_bytes, 256 * KIB, "[{n}]");
-        let now = st.snapshot();
-        assert_eq!((now.stats.cached_bytes, now.stats.pending_bytes), (0, 256 * KIB), "[{n}]");
-        assert_eq!(now.stats.outstanding_bytes, before.stats.outstanding_bytes, "[{n}]");
-        assert_eq!(now.stats.failed_allocations, before.stats.failed_allocations + 1, "[{n}]");
-        st.check_invariant("refused after releasing the cache");
-    } else {
-        // The refusal reaped first (sealing the pending free), nothing else.
-        st.assert_unchanged_but_reaped(&before, 1, "refused allocation");
-    }
+    refused(&st, &before);
     g.open();
     assert_eq!(rt.drain().unwrap(), 256 * KIB, "[{n}]");
     let more = rt.allocate(512 * KIB, s, "more").unwrap();
@@ -688,49 +813,97 @@ fn budget_refusal_carries_the_numbers(kind: StackKind) {
     rt.deallocate(&keep.id).unwrap();
 }
 
-fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
+fn budget_refusal_carries_the_numbers(kind: StackKind) {
+    budget_refusal_scenario(kind, |st, before| {
+        // The refusal reaped first (sealing the pending free), nothing else.
+        st.assert_unchanged_but_reaped(before, 1, "refused allocation");
+    });
+}
+
+fn budget_refusal_releases_the_cache_then_carries_the_numbers(kind: StackKind) {
+    budget_refusal_scenario(kind, |st, before| {
+        // The freed block was cached; under pressure it went back to the
+        // driver before the refusal (pending now, S being gated), and that
+        // is the only change.
+        let n = st.name();
+        assert_eq!(before.stats.cached_bytes, 256 * KIB, "[{n}]");
+        let now = st.snapshot();
+        assert_eq!((now.stats.cached_bytes, now.stats.pending_bytes), (0, 256 * KIB), "[{n}]");
+        assert_eq!(now.stats.outstanding_bytes, before.stats.outstanding_bytes, "[{n}]");
+        assert_eq!(now.stats.failed_allocations, before.stats.failed_allocations + 1, "[{n}]");
+        st.check_invariant("refused after releasing the cache");
+    });
+}
+
+/// The budget stacks' refusal scenario on a stack without a budget.
+fn without_a_budget_the_same_request_fits(kind: StackKind) {
     let st = Stack::open_default(kind);
     let (rt, n) = (&st.rt, st.name());
     let s = st.stream();
-    let size = 64 * KIB;
     let mut g = gate(rt, s);
+    let _keep = rt.allocate(512 * KIB, s, "keep").unwrap();
+    let gone = rt.allocate(256 * KIB, s, "gone").unwrap();
+    rt.deallocate(&gone.id).unwrap();
+    let b = rt.allocate(512 * KIB, s, "more").unwrap_or_else(|e| panic!("[{n}] no budget, so 512 KiB must fit: {e}"));
+    assert_eq!(rt.stats().unwrap().budget_limit, 0, "[{n}]");
+    rt.deallocate(&b.id).unwrap();
+    g.open();
+}
+
+/// A block of 64 KiB freed on a gated stream S.
+fn free_on_gated_stream(st: &Stack) -> (StreamId, Gate, u64, xlog_cuda::DeviceBlock) {
+    let rt = &st.rt;
+    let s = st.stream();
+    let size = 64 * KIB;
+    let g = gate(rt, s);
     let x = rt.allocate(size, s, "x").unwrap();
     let freed = rt.deallocate(&x.id).unwrap();
+    (s, g, size, freed)
+}
+
+fn a_free_retires_at_once(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (_, mut g, _, freed) = free_on_gated_stream(&st);
     let stats = rt.stats().unwrap();
-    if !kind.is_async() {
-        assert_eq!(freed.state, BlockState::Retired, "[{n}]");
-        assert_eq!((stats.live_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
-        assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending on Direct");
-        g.open();
-        return;
-    }
-    if kind.caches() {
-        // Cached: still held from the driver, so still charged, and reap
-        // has nothing to retire; trim hands it back.
-        assert_eq!(freed.state, BlockState::Cached, "[{n}]");
-        assert_eq!((stats.live_bytes, stats.cached_bytes, stats.cached_blocks, stats.pending_bytes), (0, size, 1, 0), "[{n}]");
-        assert_eq!(stats.outstanding_bytes, size, "[{n}] cached bytes are still outstanding");
-        if kind.has_budget() {
-            assert_eq!(st.reserved(), Some(size), "[{n}] cached bytes stay charged");
-        }
-        assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending");
-        assert_eq!(st.sim().bytes_in_use(), size, "[{n}] device memory still held");
-        g.open();
-        let trimmed = rt.trim(0).unwrap();
-        assert_eq!((trimmed.released, trimmed.retired), (size, size), "[{n}]");
-        let stats = rt.stats().unwrap();
-        assert_eq!((stats.cached_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
-        assert_eq!(st.sim().bytes_in_use(), 0, "[{n}] the device has it back");
-        st.check_invariant("trimmed");
-        return;
-    }
+    assert_eq!(freed.state, BlockState::Retired, "[{n}]");
+    assert_eq!((stats.live_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
+    assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending on Direct");
+    g.open();
+}
+
+fn cached_bytes_stay_charged_until_trim(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (_, mut g, size, freed) = free_on_gated_stream(&st);
+    let stats = rt.stats().unwrap();
+    // Cached: still held from the driver, so still charged, and reap
+    // has nothing to retire; trim hands it back.
+    assert_eq!(freed.state, BlockState::Cached, "[{n}]");
+    assert_eq!((stats.live_bytes, stats.cached_bytes, stats.cached_blocks, stats.pending_bytes), (0, size, 1, 0), "[{n}]");
+    assert_eq!(stats.outstanding_bytes, size, "[{n}] cached bytes are still outstanding");
+    assert_eq!(st.reserved(), st.limit.map(|_| size), "[{n}] cached bytes stay charged (where a budget is)");
+    assert_eq!(rt.reap().unwrap(), 0, "[{n}] nothing pending");
+    assert_eq!(st.sim().bytes_in_use(), size, "[{n}] device memory still held");
+    g.open();
+    let trimmed = rt.trim(0).unwrap();
+    assert_eq!((trimmed.released, trimmed.retired), (size, size), "[{n}]");
+    let stats = rt.stats().unwrap();
+    assert_eq!((stats.cached_bytes, stats.pending_bytes, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}] the device has it back");
+    st.check_invariant("trimmed");
+}
+
+fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (s, mut g, size, freed) = free_on_gated_stream(&st);
+    let stats = rt.stats().unwrap();
     assert_eq!(freed.state, BlockState::Pending, "[{n}]");
     assert_eq!((stats.live_bytes, stats.pending_bytes, stats.pending_blocks), (0, size, 1), "[{n}]");
     assert_eq!(stats.outstanding_bytes, size, "[{n}] pending bytes are still outstanding");
     st.check_invariant("pending");
-    if kind.has_budget() {
-        assert_eq!(st.reserved(), Some(size), "[{n}] pending bytes stay charged");
-    }
+    assert_eq!(st.reserved(), st.limit.map(|_| size), "[{n}] pending bytes stay charged (where a budget is)");
     // The stream has not reached the free: reap retires nothing and does not block.
     assert_eq!(rt.reap().unwrap(), 0, "[{n}] reap before the free ran");
     assert_eq!(rt.stats().unwrap().pending_bytes, size, "[{n}]");
@@ -741,9 +914,7 @@ fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
     let stats = rt.stats().unwrap();
     assert_eq!((stats.pending_bytes, stats.pending_blocks), (size, 1), "[{n}] still pending until reap");
     st.check_invariant("freed on the device, not yet reaped");
-    if kind.has_budget() {
-        assert_eq!(st.reserved(), Some(size), "[{n}] still charged until reap");
-    }
+    assert_eq!(st.reserved(), st.limit.map(|_| size), "[{n}] still charged until reap (where a budget is)");
     assert_eq!(rt.drain().unwrap(), size, "[{n}]");
     let stats = rt.stats().unwrap();
     assert_eq!((stats.pending_bytes, stats.pending_blocks, stats.outstanding_bytes), (0, 0, 0), "[{n}]");
@@ -767,6 +938,22 @@ fn pending_bytes_stay_charged_until_reap(kind: StackKind) {
 // ----- fault injection -----
 
 fn alloc_fault_rolls_back(kind: StackKind) {
+    alloc_fault_scenario(kind);
+}
+
+fn alloc_faults_are_logged(kind: StackKind) {
+    let st = alloc_fault_scenario(kind);
+    let n = st.name();
+    let (_, lines) = parse_log(&st.log_text());
+    let failures: Vec<_> = lines.iter().filter(|l| l.action == "allocate failure").collect();
+    assert_eq!(failures.len(), 2, "[{n}] {failures:?}");
+    assert_eq!((failures[0].size, failures[0].tag.as_str()), (65536, "faulty"), "[{n}]");
+    assert_eq!((failures[1].size, failures[1].tag.as_str()), (3000, "a3"), "[{n}]");
+}
+
+/// Injected allocation faults, each rolled back; the stack is handed back
+/// with everything freed and released.
+fn alloc_fault_scenario(kind: StackKind) -> Stack {
     let st = Stack::open_default(kind);
     let (rt, n) = (&st.rt, st.name());
     let s = st.stream();
@@ -782,11 +969,11 @@ fn alloc_fault_rolls_back(kind: StackKind) {
     let a2 = rt.allocate(2000, s, "a2").unwrap();
     let before = st.snapshot();
     // The async pool asks the driver for the device size, Direct for the request.
-    let device_bytes = if kind.is_async() { kind.held_bytes(3000) } else { 3000 }.to_string();
+    let device_bytes = st.props.driver_bytes(3000).to_string();
     expect_injected(rt.allocate(3000, s, "a3"), &[&device_bytes], &format!("[{n}] third allocation"));
     st.assert_unchanged(&before, 1, "third allocation");
     let a4 = rt.allocate(4000, s, "a4").unwrap();
-    let h = |size| kind.held_bytes(size);
+    let h = |size| st.props.held_bytes(size);
     assert_eq!(rt.usage().live_bytes, h(4096) + h(1000) + h(2000) + h(4000), "[{n}]");
     st.check_invariant("after faults");
     assert_eq!(rt.stats().unwrap().failed_allocations, 2, "[{n}]");
@@ -797,79 +984,123 @@ fn alloc_fault_rolls_back(kind: StackKind) {
     st.check_invariant("drained");
     assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
     assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
-    if kind.has_logging() {
-        let (_, lines) = parse_log(&st.log_text());
-        let failures: Vec<_> = lines.iter().filter(|l| l.action == "allocate failure").collect();
-        assert_eq!(failures.len(), 2, "[{n}] {failures:?}");
-        assert_eq!((failures[0].size, failures[0].tag.as_str()), (65536, "faulty"), "[{n}]");
-        assert_eq!((failures[1].size, failures[1].tag.as_str()), (3000, "a3"), "[{n}]");
-    }
+    st
+}
+
+/// A 64 KiB block filled with 0x77 on S, and another stream T.
+fn victim(st: &Stack) -> (StreamId, StreamId, BlockId) {
+    let rt = &st.rt;
+    let (s, t) = (st.stream(), st.stream());
+    let x = rt.allocate(64 * KIB, s, "victim").unwrap();
+    st.sim().fill(x.id.ptr, 64 * KIB, 0x77).unwrap();
+    (s, t, x.id)
 }
 
 fn free_fault_keeps_the_block_live(kind: StackKind) {
     let st = Stack::open_default(kind);
     let (rt, n) = (&st.rt, st.name());
-    let (s, t) = (st.stream(), st.stream());
-    let x = rt.allocate(64 * KIB, s, "victim").unwrap();
-    st.sim().fill(x.id.ptr, 64 * KIB, 0x77).unwrap();
-    if kind.caches() {
-        // A free into the cache makes no driver call; the driver's free
-        // comes at trim (or under pressure), and failing there loses nothing.
-        let freed = rt.deallocate(&x.id).unwrap();
-        assert_eq!(freed.state, BlockState::Cached, "[{n}]");
-        let before = st.snapshot();
-        st.sim().inject_fault(FaultKind::Free, 1);
-        expect_injected(rt.trim(0), &[&format!("{:#x}", x.id.ptr)], &format!("[{n}] trim"));
-        st.assert_unchanged(&before, 0, "injected free fault in trim");
-        assert!(st.sim().read(x.id.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] memory kept");
-        let y = rt.allocate(64 * KIB, t, "reuse").unwrap();
-        assert_eq!(y.id.ptr, x.id.ptr, "[{n}] the block is still cached and handed out");
-        rt.deallocate(&y.id).unwrap();
-        st.release_all();
-        assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
-        assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
-        return;
-    }
+    let (_, t, x) = victim(&st);
     let before = st.snapshot();
     st.sim().inject_fault(FaultKind::Free, 1);
-    expect_injected(rt.deallocate(&x.id), &[&format!("{:#x}", x.id.ptr)], &format!("[{n}] free"));
+    expect_injected(rt.deallocate(&x), &[&format!("{:#x}", x.ptr)], &format!("[{n}] free"));
     st.assert_unchanged(&before, 0, "injected free fault");
-    let v = rt.validate(&x.id).unwrap();
+    let v = rt.validate(&x).unwrap();
     assert_eq!((v.state, &*v.tag.name()), (BlockState::Live, "victim"), "[{n}] block stays live");
-    assert!(st.sim().read(x.id.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] data intact");
-    if kind.is_async() {
-        rt.prepare(&x.id, t, Access::Read).unwrap();
-        rt.finish(&x.id, t, Access::Read).unwrap();
-    }
-    let freed = rt.deallocate(&x.id).unwrap();
-    assert_eq!(freed.state, kind.freed_state(64 * KIB), "[{n}]");
+    assert!(st.sim().read(x.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] data intact");
+    expect_tracked(&st.props, rt.prepare(&x, t, Access::Read), &format!("[{n}] prepare"));
+    expect_tracked(&st.props, rt.finish(&x, t, Access::Read), &format!("[{n}] finish"));
+    let freed = rt.deallocate(&x).unwrap();
+    assert_eq!(freed.state, st.props.freed_state(64 * KIB), "[{n}]");
     rt.drain().unwrap();
     st.check_invariant("freed later");
     let stats = rt.stats().unwrap();
     assert_eq!((stats.outstanding_bytes, stats.deallocations), (0, 1), "[{n}]");
     assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
-    if kind.has_logging() {
-        let (_, lines) = parse_log(&st.log_text());
-        let frees = lines.iter().filter(|l| l.action == "free").count();
-        assert_eq!(frees, 1, "[{n}] only the successful free is logged");
-    }
 }
 
-fn event_record_fault_changes_nothing(kind: StackKind) {
+fn free_fault_in_trim_keeps_the_block_cached(kind: StackKind) {
+    free_fault_in_trim_scenario(kind);
+}
+
+fn a_failed_trim_logs_no_free(kind: StackKind) {
+    let st = free_fault_in_trim_scenario(kind);
+    let n = st.name();
+    let (_, lines) = parse_log(&st.log_text());
+    let count = |action: &str| lines.iter().filter(|l| l.action == action).count();
+    assert_eq!(count("free"), 2, "[{n}] the victim's and the reuse's frees, into the cache");
+    assert_eq!(count("release"), 1, "[{n}] only the trim that worked gave the block back");
+}
+
+/// A free into the cache makes no driver call; the driver's free comes at
+/// trim (or under pressure), and failing there loses nothing. The stack is
+/// handed back with everything released.
+fn free_fault_in_trim_scenario(kind: StackKind) -> Stack {
     let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (_, t, x) = victim(&st);
+    let freed = rt.deallocate(&x).unwrap();
+    assert_eq!(freed.state, BlockState::Cached, "[{n}]");
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::Free, 1);
+    expect_injected(rt.trim(0), &[&format!("{:#x}", x.ptr)], &format!("[{n}] trim"));
+    st.assert_unchanged(&before, 0, "injected free fault in trim");
+    assert!(st.sim().read(x.ptr, 64 * KIB).unwrap().iter().all(|&b| b == 0x77), "[{n}] memory kept");
+    let y = rt.allocate(64 * KIB, t, "reuse").unwrap();
+    assert_eq!(y.id.ptr, x.ptr, "[{n}] the block is still cached and handed out");
+    rt.deallocate(&y.id).unwrap();
+    st.release_all();
+    assert_eq!(rt.stats().unwrap().outstanding_bytes, 0, "[{n}]");
+    assert_eq!(st.sim().bytes_in_use(), 0, "[{n}]");
+    st
+}
+
+/// Where nothing is tracked, an armed event-record fault meets no record:
+/// the refused calls, the free and reap go through it untouched.
+fn event_record_fault_changes_nothing_without_tracking(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (a, b) = (st.stream(), st.stream());
+    let x = rt.allocate(64, a, "x").unwrap();
+    st.sim().fill(x.id.ptr, 64, 0).unwrap();
+    st.sim().inject_fault(FaultKind::EventRecord, 1);
+    assert_tracking_refused(&st, &x.id, b);
+    rt.deallocate(&x.id).unwrap();
+    assert_eq!(rt.reap().unwrap(), 0, "[{n}]");
+    st.sim().inject_fault(FaultKind::EventRecord, 0);
+}
+
+/// Where uses are not tracked, every form of prepare/finish is refused with
+/// StreamMisuse and changes nothing, whatever the handle: zero-size, 64 and
+/// 4096 bytes (the blocks of the tracking-only tests), stale or live.
+fn tracking_calls_are_refused_and_change_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let rt = &st.rt;
+    let (s, other) = (st.stream(), st.stream());
+    for size in [0, 64, 4096] {
+        let x = rt.allocate(size, s, "x").unwrap();
+        assert_tracking_refused(&st, &x.id, other);
+        rt.deallocate(&x.id).unwrap();
+    }
+    let old = rt.allocate(8192, s, "old").unwrap();
+    rt.deallocate(&old.id).unwrap();
+    rt.drain().unwrap();
+    let new = rt.allocate(8192, s, "new").unwrap();
+    assert_eq!(new.id.ptr, old.id.ptr, "[{}] the address is handed out again", st.name());
+    assert_tracking_refused(&st, &old.id, other);
+    assert_tracking_refused(&st, &new.id, other);
+    rt.deallocate(&new.id).unwrap();
+    st.check_invariant("end");
+}
+
+/// x (64 bytes) written on a gated stream A; a finish on B fails on an
+/// injected event-record fault and changes nothing: A's write is still the
+/// last one, and a reader on C waits for it. Returns (x, A, C).
+fn event_record_fault_in_finish(st: &Stack) -> (BlockId, StreamId, StreamId) {
     let (rt, n) = (&st.rt, st.name());
     let (a, b, c) = (st.stream(), st.stream(), st.stream());
     let x = rt.allocate(64, a, "x").unwrap();
     let p = x.id.ptr;
     st.sim().fill(p, 64, 0).unwrap();
-    if !kind.is_async() {
-        st.sim().inject_fault(FaultKind::EventRecord, 1);
-        assert_tracking_refused(&st, &x.id, b);
-        rt.deallocate(&x.id).unwrap();
-        assert_eq!(rt.reap().unwrap(), 0, "[{n}]");
-        st.sim().inject_fault(FaultKind::EventRecord, 0);
-        return;
-    }
     let mut gate_a = gate(rt, a);
     rt.prepare(&x.id, a, Access::Write).unwrap();
     host_write_u64(rt, a, p, 7, Duration::ZERO);
@@ -897,34 +1128,44 @@ fn event_record_fault_changes_nothing(kind: StackKind) {
     assert_blocked(&seen, &format!("[{n}] the failed finish replaced the last write"));
     gate_a.open();
     assert_eq!(recv(&seen, n), 7, "[{n}]");
+    (x.id, a, c)
+}
 
-    if kind.caches() {
-        // The freed block is cached on A; handing it to C needs an event
-        // recorded on A. A fault there fails the allocation and changes
-        // nothing: the block stays cached on A.
-        rt.deallocate(&x.id).unwrap();
-        rt.synchronize(a).unwrap();
-        let before = st.snapshot();
-        st.sim().inject_fault(FaultKind::EventRecord, 1);
-        expect_injected(rt.allocate(64, c, "y"), &[], &format!("[{n}] cross-stream hand-out"));
-        st.assert_unchanged(&before, 1, "failed cross-stream hand-out");
-        let y = rt.allocate(64, c, "y").unwrap();
-        assert_eq!(y.id.ptr, p, "[{n}] handed out once the record works");
-        assert_eq!(rt.stats().unwrap().cache_hits, 1, "[{n}]");
-        rt.deallocate(&y.id).unwrap();
-        st.release_all();
-        assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
-        return;
-    }
+fn event_record_fault_in_a_cross_stream_hand_out_changes_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (x, a, c) = event_record_fault_in_finish(&st);
+    let p = x.ptr;
+    // The freed block is cached on A; handing it to C needs an event
+    // recorded on A. A fault there fails the allocation and changes
+    // nothing: the block stays cached on A.
+    rt.deallocate(&x).unwrap();
+    rt.synchronize(a).unwrap();
+    let before = st.snapshot();
+    st.sim().inject_fault(FaultKind::EventRecord, 1);
+    expect_injected(rt.allocate(64, c, "y"), &[], &format!("[{n}] cross-stream hand-out"));
+    st.assert_unchanged(&before, 1, "failed cross-stream hand-out");
+    let y = rt.allocate(64, c, "y").unwrap();
+    assert_eq!(y.id.ptr, p, "[{n}] handed out once the record works");
+    assert_eq!(rt.stats().unwrap().cache_hits, 1, "[{n}]");
+    rt.deallocate(&y.id).unwrap();
+    st.release_all();
+    assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
+}
+
+fn event_record_fault_in_reap_changes_nothing(kind: StackKind) {
+    let st = Stack::open_default(kind);
+    let (rt, n) = (&st.rt, st.name());
+    let (x, a, _) = event_record_fault_in_finish(&st);
     // A fault while reap seals the pending frees: nothing retired, still charged.
-    rt.deallocate(&x.id).unwrap();
+    rt.deallocate(&x).unwrap();
     rt.synchronize(a).unwrap();
     let before = st.snapshot();
     st.sim().inject_fault(FaultKind::EventRecord, 1);
     expect_injected(rt.reap(), &[], &format!("[{n}] reap"));
     st.assert_unchanged(&before, 0, "failed reap");
-    assert_eq!(rt.stats().unwrap().pending_bytes, kind.held_bytes(64), "[{n}]");
-    assert_eq!(rt.drain().unwrap(), kind.held_bytes(64), "[{n}] the runtime recovers");
+    assert_eq!(rt.stats().unwrap().pending_bytes, st.props.held_bytes(64), "[{n}]");
+    assert_eq!(rt.drain().unwrap(), st.props.held_bytes(64), "[{n}] the runtime recovers");
     st.check_invariant("end");
     assert_eq!(rt.usage().outstanding_bytes(), 0, "[{n}]");
 }
@@ -939,8 +1180,8 @@ struct WorkerCounts {
     device_full: u64,
 }
 
-fn worker(rt: Arc<Runtime>, kind: StackKind, seed: u64) -> WorkerCounts {
-    let n = kind.name();
+fn worker(rt: Arc<Runtime>, props: StackProps, limit: Option<u64>, seed: u64) -> WorkerCounts {
+    let n = props.name;
     let s = rt.acquire_stream().unwrap();
     let mut rng = XorShift::new(seed);
     let mut held: Vec<BlockId> = Vec::new();
@@ -953,26 +1194,21 @@ fn worker(rt: Arc<Runtime>, kind: StackKind, seed: u64) -> WorkerCounts {
                 Ok(b) => {
                     assert_eq!(b.id.ptr % 256, 0, "[{n}]");
                     counts.allocs += 1;
-                    if kind.is_async() && roll == 0 {
-                        rt.prepare(&b.id, s, Access::Write).unwrap();
-                        rt.finish(&b.id, s, Access::Write).unwrap();
+                    if roll == 0 {
+                        expect_tracked(&props, rt.prepare(&b.id, s, Access::Write), &format!("[{n}] prepare"));
+                        expect_tracked(&props, rt.finish(&b.id, s, Access::Write), &format!("[{n}] finish"));
                     }
                     held.push(b.id);
                 }
                 Err(e) => {
-                    match e {
-                        ResourceError::OutOfBudget { requested, limit, .. } if kind.has_budget() => {
-                            assert_eq!((requested, limit), (size, MIB), "[{n}]");
-                            counts.refusals += 1;
-                        }
-                        // Without a budget the sim device itself can fill up:
-                        // its frees land only when each stream's worker gets
-                        // there, and 8 allocating threads can outrun them.
-                        ResourceError::OutOfMemory { requested, .. } if !kind.has_budget() => {
-                            assert_eq!(requested, size, "[{n}]");
-                            counts.device_full += 1;
-                        }
-                        e => panic!("[{n}] thread {seed}: allocate {size}: {e}"),
+                    // The declared refusal. Without a budget the sim device
+                    // itself can fill up: its frees land only when each
+                    // stream's worker gets there, and 8 allocating threads
+                    // can outrun them.
+                    let what = format!("[{n}] thread {seed}: allocate {size}");
+                    match expect_refusal(&props, limit, Err::<(), _>(e), size, &what) {
+                        ResourceError::OutOfBudget { .. } => counts.refusals += 1,
+                        _ => counts.device_full += 1,
                     }
                     // Back off: give a block back and let this stream catch up.
                     if let Some(id) = held.pop() {
@@ -1008,7 +1244,10 @@ fn eight_threads_never_exceed_the_budget(kind: StackKind) {
     // bytes are bookkeeping only (the device may already have them back), so
     // what is bounded is the live bytes and the device's own usage.
     let (limit, capacity) = (MIB, 16 * MIB);
-    let has_budget = kind.has_budget();
+    let (props, has_budget, budget_limit) = (st.props, st.props.budget, st.limit);
+    // What the observer bounds: outstanding bytes by the budget's limit
+    // where there is one, else live bytes by the device's capacity.
+    let bound = budget_limit.unwrap_or(capacity);
     let done = Arc::new(AtomicBool::new(false));
     let observer = {
         let (rt, done) = (rt.clone(), done.clone());
@@ -1019,7 +1258,6 @@ fn eight_threads_never_exceed_the_budget(kind: StackKind) {
                 let in_use = rt.sim().unwrap().bytes_in_use();
                 assert!(in_use <= capacity, "[{n}] device use {in_use} > capacity {capacity}");
                 let bounded = if has_budget { s.outstanding_bytes } else { s.live_bytes };
-                let bound = if has_budget { limit } else { capacity };
                 assert!(bounded <= bound, "[{n}] {bounded} > {bound}: {s:?}");
                 if let Some(b) = rt.budget() {
                     assert!(b.reserved() <= limit, "[{n}] reserved {} > limit {limit}", b.reserved());
@@ -1034,7 +1272,7 @@ fn eight_threads_never_exceed_the_budget(kind: StackKind) {
     let workers: Vec<_> = (0..8u64)
         .map(|t| {
             let rt = rt.clone();
-            thread::spawn(move || worker(rt, kind, 0xB0D6E7 + t))
+            thread::spawn(move || worker(rt, props, budget_limit, 0xB0D6E7 + t))
         })
         .collect();
     let mut total = WorkerCounts::default();
@@ -1057,18 +1295,14 @@ fn eight_threads_never_exceed_the_budget(kind: StackKind) {
     }
     let (max, samples) = observed.unwrap_or_else(|p| std::panic::resume_unwind(p));
     assert!(samples > 0, "[{n}]");
-    assert!(max <= if has_budget { limit } else { capacity }, "[{n}]");
+    assert!(max <= bound, "[{n}]");
     assert!(total.allocs >= 400, "[{n}] too few allocations went through: {total:?}");
-    if kind.has_budget() {
-        assert!(total.refusals > 0, "[{n}] demand exceeds the budget, some allocations must be refused: {total:?}");
-        assert_eq!(total.device_full, 0, "[{n}] the budget keeps the device from filling up");
-    } else {
-        assert_eq!(total.refusals, 0, "[{n}]");
-    }
-    if has_budget {
-        let peak = rt.stats().unwrap().peak_outstanding_bytes;
-        assert!(peak <= limit, "[{n}] peak outstanding {peak} > limit {limit}");
-    }
+    // Demand exceeds the budget: some allocations must be refused, exactly
+    // where there is one, and the budget keeps the device from filling up.
+    assert_eq!(total.refusals > 0, has_budget, "[{n}] refusals: {total:?}");
+    assert!(!has_budget || total.device_full == 0, "[{n}] the budget keeps the device from filling up: {total:?}");
+    let peak = rt.stats().unwrap().peak_outstanding_bytes;
+    assert!(!has_budget || peak <= limit, "[{n}] peak outstanding {peak} > limit {limit}");
     st.release_all();
     let stats = rt.stats().unwrap();
     assert_eq!(stats.outstanding_bytes, 0, "[{n}] {stats:?}");
@@ -1105,12 +1339,13 @@ fn bad_input_is_a_typed_error_that_changes_nothing(kind: StackKind) {
         let needles = [needle.as_str(), gen.as_str()];
         expect_invalid(rt.deallocate(f), &needles, &what);
         expect_invalid(rt.validate(f), &needles, &what);
-        if kind.is_async() {
-            expect_invalid(rt.prepare(f, t, Access::Read), &needles, &what);
-            expect_invalid(rt.finish(f, t, Access::Write), &needles, &what);
-            expect_invalid(rt.prepare_all(t, &[r(Access::Read, &x.id), r(Access::Read, f)]), &needles, &what);
-            expect_invalid(rt.finish_all(t, &[r(Access::Read, &x.id), r(Access::Write, f)]), &needles, &what);
-        }
+        // (Where uses are not tracked the call is refused before the handle is looked at.)
+        let p = &st.props;
+        let invalid = |r: ResourceResult<()>| expect_tracking(p, r, &what, |r| expect_invalid(r, &needles, &what));
+        invalid(rt.prepare(f, t, Access::Read));
+        invalid(rt.finish(f, t, Access::Write));
+        invalid(rt.prepare_all(t, &[r(Access::Read, &x.id), r(Access::Read, f)]));
+        invalid(rt.finish_all(t, &[r(Access::Read, &x.id), r(Access::Write, f)]));
     }
 
     // Generations never issued.
@@ -1139,15 +1374,8 @@ fn bad_input_is_a_typed_error_that_changes_nothing(kind: StackKind) {
     st.assert_unchanged(&before, 0, "bad handles and streams");
 
     // A size no stack can satisfy.
-    match (rt.allocate(u64::MAX, s, "absurd"), kind.has_budget()) {
-        (Err(ResourceError::OutOfBudget { requested, limit, .. }), true) => {
-            assert_eq!((requested, limit), (u64::MAX, MIB), "[{n}]");
-        }
-        (Err(e @ ResourceError::OutOfMemory { .. }), false) => {
-            assert!(e.to_string().contains(&u64::MAX.to_string()), "[{n}] {e}");
-        }
-        (other, _) => panic!("[{n}] u64::MAX bytes: unexpected {other:?}"),
-    }
+    let e = expect_refusal(&st.props, st.limit, rt.allocate(u64::MAX, s, "absurd"), u64::MAX, &format!("[{n}] u64::MAX bytes"));
+    assert!(e.to_string().contains(&u64::MAX.to_string()), "[{n}] {e}");
     st.assert_unchanged(&before, 1, "absurd allocation");
 
     let v = rt.validate(&x.id).unwrap();

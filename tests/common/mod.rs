@@ -25,7 +25,7 @@ use xlog_cuda::device::sim::SimDevice;
 use xlog_cuda::device::Device;
 use xlog_cuda::resource::Usage;
 use xlog_cuda::{
-    AllocatorKind, Backend, BlockId, Config, ResourceError, ResourceResult, Runtime, Stats,
+    AllocatorKind, Backend, BlockId, BlockState, Config, ResourceError, ResourceResult, Runtime, Stats,
     StreamId,
 };
 
@@ -65,55 +65,136 @@ pub const ALL_STACKS: [StackKind; 6] = [
     StackKind::BudgetAsyncNoCache,
 ];
 
-impl StackKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            StackKind::Direct => "Direct",
-            StackKind::Async => "Async",
-            StackKind::BudgetAsync => "Budget(Async)",
-            StackKind::BudgetLoggingAsync => "Budget(Logging(Async))",
-            StackKind::AsyncNoCache => "Async[cache off]",
-            StackKind::BudgetAsyncNoCache => "Budget(Async[cache off])",
-        }
-    }
+/// What refuses a request larger than what is left.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The budget layer, before the device is asked (`OutOfBudget`).
+    Budget,
+    /// The device itself (`OutOfMemory`).
+    Device,
+}
 
-    pub fn has_budget(self) -> bool {
-        matches!(self, StackKind::BudgetAsync | StackKind::BudgetLoggingAsync | StackKind::BudgetAsyncNoCache)
-    }
+/// What a stack is declared to do. Every difference between the stacks that
+/// a shared test may observe is one of these: the tests read them (or are
+/// instantiated only for the stacks whose properties they need), never the
+/// stack's identity. Declared once, in [`StackKind::props`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct StackProps {
+    pub name: &'static str,
+    /// The stream-ordered pool (`AllocatorKind::Async`); else Direct, whose
+    /// frees are synchronous (never pending).
+    pub stream_ordered: bool,
+    /// prepare/finish record and wait on cross-stream uses; else every
+    /// form is refused with StreamMisuse (before the handle is looked at)
+    /// and changes nothing.
+    pub tracks_uses: bool,
+    /// A free goes to the per-stream cache (no driver call; the driver's
+    /// free comes at trim or under pressure).
+    pub frees_to_cache: bool,
+    /// The state a free leaves a block that held memory in (a zero-size
+    /// block always retires at once).
+    pub freed_state: BlockState,
+    /// A budget layer charges every held byte (limit: `Opts::budget_bytes`).
+    pub budget: bool,
+    /// A CSV log of allocator events.
+    pub logs: bool,
+    /// A block holds its size class (the cache's), else its size rounded up
+    /// to 256 bytes.
+    pub held_rounds_to_size_class: bool,
+    /// The driver is asked for the held bytes (the pool), else for the
+    /// requested ones (Direct).
+    pub driver_sees_held_bytes: bool,
+    /// What refuses a request larger than what is left.
+    pub refusal: Refusal,
+}
 
-    /// Freed blocks go to the per-stream cache (Cached), not the driver.
-    pub fn caches(self) -> bool {
-        matches!(self, StackKind::Async | StackKind::BudgetAsync | StackKind::BudgetLoggingAsync)
-    }
-
-    /// Device bytes a block of `size` takes on this stack.
-    pub fn held_bytes(self, size: u64) -> u64 {
-        if self.caches() {
+impl StackProps {
+    /// Device bytes a block of `size` holds on this stack.
+    pub fn held_bytes(&self, size: u64) -> u64 {
+        if self.held_rounds_to_size_class {
             xlog_cuda::resources::stream_cache::size_class(size).expect("size fits")
         } else {
             size.div_ceil(256) * 256
         }
     }
 
-    /// State of a block right after a successful free.
-    pub fn freed_state(self, size: u64) -> xlog_cuda::BlockState {
-        use xlog_cuda::BlockState;
-        if size == 0 || !self.is_async() {
-            BlockState::Retired
-        } else if self.caches() {
-            BlockState::Cached
-        } else {
-            BlockState::Pending
+    /// Bytes the driver is asked for when a block of `size` is allocated.
+    pub fn driver_bytes(&self, size: u64) -> u64 {
+        if self.driver_sees_held_bytes { self.held_bytes(size) } else { size }
+    }
+
+    /// State of a block of `size` right after a successful free.
+    pub fn freed_state(&self, size: u64) -> BlockState {
+        if size == 0 { BlockState::Retired } else { self.freed_state }
+    }
+
+    /// Bytes a free of `size` leaves pending (retired by a later reap/drain).
+    pub fn pending_after_free(&self, size: u64) -> u64 {
+        if self.freed_state(size) == BlockState::Pending { self.held_bytes(size) } else { 0 }
+    }
+}
+
+impl StackKind {
+    /// The declared properties of each stack: the one place that says how
+    /// the stacks differ.
+    pub const fn props(self) -> StackProps {
+        use BlockState::{Cached, Pending, Retired};
+        let (name, stream_ordered, frees_to_cache, budget, logs) = match self {
+            StackKind::Direct => ("Direct", false, false, false, false),
+            StackKind::Async => ("Async", true, true, false, false),
+            StackKind::BudgetAsync => ("Budget(Async)", true, true, true, false),
+            StackKind::BudgetLoggingAsync => ("Budget(Logging(Async))", true, true, true, true),
+            StackKind::AsyncNoCache => ("Async[cache off]", true, false, false, false),
+            StackKind::BudgetAsyncNoCache => ("Budget(Async[cache off])", true, false, true, false),
+        };
+        StackProps {
+            name,
+            stream_ordered,
+            tracks_uses: stream_ordered,
+            frees_to_cache,
+            freed_state: match (stream_ordered, frees_to_cache) {
+                (false, _) => Retired,
+                (true, true) => Cached,
+                (true, false) => Pending,
+            },
+            budget,
+            logs,
+            held_rounds_to_size_class: frees_to_cache,
+            driver_sees_held_bytes: stream_ordered,
+            refusal: if budget { Refusal::Budget } else { Refusal::Device },
         }
     }
 
+    pub fn name(self) -> &'static str {
+        self.props().name
+    }
+
+    pub fn has_budget(self) -> bool {
+        self.props().budget
+    }
+
+    /// Freed blocks go to the per-stream cache (Cached), not the driver.
+    pub fn caches(self) -> bool {
+        self.props().frees_to_cache
+    }
+
+    /// Device bytes a block of `size` takes on this stack.
+    pub fn held_bytes(self, size: u64) -> u64 {
+        self.props().held_bytes(size)
+    }
+
+    /// State of a block right after a successful free.
+    pub fn freed_state(self, size: u64) -> BlockState {
+        self.props().freed_state(size)
+    }
+
     pub fn has_logging(self) -> bool {
-        self == StackKind::BudgetLoggingAsync
+        self.props().logs
     }
 
     /// Stream-ordered (frees go pending) and tracking cross-stream uses.
     pub fn is_async(self) -> bool {
-        self != StackKind::Direct
+        self.props().stream_ordered
     }
 }
 
@@ -161,6 +242,8 @@ pub fn temp_path(what: &str, ext: &str) -> PathBuf {
 /// otherwise). The log file (if any) is removed when the stack is dropped.
 pub struct Stack {
     pub kind: StackKind,
+    /// `kind.props()`: what the tests read.
+    pub props: StackProps,
     pub rt: Arc<Runtime>,
     pub log_path: Option<PathBuf>,
     pub limit: Option<u64>,
@@ -192,9 +275,9 @@ impl Stack {
         let cfg = Stack::config(kind, &opts, log_path.clone());
         let rt = Runtime::open(0, &cfg).unwrap_or_else(|e| panic!("[{kind}] open failed: {e}"));
         assert_eq!(rt.backend(), opts.backend, "[{kind}]");
-        assert_eq!(rt.supports_tracking(), kind.is_async(), "[{kind}] supports_tracking");
+        assert_eq!(rt.supports_tracking(), kind.props().tracks_uses, "[{kind}] supports_tracking");
         assert_eq!(rt.budget().is_some(), kind.has_budget(), "[{kind}] budget layer present");
-        Stack { kind, rt, log_path, limit: kind.has_budget().then_some(opts.budget_bytes) }
+        Stack { kind, props: kind.props(), rt, log_path, limit: kind.has_budget().then_some(opts.budget_bytes) }
     }
 
     pub fn open_default(kind: StackKind) -> Stack {
@@ -228,14 +311,14 @@ impl Stack {
             stats.live_bytes + stats.cached_bytes + stats.pending_bytes,
             "[{n}] {what}"
         );
-        if !self.kind.caches() {
+        if !self.props.frees_to_cache {
             assert_eq!((stats.cached_bytes, stats.cached_blocks), (0, 0), "[{n}] {what}: no cache");
         }
         if self.rt.sim().is_some() {
             assert_eq!(stats.reserved_bytes, stats.outstanding_bytes, "[{n}] {what}: sim reserved = held");
         }
         assert_eq!(stats.outstanding_bytes, usage.outstanding_bytes(), "[{n}] {what}");
-        if !self.kind.is_async() {
+        if !self.props.stream_ordered {
             assert_eq!(usage.pending_bytes, 0, "[{n}] {what}: Direct never has pending bytes");
         }
         match (self.rt.budget(), self.limit) {

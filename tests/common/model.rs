@@ -737,7 +737,7 @@ impl Harness {
         ensure_eq!(rt.supports_tracking(), kind.is_async(), "[{kind}] supports_tracking");
         ensure_eq!(rt.budget().is_some(), kind.has_budget(), "[{kind}] budget layer present");
         let limit = kind.has_budget().then_some(opts.budget_bytes);
-        let st = Stack { kind, rt: Arc::new(rt), log_path, limit };
+        let st = Stack { kind, props: kind.props(), rt: Arc::new(rt), log_path, limit };
         let dev = st.rt.device().clone();
         let data = DataPlane::for_runtime(&st.rt);
         let mut opts = opts;
