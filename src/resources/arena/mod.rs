@@ -696,10 +696,10 @@ impl Arena {
         got
     }
 
-    /// Up to `count` idle pages whose frees may still be running, lent to
-    /// `stream` (region.rs): `stream` is made to wait on the GPU for the
-    /// work of every other stream whose pages it gets (the stream's own
-    /// order covers its own). A region whose fence fails lends nothing.
+    /// Up to `count` idle pages, lent to `stream` (region.rs), whether or
+    /// not their frees are complete: `stream` is made to wait on the GPU
+    /// for the work of every other stream whose pages it gets (the stream's
+    /// own order covers its own). A region whose fence fails lends nothing.
     fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
         let mut got = Vec::new();
         for region in self.every_region() {
