@@ -33,6 +33,8 @@ without it. See docs/frameworks.md.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import threading
 from typing import Any, Dict, Optional, Union
@@ -110,11 +112,10 @@ def _refusal(message: str, size: int) -> Exception:
     return error_for(status, message or f"{_WHO}: allocation of {size} bytes refused (no message)")
 
 
+@dataclasses.dataclass
 class _Enabled:
-    def __init__(self, resource: Any, hooks: _Hooks, previous: Any):
-        self.resource = resource
-        self.hooks = hooks
-        self.previous = previous
+    resource: Any  # what enable() made RMM's resource
+    previous: Any  # the resource it replaced (disable() puts it back)
 
 
 _lock = threading.Lock()
@@ -140,28 +141,22 @@ def resource(
     return _resource_class(rmm)(hooks)
 
 
-_resource_classes: Dict[int, type] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _resource_class(rmm: Any) -> type:
     """CallbackMemoryResource with the hooks as an attribute (`xlog_hooks`;
-    RMM's class is a Cython type without a __dict__), made once per rmm
-    module."""
-    cls = _resource_classes.get(id(rmm))
-    if cls is None:
+    RMM's class is a Cython type without a __dict__), made once."""
 
-        class XlogMemoryResource(rmm.mr.CallbackMemoryResource):
-            """RMM's CallbackMemoryResource over xlog's hooks (xlog_cuda.rmm)."""
+    class XlogMemoryResource(rmm.mr.CallbackMemoryResource):
+        """RMM's CallbackMemoryResource over xlog's hooks (xlog_cuda.rmm)."""
 
-            def __init__(self, hooks: _Hooks):
-                super().__init__(hooks.allocate, hooks.deallocate)
-                self.xlog_hooks = hooks
+        def __init__(self, hooks: _Hooks):
+            super().__init__(hooks.allocate, hooks.deallocate)
+            self.xlog_hooks = hooks
 
-            def __repr__(self) -> str:
-                return f"<xlog_cuda.rmm resource on device {self.xlog_hooks.device}>"
+        def __repr__(self) -> str:
+            return f"<xlog_cuda.rmm resource on device {self.xlog_hooks.device}>"
 
-        cls = _resource_classes[id(rmm)] = XlogMemoryResource
-    return cls
+    return XlogMemoryResource
 
 
 def enable(
@@ -185,7 +180,7 @@ def enable(
         mr = resource(device, budget, log_path, backend, wait_on_pressure)
         previous = rmm.mr.get_per_device_resource(device)
         rmm.mr.set_per_device_resource(device, mr)
-        _enabled[device] = _Enabled(mr, mr.xlog_hooks, previous)
+        _enabled[device] = _Enabled(mr, previous)
         return mr
 
 

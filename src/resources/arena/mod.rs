@@ -301,27 +301,12 @@ impl Arena {
         })
     }
 
-    /// Remember `region` as the one this thread allocates from on `stream`.
-    fn make_hot(&self, stream: RawStream, region: &SharedRegion) {
-        let (base, len) = {
-            let r = lock(region);
-            (r.base, r.len)
-        };
+    /// Remember `region` (locked as `r`) as the one this thread allocates
+    /// from on `stream`.
+    fn make_hot(&self, stream: RawStream, region: &SharedRegion, r: &Region) {
         HOT_REGION.with(|hot| {
-            *hot.borrow_mut() = Some(HotRegion { arena: self.id, stream, base, len, region: region.clone() });
+            *hot.borrow_mut() = Some(HotRegion { arena: self.id, stream, base: r.base, len: r.len, region: region.clone() });
         });
-    }
-
-    /// The region of `ptr`: the thread's hot region when it holds `ptr`,
-    /// else a lookup in the arena's map.
-    fn region_holding(&self, ptr: u64) -> Option<SharedRegion> {
-        let hot = HOT_REGION.with(|hot| {
-            hot.borrow()
-                .as_ref()
-                .filter(|h| h.arena == self.id && ptr >= h.base && ptr < h.base + h.len)
-                .map(|h| h.region.clone())
-        });
-        hot.or_else(|| self.region_of(ptr))
     }
 
     /// `len` more live bytes: the live total and the peak before it.
@@ -340,8 +325,24 @@ impl Arena {
     /// (every use of it was made to happen before this point of that
     /// stream); `None`: no work uses it any more (a released capture's).
     pub fn free(&self, ptr: u64, len: u64, stream: Option<RawStream>) {
-        let region = self.region_holding(ptr).expect("an arena block's region outlives the block");
-        let mut r = lock(&region);
+        // The thread's hot region when it holds `ptr` (no shared map, no
+        // reference count), else the arena's map.
+        let freed_hot = HOT_REGION.with(|hot| match hot.borrow().as_ref() {
+            Some(h) if h.arena == self.id && ptr >= h.base && ptr < h.base + h.len => {
+                self.free_in(&mut lock(&h.region), ptr, len, stream);
+                true
+            }
+            _ => false,
+        });
+        if !freed_hot {
+            let region = self.region_of(ptr).expect("an arena block's region outlives the block");
+            self.free_in(&mut lock(&region), ptr, len, stream);
+        }
+        self.live.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    /// `free`'s work in the block's region `r`.
+    fn free_in(&self, r: &mut Region, ptr: u64, len: u64, stream: Option<RawStream>) {
         match stream.filter(|&s| s != r.stream) {
             None => r.release(ptr, len),
             Some(other) => match self.record_on(other) {
@@ -355,8 +356,6 @@ impl Arena {
                 }
             },
         }
-        drop(r);
-        self.live.fetch_sub(len, Ordering::AcqRel);
     }
 
     /// An event recorded on `stream` now (from the spare list).
@@ -480,8 +479,7 @@ impl Arena {
                 }
             }
             if let Some((addr, freed)) = hit {
-                drop(r);
-                self.make_hot(stream, region);
+                self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
         }
@@ -492,14 +490,12 @@ impl Arena {
             r.settle_recent();
             self.settle_foreign(&mut r, false, true);
             if let Some((addr, freed)) = r.take_mapped(len) {
-                drop(r);
-                self.make_hot(stream, region);
+                self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
             if let Some((addr, freed)) = r.take(len) {
                 let missing = r.unmapped_in(addr, len);
-                drop(r);
-                self.make_hot(stream, region);
+                self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, missing));
             }
         }
@@ -517,9 +513,9 @@ impl Arena {
         let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
         let missing = region.unmapped_in(addr, len);
         let region = Arc::new(Mutex::new(region));
+        self.make_hot(stream, &region, &lock(&region));
         self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, region.clone()));
         self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push(region.clone());
-        self.make_hot(stream, &region);
         Ok((region, addr, freed, missing))
     }
 
@@ -630,8 +626,9 @@ impl Arena {
     }
 
     /// Give back pages `obtain` created for a request it then refused:
-    /// released (which uncharges them, `HeldBytes::sub`) (a page the driver will not release stays
-    /// spare, held and charged), the held peak as it was before.
+    /// released, which uncharges them (`HeldBytes::sub`; a page the driver
+    /// will not release stays spare, held and charged), and the held peak
+    /// as it was before.
     fn unmake(&self, made: Vec<PhysHandle>, held_peak_before: u64) {
         let peak = self.held.peak();
         for handle in made {
