@@ -584,8 +584,6 @@ def replay(
                     blocks[~op] = None
         seconds = time.perf_counter() - started
         stats = rt.stats()
-        for gate in gates:
-            gate.set()
         for block in blocks:
             if block is not None:
                 block.free()
@@ -594,7 +592,7 @@ def replay(
     except _errors.XlogError as e:
         raise ReplayError(f"the replay stopped at operation {done + 1:,} of {len(trace.ops):,}: {e}") from None
     finally:
-        for gate in gates:
+        for gate in gates:  # the streams run on: close waits for them
             gate.set()
         rt.close()
     ops = len(trace.ops)
