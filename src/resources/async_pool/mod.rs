@@ -507,7 +507,9 @@ impl HeldMemory for AsyncPool {
         }
         match first_error {
             Some(e) => Err(e),
-            None => self.memory.reap(self),
+            // The reap retires other streams' frees too: its failure is not
+            // this release's (it only retires less; the next reap retries).
+            None => Ok(self.memory.reap(self).unwrap_or(0)),
         }
     }
 
