@@ -97,7 +97,7 @@ def main() -> int:
         streams = [rt.acquire_stream() for _ in trace.streams]
         blocks: Dict[int, Any] = {}
         last, seen, step = rt.stats(), 0, 0
-        print("step  allocations  misses  held GiB  peak live GiB  held/peak live")
+        print("step  allocations  misses  pages mapped  unmapped  held GiB  peak live GiB  held/peak live")
         for done, op in enumerate(ops):
             if args.gpu_lag and done % args.gpu_lag == 0:
                 while len(gates) > len(streams):
@@ -113,6 +113,7 @@ def main() -> int:
                         st = rt.stats()
                         ratio = st.outstanding_bytes / max(1, st.peak_live_bytes)
                         print(f"{step:4}  {st.allocations - last.allocations:11}  {st.cache_misses - last.cache_misses:6}"
+                              f"  {st.pages_mapped - last.pages_mapped:12}  {st.pages_unmapped - last.pages_unmapped:8}"
                               f"  {st.outstanding_bytes / 2**30:8.3f}  {st.peak_live_bytes / 2**30:13.3f}  {ratio:14.3f}",
                               flush=True)
                         last, step = st, step + 1

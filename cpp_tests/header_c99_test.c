@@ -22,7 +22,7 @@
 XLOG_CHECK_LAYOUT(block_is_32_bytes, sizeof(xlog_block) == 32);
 XLOG_CHECK_LAYOUT(use_is_40_bytes, sizeof(xlog_use) == 40);
 XLOG_CHECK_LAYOUT(config_is_80_bytes, sizeof(xlog_config) == 80);
-XLOG_CHECK_LAYOUT(stats_is_168_bytes, sizeof(xlog_stats) == 168);
+XLOG_CHECK_LAYOUT(stats_is_184_bytes, sizeof(xlog_stats) == 184);
 XLOG_CHECK_LAYOUT(live_block_is_88_bytes, sizeof(xlog_live_block) == 88);
 XLOG_CHECK_LAYOUT(tag_stat_is_56_bytes, sizeof(xlog_tag_stat) == 56);
 #endif

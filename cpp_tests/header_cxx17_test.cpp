@@ -15,7 +15,7 @@ static_assert(XLOG_OK == 0 && XLOG_ERR_INTERNAL == 10, "status values are fixed"
 static_assert(sizeof(void*) != 8 || sizeof(xlog_block) == 32, "xlog_block layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_use) == 40, "xlog_use layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_config) == 80, "xlog_config layout");
-static_assert(sizeof(xlog_stats) == 168, "xlog_stats layout");
+static_assert(sizeof(xlog_stats) == 184, "xlog_stats layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_live_block) == 88, "xlog_live_block layout");
 static_assert(sizeof(void*) != 8 || sizeof(xlog_tag_stat) == 56, "xlog_tag_stat layout");
 

@@ -230,6 +230,14 @@ typedef struct xlog_stats {
    given back, pending frees reaped or waited for).
    */
   uint64_t alloc_retries;
+  /*
+   Physical pages the arena has mapped (one cuMemMap each) and
+   unmapped since the runtime opened; 0 with XLOG_MEMORY_POOL. In a
+   loop of repeating shapes they should stop growing: each map costs
+   the host time, each unmap stalls the device.
+   */
+  uint64_t pages_mapped;
+  uint64_t pages_unmapped;
 } xlog_stats;
 
 /*

@@ -296,6 +296,12 @@ pub struct Usage {
     /// across streams (the arena); 0 where it does not (the runtime then
     /// bounds it from the per-shard counts).
     pub peak_live_bytes: u64,
+    /// Physical pages mapped (one `cuMemMap` each) and unmapped by the
+    /// arena since the runtime opened: in a loop that repeats they should
+    /// stop growing, and every one costs step time on a GPU (an unmap
+    /// stalls the device). 0 without the arena.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
 }
 
 impl Usage {

@@ -416,3 +416,40 @@ fn two_arenas_on_one_thread_keep_their_regions_apart() {
     }
     assert_eq!((one.usage().live_bytes, two.usage().live_bytes), (0, 0));
 }
+
+#[test]
+fn the_stats_count_every_page_mapped_and_unmapped() {
+    let rt = open(0);
+    let s = rt.acquire_stream().unwrap();
+    let st = rt.stats().unwrap();
+    assert_eq!((st.pages_mapped, st.pages_unmapped), (0, 0));
+    let a = rt.allocate(5 * MIB, s, "a").unwrap();
+    let st = rt.stats().unwrap();
+    assert_eq!(st.pages_mapped, 3, "5 MiB from a fresh region spans three pages");
+    assert_eq!(st.pages_mapped * PAGE, st.outstanding_bytes, "every page held was mapped once");
+    rt.deallocate(&a.id).unwrap();
+    // The same shape again: a hit, nothing mapped.
+    for _ in 0..10 {
+        let b = rt.allocate(5 * MIB, s, "b").unwrap();
+        rt.deallocate(&b.id).unwrap();
+    }
+    assert_eq!(rt.stats().unwrap().pages_mapped, 3, "a repeating shape maps nothing more");
+    rt.trim(0).unwrap();
+    let st = rt.stats().unwrap();
+    assert_eq!(st.pages_unmapped, 3, "trim unmapped the three idle pages");
+    assert_eq!(st.outstanding_bytes, 0);
+    rt.release_stream(s).unwrap();
+}
+
+#[test]
+fn the_pool_maps_no_pages_of_its_own() {
+    let config = Config { backend: Backend::Sim, arena: false, sim_capacity_bytes: 512 * MIB, ..Config::default() };
+    let rt = Runtime::open(0, &config).unwrap();
+    let s = rt.acquire_stream().unwrap();
+    let b = rt.allocate(5 * MIB, s, "b").unwrap();
+    rt.deallocate(&b.id).unwrap();
+    rt.trim(0).unwrap();
+    let st = rt.stats().unwrap();
+    assert_eq!((st.pages_mapped, st.pages_unmapped), (0, 0), "the driver's pool maps for itself");
+    rt.release_stream(s).unwrap();
+}

@@ -246,7 +246,7 @@ def test_struct_sizes_known_values_lp64():
     # Measured with gcc against the header (see the compiled test below).
     assert ctypes.sizeof(_library.XlogBlock) == 32
     assert ctypes.sizeof(_library.XlogUse) == 40
-    assert ctypes.sizeof(_library.XlogStats) == 168
+    assert ctypes.sizeof(_library.XlogStats) == 184
     assert ctypes.sizeof(_library.XlogConfig) == 80
     assert ctypes.sizeof(_library.XlogLiveBlock) == 88
     assert ctypes.sizeof(_library.XlogTagStat) == 56

@@ -173,6 +173,7 @@ def test_stats_track_allocate_free_reuse_trim_in_the_arena(make_runtime):
         s1 = rt.stats()
         assert (s1.live_bytes, s1.outstanding_bytes, s1.cache_hits, s1.cache_misses) == (16384, PAGE, 1, 1)
         assert (s1.cached_bytes, s1.reserved_bytes, s1.budget_remaining) == (PAGE - 16384, PAGE, 3 * PAGE)
+        assert (s1.pages_mapped, s1.pages_unmapped) == (1, 0)
 
         a.free()
         b.free()
@@ -200,6 +201,7 @@ def test_stats_track_allocate_free_reuse_trim_in_the_arena(make_runtime):
         s4 = rt.stats()
         assert (s4.outstanding_bytes, s4.cached_bytes, s4.reserved_bytes, s4.budget_remaining) == (0, 0, 0, 4 * PAGE)
         assert s4.peak_outstanding_bytes == PAGE
+        assert (s4.pages_mapped, s4.pages_unmapped) == (1, 1), "one page mapped for all three blocks, unmapped by trim"
 
 
 def test_budget_stats(make_runtime):

@@ -101,6 +101,8 @@ class XlogStats(ctypes.Structure):
         ("peak_live_bytes", ctypes.c_uint64),
         ("peak_live_blocks", ctypes.c_uint64),
         ("alloc_retries", ctypes.c_uint64),
+        ("pages_mapped", ctypes.c_uint64),
+        ("pages_unmapped", ctypes.c_uint64),
     ]
 
     @classmethod

@@ -72,6 +72,10 @@ class Stats:
     peak_live_blocks: int = 0
     #: Refused allocations tried again after relieving pressure.
     alloc_retries: int = 0
+    #: Physical pages the arena mapped / unmapped since the runtime opened
+    #: (0 with memory="pool"); in a repeating loop they should stop growing.
+    pages_mapped: int = 0
+    pages_unmapped: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

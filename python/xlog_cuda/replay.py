@@ -726,6 +726,11 @@ def format_report(result: Dict[str, Any]) -> str:
         f"cache hits {s['cache_hits']:,}, misses {s['cache_misses']:,}; "
         f"allocations {s['allocations']:,}, frees {s['deallocations']:,}"
     )
+    if r["memory"] == "arena":
+        lines.append(
+            f"  pages mapped {s.get('pages_mapped', 0):,}, unmapped {s.get('pages_unmapped', 0):,} "
+            "(each a driver call on a GPU; an unmap stalls the device)"
+        )
     if r["refusals"]:
         lines.append(f"  first refusal: {r['first_refusal']}")
         if not r["budget_bytes"]:

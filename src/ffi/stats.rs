@@ -34,6 +34,8 @@ fn stats_of(s: &Stats) -> xlog_stats {
         peak_live_bytes: s.peak_live_bytes,
         peak_live_blocks: s.peak_live_blocks,
         alloc_retries: s.alloc_retries,
+        pages_mapped: s.pages_mapped,
+        pages_unmapped: s.pages_unmapped,
     }
 }
 

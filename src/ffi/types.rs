@@ -202,6 +202,12 @@ pub struct xlog_stats {
     /// Refused allocations tried again after relieving pressure (the cache
     /// given back, pending frees reaped or waited for).
     pub alloc_retries: u64,
+    /// Physical pages the arena has mapped (one cuMemMap each) and
+    /// unmapped since the runtime opened; 0 with XLOG_MEMORY_POOL. In a
+    /// loop of repeating shapes they should stop growing: each map costs
+    /// the host time, each unmap stalls the device.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
 }
 
 /// Host callback run in stream order.

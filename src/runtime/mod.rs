@@ -730,6 +730,8 @@ impl Runtime {
             },
             peak_live_blocks: totals.peak_live_blocks,
             alloc_retries: u.alloc_retries + self.budget.as_ref().map_or(0, |b| b.retries()),
+            pages_mapped: u.pages_mapped,
+            pages_unmapped: u.pages_unmapped,
         }
     }
 

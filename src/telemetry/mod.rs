@@ -206,4 +206,8 @@ pub struct Stats {
     /// Refused allocations tried again after relieving pressure (by the
     /// pool after a driver refusal, by the budget after its own).
     pub alloc_retries: u64,
+    /// Pages the arena has mapped and unmapped since the runtime opened
+    /// (0 with `memory = pool`): what remapping costs on a GPU.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
 }

@@ -131,6 +131,9 @@ pub struct ArenaUsage {
     /// Idle pages mapped a second time where they were needed before their
     /// frees were complete (lending).
     pub lent_pages: u64,
+    /// Pages mapped (one driver call each) and unmapped so far.
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
 }
 
 pub struct Arena {
@@ -154,6 +157,9 @@ pub struct Arena {
     lent: AtomicU64,
     /// Old addresses of lent pages still mapped.
     lent_now: AtomicU64,
+    /// Pages mapped and unmapped so far (the stats' remapping cost).
+    mapped: AtomicU64,
+    unmapped: AtomicU64,
     /// Other devices that use this memory: every mapping grants them access.
     peers: Mutex<Vec<i32>>,
     /// The runtime's CSV log: `reserve` rows for pages created, `release`
@@ -193,6 +199,8 @@ impl Arena {
             recycled: AtomicU64::new(0),
             lent: AtomicU64::new(0),
             lent_now: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
+            unmapped: AtomicU64::new(0),
             peers: Mutex::default(),
             log: None,
         })
@@ -215,6 +223,8 @@ impl Arena {
             misses: self.misses.load(Ordering::Relaxed),
             recycled_pages: self.recycled.load(Ordering::Relaxed),
             lent_pages: self.lent.load(Ordering::Relaxed),
+            pages_mapped: self.mapped.load(Ordering::Relaxed),
+            pages_unmapped: self.unmapped.load(Ordering::Relaxed),
         }
     }
 
@@ -541,6 +551,7 @@ impl Arena {
             newly.push(page);
         }
         lock(&self.spare).pages.extend(handles);
+        self.mapped.fetch_add(newly.len() as u64, Ordering::Relaxed);
         let peers = lock(&self.peers).clone();
         let ordinal = self.device.ordinal();
         for (first, count) in runs(&newly) {
@@ -685,6 +696,7 @@ impl Arena {
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {
                 if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
+                    self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
                     got.extend((first..first + n).map(|p| r.uninstall(p)));
                 }
             }
@@ -758,6 +770,7 @@ impl Arena {
             let (addr, bytes) = (r.page_addr(first), n as u64 * self.granularity);
             if self.device.vm_unmap(addr, bytes).is_ok() {
                 self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
+                self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
                 for &(page, freed, _) in run {
                     r.unreserve(r.page_addr(page), self.granularity, freed);
                 }

@@ -386,6 +386,7 @@ impl DeviceMemoryResource for AsyncPool {
         let held = self.held.now();
         let pending = self.memory.pending_bytes().min(held);
         let (mut hits, mut misses, mut peak_live) = (cache.hits, cache.misses, 0);
+        let (mut pages_mapped, mut pages_unmapped) = (0, 0);
         let cached = match &self.arena {
             // Everything held that no live block uses: free space of mapped
             // pages, spare pages and the captures' free memory.
@@ -394,6 +395,7 @@ impl DeviceMemoryResource for AsyncPool {
                 hits += a.hits;
                 misses += a.misses;
                 peak_live = a.peak_live;
+                (pages_mapped, pages_unmapped) = (a.pages_mapped, a.pages_unmapped);
                 held - pending - self.live_now().min(held - pending)
             }
             None => (cache.bytes + self.captures.free_bytes()).min(held - pending),
@@ -414,6 +416,8 @@ impl DeviceMemoryResource for AsyncPool {
             deallocations,
             alloc_retries: self.memory.retries(),
             peak_live_bytes: peak_live,
+            pages_mapped,
+            pages_unmapped,
         }
     }
 
