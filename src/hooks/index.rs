@@ -46,7 +46,10 @@
 //! A thread owns a slot by one compare-and-swap on its key word and gives
 //! it back with one release store, which publishes the payload words it
 //! wrote; a thread that meets a slot owned by another for the pointer it
-//! wants waits the few instructions until it is given back.
+//! wants waits the few instructions until it is given back, and if it was
+//! emptied meanwhile goes on through the window: the owner was freeing an
+//! earlier block at that address, which the allocator may have handed out
+//! again already (the new block then sits in another slot).
 //!
 //! Reuse: `take_keeping` / `insert_keeping` with a thread's `Reservation`
 //! spare the insert its compare-and-swap. The take leaves the slot it
@@ -194,7 +197,12 @@ impl Segment {
             {
                 return Some((i, key));
             }
-            return own_contended(slot, ptr).map(|key| (i, key));
+            if let Some(key) = own_contended(slot, ptr) {
+                return Some((i, key));
+            }
+            // That entry went while we waited: the free of an earlier block
+            // at the address, which the allocator may already have handed
+            // out again (and the new block may sit further on).
         }
         None
     }
@@ -590,6 +598,29 @@ mod tests {
         let again = block(b.id.ptr, 43);
         index.insert(again.clone());
         assert_eq!(index.take(b.id.ptr), Some(again));
+    }
+
+    #[test]
+    fn a_take_waiting_on_the_free_of_an_earlier_block_at_the_address_finds_the_new_one() {
+        // The hooks' free holds the entry while the runtime frees the block;
+        // the allocator may hand the address out again before the entry is
+        // emptied, and the new block goes into another slot of the window.
+        // A take of it that waited for the old entry must go on looking.
+        let index = Arc::new(HookIndex::default());
+        let p = 0x30_0000;
+        index.insert(block(p, 1));
+        let result = index.take_with(p, None, |_, _| {
+            index.insert(block(p, 2)); // the address reused at once
+            let other = Arc::clone(&index);
+            let taker = std::thread::spawn(move || other.take(p));
+            // Let it meet the old entry, still owned here, and wait on it.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            Ok::<_, ()>(taker)
+        });
+        let taker = result.expect("the first block was there").expect("its free succeeded");
+        let taken = taker.join().unwrap();
+        assert_eq!(taken.map(|b| b.id.generation), Some(Generation(2)), "the new block, not 'not a hook block'");
+        assert!(!index.contains(p));
     }
 
     #[test]
