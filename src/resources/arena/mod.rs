@@ -446,7 +446,7 @@ impl Arena {
             if let Some(addr) = self.take_foreign_in_flight(&mut r, stream, len) {
                 return Some(addr);
             }
-            let Some((addr, freed)) = r.take(len) else { continue };
+            let Some((addr, freed)) = r.take_for_another(len) else { continue };
             if !r.all_mapped(addr, len) {
                 r.unreserve(addr, len, freed);
                 continue;

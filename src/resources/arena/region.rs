@@ -16,8 +16,9 @@
 //!   free ranges: an allocation of the same size takes one back with no
 //!   tree search (the steady loop's case). Their pages stay mapped (they
 //!   are not idle), and the list is merged into the free ranges before
-//!   anything would map, unmap or count idle pages (`settle_recent`), so
-//!   it never costs memory.
+//!   any other allocation searches them and before anything would map,
+//!   unmap or count idle pages (`settle_recent`), so best fit always sees
+//!   the coalesced free space and the list never costs memory.
 //! - Another stream may take a mapped range of this region (the arena
 //!   orders it after this stream's work with an event). Freed, such a
 //!   block is *foreign*: it waits, with an event recorded on its stream at
@@ -147,14 +148,33 @@ impl Region {
     }
 
     /// `len` bytes: a recent free of exactly that size (newest first, all
-    /// its pages mapped), else the best fit of the free ranges. Returns
-    /// the address and the free sequence of where it came from.
+    /// its pages mapped), else the best fit of the free ranges with every
+    /// recent free merged in first. Returns the address and the free
+    /// sequence of where it came from.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
-        if let Some(i) = self.recent.iter().rposition(|&(_, l, _)| l == len) {
-            let (addr, _, seq) = self.recent.remove(i);
-            return Some((addr, seq));
+        if let Some(found) = self.take_recent(len) {
+            return Some(found);
         }
+        // Best fit over space that is not all there would carve larger
+        // ranges while the holes that fit sit unmerged, and the layout
+        // would drift from step to step (measured on recorded traces:
+        // 1.6x the remapping of merging here first).
+        self.settle_recent();
         self.free.take(len)
+    }
+
+    /// `take` for another stream: a recent free of exactly `len` bytes, else
+    /// the best fit of the merged free ranges, the other recent frees left
+    /// as they are (they are this stream's same-size reuse).
+    pub fn take_for_another(&mut self, len: u64) -> Option<(u64, u64)> {
+        self.take_recent(len).or_else(|| self.free.take(len))
+    }
+
+    /// The newest recent free of exactly `len` bytes, taken off the list.
+    fn take_recent(&mut self, len: u64) -> Option<(u64, u64)> {
+        let i = self.recent.iter().rposition(|&(_, l, _)| l == len)?;
+        let (addr, _, seq) = self.recent.remove(i);
+        Some((addr, seq))
     }
 
     /// `len` bytes of free space whose granules are all mapped, when the
@@ -324,14 +344,18 @@ mod tests {
         let mut r = Region::new(1, 0, 4 * G, G);
         let (a, _) = r.take(1000).unwrap();
         let (b, _) = r.take(1000).unwrap();
+        assert_eq!((a, b), (0, 1000));
         r.release(a, 1000);
         assert_eq!(r.take(1000), Some((a, 1)), "the same size comes back from the recent list");
         r.release(a, 1000);
         r.release(b, 1000);
-        assert_eq!(r.take(2000).map(|t| t.0), Some(2000), "unmerged frees do not coalesce");
-        r.release(2000, 2000);
+        assert_eq!(r.take(1500), Some((0, 3)), "another size merges the recent frees first: best fit from 0");
+        assert!(!r.settle_recent(), "nothing left unmerged");
+        r.release(0, 1500);
+        assert_eq!(r.take(1500), Some((0, 4)), "the same size comes back unmerged");
+        r.release(0, 1500);
         assert!(r.settle_recent());
-        assert_eq!(r.take(4000), Some((0, 4)), "merged, the three frees are one range from 0");
+        assert_eq!(r.take(4 * G), Some((0, 5)), "merged, the frees are one range from 0");
     }
 
     #[test]
