@@ -802,6 +802,9 @@ impl Device for CudaDevice {
     }
 
     fn vm_release(&self, handle: PhysHandle) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Unmap) {
+            return Err(DeviceError::InjectedFault(format!("cuda release of physical allocation {handle:#x} (cuMemRelease)")));
+        }
         let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         // SAFETY: `handle` came from cuMemCreate and is no longer mapped
@@ -811,6 +814,9 @@ impl Device for CudaDevice {
 
     fn vm_map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> DeviceResult<()> {
         let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Map) {
+            return Err(DeviceError::InjectedFault(format!("cuda map of {bytes} bytes at {va:#x} (cuMemMap)")));
+        }
         let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         // SAFETY: `va` is a granularity-aligned, unmapped address inside one
@@ -821,6 +827,9 @@ impl Device for CudaDevice {
 
     fn vm_set_access(&self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
         let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Map) {
+            return Err(DeviceError::InjectedFault(format!("cuda access grant of {bytes} bytes at {va:#x} (cuMemSetAccess)")));
+        }
         let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         let desc = sys::CUmemAccessDesc {
@@ -834,6 +843,9 @@ impl Device for CudaDevice {
 
     fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
         let size = to_usize(bytes)?;
+        if self.faults.hit(FaultKind::Unmap) {
+            return Err(DeviceError::InjectedFault(format!("cuda unmap of {bytes} bytes at {va:#x} (cuMemUnmap)")));
+        }
         let _relaxed = RelaxedCapture::enter();
         self.bind()?;
         // SAFETY: the range covers whole mappings of ours, and the arena

@@ -1,5 +1,6 @@
 //! Fault injection shared by every backend: fail the Nth subsequent device
-//! call of one kind (allocation, free, event record, stream creation).
+//! call of one kind (allocation, free, event record, stream creation, and
+//! the arena's page mapping and unmapping).
 //!
 //! The counters live here, not in a backend, so that the same reliability
 //! tests (tests/fault_sweep.rs) can arm the same faults on the sim device
@@ -28,6 +29,14 @@ pub enum FaultKind {
     StreamCreate,
     /// Creation of xlog's own memory pool (`use_private_pool`).
     PoolCreate,
+    /// Mapping physical memory and granting access to it (`vm_map` and
+    /// `vm_set_access`: `cuMemMap`, `cuMemSetAccess`). Not in the C ABI's
+    /// fault kinds.
+    Map,
+    /// Unmapping and releasing physical memory (`vm_unmap` and
+    /// `vm_release`: `cuMemUnmap`, `cuMemRelease`). Not in the C ABI's
+    /// fault kinds.
+    Unmap,
 }
 
 /// One countdown per fault kind.
@@ -39,6 +48,8 @@ pub struct Faults {
     event_record: AtomicU64,
     stream_create: AtomicU64,
     pool_create: AtomicU64,
+    map: AtomicU64,
+    unmap: AtomicU64,
 }
 
 impl Faults {
@@ -49,6 +60,8 @@ impl Faults {
             FaultKind::EventRecord => &self.event_record,
             FaultKind::StreamCreate => &self.stream_create,
             FaultKind::PoolCreate => &self.pool_create,
+            FaultKind::Map => &self.map,
+            FaultKind::Unmap => &self.unmap,
         }
     }
 

@@ -735,18 +735,30 @@ impl Device for SimDevice {
     }
 
     fn vm_release(&self, handle: PhysHandle) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Unmap) {
+            return Err(DeviceError::InjectedFault(format!("sim release of physical allocation {handle:#x}")));
+        }
         lock(&self.vm).release(handle)
     }
 
     fn vm_map(&self, va: DevicePtr, bytes: u64, handle: PhysHandle) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Map) {
+            return Err(DeviceError::InjectedFault(format!("sim map of {bytes} bytes at {va:#x}")));
+        }
         lock(&self.vm).map(va, bytes, handle)
     }
 
     fn vm_set_access(&self, va: DevicePtr, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Map) {
+            return Err(DeviceError::InjectedFault(format!("sim access grant of {bytes} bytes at {va:#x}")));
+        }
         lock(&self.vm).set_access(va, bytes, ordinal)
     }
 
     fn vm_unmap(&self, va: DevicePtr, bytes: u64) -> DeviceResult<()> {
+        if self.faults.hit(FaultKind::Unmap) {
+            return Err(DeviceError::InjectedFault(format!("sim unmap of {bytes} bytes at {va:#x}")));
+        }
         lock(&self.vm).unmap(va, bytes)
     }
 

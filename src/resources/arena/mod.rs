@@ -556,9 +556,17 @@ impl Arena {
         let ordinal = self.device.ordinal();
         for (first, count) in runs(&newly) {
             let (va, bytes) = (r.page_addr(first), count as u64 * self.granularity);
-            for &device in std::iter::once(&ordinal).chain(peers.iter()) {
-                if let Err(e) = self.device.vm_set_access(va, bytes, device) {
-                    result = result.and(Err(e.into()));
+            let granted =
+                std::iter::once(&ordinal).chain(peers.iter()).try_for_each(|&device| self.device.vm_set_access(va, bytes, device));
+            if let Err(e) = granted {
+                result = result.and(Err(e.into()));
+                // A page mapped without access would fault under the next
+                // block placed on it: unmapped again, and spare. (Should
+                // even the unmap fail, the pages stay mapped here.)
+                if self.device.vm_unmap(va, bytes).is_ok() {
+                    self.unmapped.fetch_add(count as u64, Ordering::Relaxed);
+                    let mut spare = lock(&self.spare);
+                    spare.pages.extend((first..first + count).map(|p| r.uninstall(p)));
                 }
             }
         }
