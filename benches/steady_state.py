@@ -4,6 +4,7 @@ print, step by step, the misses and the held bytes: whether the arena's
 layout settles (no miss once the shapes repeat) or keeps moving memory.
 
     python3 benches/steady_state.py TRACE [--steps 12] [--marks-per-step 4] [--gpu-lag 200]
+                                          [--max-maps-per-step N]
 
 A step is found by its largest allocation: the trace's largest size is
 allocated `--marks-per-step` times a step (GPT-2's logits and their
@@ -20,6 +21,10 @@ state is what the step time pays for; the lag-free and lagged footprint
 replays (check_traces.py) see only the peak. The sim's streams run
 `--gpu-lag` operations behind the host, as a GPU does. Environment as for
 `python -m xlog_cuda.replay` (XLOG_CUDA_LIBRARY picks the library).
+
+`--max-maps-per-step N`: exit 1 when the pages mapped per step, averaged
+over the second half of the repeats, exceed N (the ctest
+`steady_state_remap` bounds the recorded GPT-2 and ResNet-50 steps).
 """
 
 from __future__ import annotations
@@ -86,7 +91,11 @@ def main() -> int:
                     help="allocations of the trace's largest size per step (default 4: GPT-2)")
     ap.add_argument("--gpu-lag", type=int, default=200, help="as replay's --gpu-lag (default 200)")
     ap.add_argument("--memory", choices=("arena", "pool"), default="arena")
+    ap.add_argument("--max-maps-per-step", type=float, default=None,
+                    help="exit 1 when the mean pages mapped per step over the second half exceeds this")
     args = ap.parse_args()
+    if args.steps < 2 or args.marks_per_step < 1 or args.gpu_lag < 0:
+        ap.error("--steps must be >= 2, --marks-per-step >= 1, --gpu-lag >= 0")
     trace = R.read_trace(args.trace)
     ops, sizes, block_stream, big = repeated_ops(trace, args.marks_per_step, args.steps)
     capacity = R.default_capacity(trace.peak_live_bytes, len(trace.streams))
@@ -97,6 +106,7 @@ def main() -> int:
         streams = [rt.acquire_stream() for _ in trace.streams]
         blocks: Dict[int, Any] = {}
         last, seen, step = rt.stats(), 0, 0
+        maps: List[int] = []
         print("step  allocations  misses  pages mapped  unmapped  held GiB  peak live GiB  held/peak live")
         for done, op in enumerate(ops):
             if args.gpu_lag and done % args.gpu_lag == 0:
@@ -116,6 +126,7 @@ def main() -> int:
                               f"  {st.pages_mapped - last.pages_mapped:12}  {st.pages_unmapped - last.pages_unmapped:8}"
                               f"  {st.outstanding_bytes / 2**30:8.3f}  {st.peak_live_bytes / 2**30:13.3f}  {ratio:14.3f}",
                               flush=True)
+                        maps.append(st.pages_mapped - last.pages_mapped)
                         last, step = st, step + 1
                 blocks[op] = rt.allocate(sizes[op], streams[block_stream[op]])
             else:
@@ -130,6 +141,17 @@ def main() -> int:
         for gate in gates:
             gate.set()
         rt.close()
+    # The first row is the warm-up before the repeats; the second half of
+    # the rest is the steady state.
+    tail = maps[1:][len(maps[1:]) // 2:]
+    mean = sum(tail) / len(tail) if tail else 0.0
+    verdict = f"pages mapped per step, mean of the last {len(tail)}: {mean:.1f}"
+    if args.max_maps_per_step is not None:
+        ok = mean <= args.max_maps_per_step
+        verdict += f"; bound {args.max_maps_per_step:g}: " + ("ok" if ok else "EXCEEDED")
+        print(verdict)
+        return 0 if ok else 1
+    print(verdict)
     return 0
 
 
