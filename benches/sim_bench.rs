@@ -3,9 +3,10 @@
 //!
 //!   cargo bench --bench sim_bench               # the full run (about 20 s)
 //!   cargo bench --bench sim_bench -- --quick    # a smoke run
+//!   cargo bench --bench sim_bench -- --pool     # on the driver pool, not the arena
 //!
 //! For 1,000 and then 1,000,000 live 256-byte blocks on one runtime (the
-//! default stack: budget + async pool, logging off) it measures
+//! default stack: budget + async pool on the arena, logging off) it measures
 //!
 //! - per-operation cost with that many blocks live: an allocate+free pair
 //!   (reaping every 64 pairs, as an engine would), a same-stream
@@ -21,7 +22,8 @@
 //!   not included). Reported three ways: the whole process (runtime plus the
 //!   sim device's allocation map, which on CUDA lives in the driver), the
 //!   sim device alone (measured on a bare SimDevice), and their difference,
-//!   the runtime's own share. Plus the extra bytes once a block has been
+//!   the runtime's own share. The arena's address space, host heap on sim
+//!   and device memory on a GPU, is left out of all three. Plus the extra bytes once a block has been
 //!   used through prepare/finish (its dependency record).
 //!
 //! Output: a table on stderr and CSV rows in xlog_bench's format on stdout
@@ -81,8 +83,12 @@ fn heap_bytes() -> i64 {
 
 const BLOCK_BYTES: u64 = 256;
 /// Lazily committed, so only the touched pages cost memory.
-const SIM_CAPACITY: u64 = 512 << 20;
-const BUDGET: u64 = 480 << 20;
+/// 1M live 256-byte blocks take 512 MiB in the arena (512-byte blocks).
+const SIM_CAPACITY: u64 = 1 << 30;
+/// `--pool`: the runtime on the driver pool (`XLOG_MEMORY=pool`) instead
+/// of the arena.
+static POOL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+const BUDGET: u64 = 960 << 20;
 const REAP_EVERY: usize = 64;
 /// Blocks per finish_all when giving every block a dependency record.
 const TRACK_CHUNK: usize = 1000;
@@ -112,6 +118,7 @@ fn open_runtime() -> Arc<Runtime> {
         log_path: None,
         sim_capacity_bytes: SIM_CAPACITY,
         wait_on_pressure: false,
+        arena: !POOL.load(std::sync::atomic::Ordering::Relaxed),
         ..Config::default()
     };
     Runtime::open(0, &config).expect("open a sim runtime")
@@ -172,12 +179,16 @@ impl State {
         rt.drain().expect("warm-up drain");
 
         let mut blocks: Vec<BlockId> = Vec::with_capacity(live);
-        let before = heap_bytes();
+        // The arena's address space is host heap on sim (device memory on a
+        // GPU): left out, as the bare sim device's preallocated heap is.
+        let backing = || rt.sim().map_or(0, |s| s.vm_backing_bytes()) as i64;
+        let (before, backing_before) = (heap_bytes(), backing());
         for _ in 0..live {
             blocks.push(rt.allocate(BLOCK_BYTES, a, "w6").expect("allocate background block").id);
         }
         rt.synchronize(a).expect("sync");
-        let total_bytes_per_block = (heap_bytes() - before) as f64 / live as f64;
+        let grown = heap_bytes() - before - (backing() - backing_before);
+        let total_bytes_per_block = grown as f64 / live as f64;
 
         let sim = SimDevice::new(0, SIM_CAPACITY).expect("sim device");
         let sim_stream = sim.create_stream().expect("sim stream");
@@ -334,6 +345,7 @@ fn label(live: usize) -> String {
 fn main() {
     // `cargo bench` passes --bench; anything else we do not know is ignored.
     let quick = std::env::args().any(|a| a == "--quick");
+    POOL.store(std::env::args().any(|a| a == "--pool"), std::sync::atomic::Ordering::Relaxed);
     let s = if quick {
         Settings { repeats: 3, pairs: 5_000, tracking_ops: 5_000, live_counts: vec![1_000, 100_000] }
     } else {

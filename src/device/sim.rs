@@ -376,6 +376,13 @@ impl SimDevice {
         lock(&self.vm).access_of(ptr)
     }
 
+    /// Host bytes behind the virtual-memory reservations (device memory on
+    /// a GPU, host heap here): what a measurement of the runtime's own
+    /// memory leaves out.
+    pub fn vm_backing_bytes(&self) -> u64 {
+        lock(&self.vm).backing_bytes()
+    }
+
     /// Bytes mapped through `vm_map` now.
     pub fn mapped_bytes(&self) -> u64 {
         lock(&self.vm).mapped_bytes()

@@ -254,6 +254,12 @@ impl SimVm {
         Some(Ok((r.cells.clone(), (r.pad + ptr - base) as usize)))
     }
 
+    /// Host bytes backing the reservations (the sim's stand-in for device
+    /// address space, allocated whole at `reserve`).
+    pub fn backing_bytes(&self) -> u64 {
+        self.reservations.values().map(|r| r.len + RESERVATION_ALIGN).sum()
+    }
+
     /// Bytes mapped now.
     pub fn mapped_bytes(&self) -> u64 {
         self.mapped.values().map(|&(_, len)| len).sum()
