@@ -1,15 +1,25 @@
 //! `BlockTable`: the live blocks of one allocator's table (all of Direct,
-//! one shard of the async pool), by generation, with their per-tag counts
-//! and allocation sequence numbers.
+//! one shard of the async pool), with their per-tag counts and allocation
+//! sequence numbers.
 //!
 //! Contract: `insert` enters a block under a generation the caller took
 //! (`Generation::next`, never reused) and counts it; `get` finds a handle's
 //! record and checks that every field of the handle matches it (a
 //! mismatch is a forged or corrupted handle: `InvalidArgument`), `None`
 //! when the generation is not here (the caller says why: `stale`, or a
-//! record in another table); `remove` takes a record out and counts the
-//! free. What else an allocator keeps per block is its `X` (the pool's
-//! use tracking; nothing for Direct).
+//! record in another table); `get_mut` and `remove` (which counts the
+//! free) take a handle already checked. What else an allocator keeps per
+//! block is its `X` (the pool's use tracking; nothing for Direct).
+//!
+//! Records are found by the block's address (two live blocks never share
+//! one; 0-byte blocks, all at address 0, by their generation), and the
+//! generation in the record must match the handle's. An allocator hands a
+//! freed address out again at once, so a steady allocate/free loop finds
+//! the same entry warm in cache however many blocks are live (keyed by
+//! generation, each allocation went to a new, cold bucket: W6's pair at a
+//! million live blocks cost 2-3x the pair at a thousand). A handle not
+//! found at its address costs a scan of the table, to tell a forged
+//! address (a live generation) from a stale handle: an error path.
 //!
 //! Locks: none; the owner's lock guards the table.
 
@@ -21,6 +31,7 @@ use crate::tag_counters::{CountSummary, TableCounters};
 
 /// A live block's record.
 pub(crate) struct Record<X> {
+    pub(crate) generation: Generation,
     pub(crate) ptr: u64,
     pub(crate) size: u64,
     /// Device bytes (a size class, the arena's block size, or the driver's
@@ -34,8 +45,32 @@ pub(crate) struct Record<X> {
     pub(crate) extra: X,
 }
 
+/// Where a block's record lives: its address, which the allocator hands
+/// out again as soon as the block is freed (so a steady loop finds the
+/// same entry warm in cache), or for a 0-byte block (address 0, any
+/// number of them live) its generation, made odd: device addresses are
+/// aligned (256 bytes at least), so the two never meet. Rotated so that
+/// the address's always-zero low bits go to the top: the table's hash
+/// (`fast_hash`, a multiply) keeps low bits low, and the buckets come from
+/// them.
+#[derive(Copy, Clone, PartialEq, Eq, Hash)]
+struct Key(u64);
+
+impl Key {
+    #[inline]
+    fn of(ptr: u64, generation: Generation) -> Key {
+        let word = if ptr != 0 {
+            debug_assert!(ptr % 2 == 0, "a block address is aligned: {ptr:#x}");
+            ptr
+        } else {
+            generation.0 << 1 | 1
+        };
+        Key(word.rotate_right(8))
+    }
+}
+
 pub(crate) struct BlockTable<X> {
-    blocks: FastMap<Generation, Record<X>>,
+    blocks: FastMap<Key, Record<X>>,
     /// Per-tag and total counts of the table's blocks (`telemetry`).
     counters: TableCounters,
     allocations: u64,
@@ -70,7 +105,8 @@ impl<X> BlockTable<X> {
     ) -> BlockId {
         self.allocations += 1;
         let sequence = self.allocations;
-        self.blocks.insert(generation, Record { ptr, size, held, stream, tag, sequence, extra });
+        let old = self.blocks.insert(Key::of(ptr, generation), Record { generation, ptr, size, held, stream, tag, sequence, extra });
+        debug_assert!(old.is_none(), "two live blocks at {ptr:#x}");
         self.counters.allocated(tag.index(), held);
         BlockId { ptr, size, generation, alloc_stream: stream.id, device: ordinal as i32 }
     }
@@ -79,21 +115,30 @@ impl<X> BlockTable<X> {
     /// `None` when its generation is not in this table.
     #[inline]
     pub(crate) fn get(&self, id: &BlockId, ordinal: u32) -> Option<ResourceResult<&Record<X>>> {
-        let rec = self.blocks.get(&id.generation)?;
+        let rec = match self.blocks.get(&Key::of(id.ptr, id.generation)) {
+            Some(rec) if rec.generation == id.generation => rec,
+            // Not at the handle's address: a freed block (the address may
+            // hold another by now), or a handle whose address is wrong.
+            _ => self.blocks.values().find(|rec| rec.generation == id.generation)?,
+        };
         Some(check_matches(id, rec.ptr, rec.size, rec.stream.id, ordinal).map(|()| rec))
     }
 
-    /// The record of `generation`, unchecked (the caller checked its
-    /// handle under the same lock).
+    /// The record of `id`, unchecked (the caller checked the handle under
+    /// the same lock).
     #[inline]
-    pub(crate) fn get_mut(&mut self, generation: &Generation) -> Option<&mut Record<X>> {
-        self.blocks.get_mut(generation)
+    pub(crate) fn get_mut(&mut self, id: &BlockId) -> Option<&mut Record<X>> {
+        self.blocks.get_mut(&Key::of(id.ptr, id.generation)).filter(|rec| rec.generation == id.generation)
     }
 
-    /// Take the record of `generation` out, counting the free.
+    /// Take the record of `id` (checked) out, counting the free.
     #[inline]
-    pub(crate) fn remove(&mut self, generation: &Generation) -> Option<Record<X>> {
-        let rec = self.blocks.remove(generation)?;
+    pub(crate) fn remove(&mut self, id: &BlockId) -> Option<Record<X>> {
+        let key = Key::of(id.ptr, id.generation);
+        if self.blocks.get(&key)?.generation != id.generation {
+            return None;
+        }
+        let rec = self.blocks.remove(&key)?;
         self.counters.freed(rec.tag.index(), rec.held);
         self.deallocations += 1;
         Some(rec)
@@ -113,8 +158,8 @@ impl<X> BlockTable<X> {
 
     /// Every live block, as leak reports and the live-block list show it.
     pub(crate) fn live_blocks(&self, ordinal: u32, out: &mut Vec<LeakedBlock>) {
-        out.extend(self.blocks.iter().map(|(g, r)| LeakedBlock {
-            id: BlockId { ptr: r.ptr, size: r.size, generation: *g, alloc_stream: r.stream.id, device: ordinal as i32 },
+        out.extend(self.blocks.values().map(|r| LeakedBlock {
+            id: BlockId { ptr: r.ptr, size: r.size, generation: r.generation, alloc_stream: r.stream.id, device: ordinal as i32 },
             tag: r.tag.name(),
             tag_id: r.tag,
             held: r.held,
@@ -157,4 +202,50 @@ pub(crate) fn check_matches(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with(blocks: &[(u64, u64)]) -> (BlockTable<()>, Vec<BlockId>) {
+        let mut t = BlockTable::default();
+        let stream = StreamRef { id: StreamId(1), raw: 1 };
+        let ids = blocks.iter().map(|&(ptr, g)| t.insert(Generation(g), ptr, ptr / 2, ptr / 2, stream, AllocTag::UNTAGGED, (), 0)).collect();
+        (t, ids)
+    }
+
+    #[test]
+    fn a_freed_blocks_handle_is_not_the_new_block_at_its_address() {
+        let (mut t, ids) = table_with(&[(0x1000, 1)]);
+        assert!(t.remove(&ids[0]).is_some());
+        let stream = StreamRef { id: StreamId(1), raw: 1 };
+        let again = t.insert(Generation(2), 0x1000, 0x800, 0x800, stream, AllocTag::UNTAGGED, (), 0);
+        assert!(t.get(&ids[0], 0).is_none(), "the old generation is not here: stale, not the new block");
+        assert!(t.get_mut(&ids[0]).is_none() && t.remove(&ids[0]).is_none());
+        assert_eq!(t.get(&again, 0).unwrap().unwrap().generation, Generation(2));
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_live_generation_with_a_wrong_address_is_a_mismatch_not_a_stale_handle() {
+        let (t, ids) = table_with(&[(0x1000, 1), (0x2000, 2)]);
+        let mut forged = ids[0];
+        forged.ptr = 0x2000; // another live block's address
+        assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
+        forged.ptr = 0x9000; // no block's address
+        assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
+    }
+
+    #[test]
+    fn zero_byte_blocks_share_address_zero() {
+        let (mut t, ids) = table_with(&[(0, 1), (0, 2), (0x1000, 3)]);
+        assert_eq!(t.len(), 3);
+        for id in &ids {
+            assert_eq!(t.get(id, 0).unwrap().unwrap().generation, id.generation);
+        }
+        assert!(t.remove(&ids[1]).is_some());
+        assert!(t.get(&ids[1], 0).is_none());
+        assert!(t.get(&ids[0], 0).unwrap().is_ok(), "the other 0-byte block stays");
+    }
 }

@@ -103,7 +103,7 @@ impl Direct {
         if size > 0 {
             self.device.free_sync(ptr)?;
         }
-        st.blocks.remove(&id.generation);
+        st.blocks.remove(id);
         st.live_bytes -= held;
         Ok(DeviceBlock { id: *id, tag, state: BlockState::Retired, held })
     }

@@ -147,7 +147,7 @@ impl AsyncPool {
         };
         let mut shard = self.shard(stream.id);
         let block = self.register_in(&mut shard, ptr, bytes, class, stream, tag);
-        if let Some(rec) = shard.blocks.get_mut(&block.id.generation) {
+        if let Some(rec) = shard.blocks.get_mut(&block.id) {
             rec.extra.capture = capture;
         }
         Ok(block)

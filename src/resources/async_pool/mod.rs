@@ -570,7 +570,7 @@ impl AsyncPool {
                 self.memory.free_to_driver(stream, ptr, held)?;
             }
         }
-        if let Some(mut rec) = shard.blocks.remove(&id.generation) {
+        if let Some(mut rec) = shard.blocks.remove(id) {
             if rec.extra.tracking.is_some() {
                 rec.release_tracking(&mut shard.events, &mut SharedSlab::new(&self.events));
             }

@@ -164,7 +164,7 @@ impl AsyncPool {
         // event: only the stream moves.
         for u in uses {
             let last_write = blocks
-                .get_mut(&u.block.generation)
+                .get_mut(&u.block)
                 .and_then(|rec| rec.extra.tracking.as_mut())
                 .and_then(|t| t.last_write.as_mut())
                 .expect("launch cache: the unchanged version keeps the launch's blocks and uses");
@@ -247,7 +247,7 @@ impl AsyncPool {
         }
         for u in uses {
             let TableShard { blocks, events: local, .. } = shards.get(&u.block);
-            let rec = blocks.get_mut(&u.block.generation).expect("validated by prepare");
+            let rec = blocks.get_mut(&u.block).expect("validated by prepare");
             if rec.extra.tracking.is_some() {
                 continue;
             }
@@ -359,7 +359,7 @@ impl AsyncPool {
         }
         let TableShard { blocks, events, .. } = &mut *guard;
         let capture = self.capture_of(use_stream.raw)?;
-        let rec = match blocks.get_mut(&block.generation) {
+        let rec = match blocks.get_mut(block) {
             Some(rec) => {
                 crate::resources::block_table::check_matches(block, rec.ptr, rec.size, rec.stream.id, self.ordinal)?;
                 rec
@@ -462,7 +462,7 @@ impl AsyncPool {
                 let raw = events.raw(event);
                 let new_use = Use { stream: stream.raw, event, raw, capture, shared: false };
                 for u in uses {
-                    let rec = blocks.get_mut(&u.block.generation).expect("validated above");
+                    let rec = blocks.get_mut(&u.block).expect("validated above");
                     rec.record_use(events, &mut shared, u.access, new_use);
                 }
                 events.release(event);
@@ -475,7 +475,7 @@ impl AsyncPool {
                 let new_use = Use { stream: stream.raw, event, raw: events.raw(event), capture, shared: true };
                 for u in uses {
                     let TableShard { blocks, events: local, .. } = shards.get(&u.block);
-                    let rec = blocks.get_mut(&u.block.generation).expect("validated above");
+                    let rec = blocks.get_mut(&u.block).expect("validated above");
                     rec.record_use(local, &mut shared, u.access, new_use);
                 }
                 shared.get().release(event);
