@@ -59,12 +59,10 @@ struct Key(u64);
 impl Key {
     #[inline]
     fn of(ptr: u64, generation: Generation) -> Key {
-        let word = if ptr != 0 {
-            debug_assert!(ptr % 2 == 0, "a block address is aligned: {ptr:#x}");
-            ptr
-        } else {
-            generation.0 << 1 | 1
-        };
+        // (A handle's address may be anything: a forged odd one finds no
+        // record, or a 0-byte block's, whose generation and address then
+        // fail the handle's check.)
+        let word = if ptr != 0 { ptr } else { generation.0 << 1 | 1 };
         Key(word.rotate_right(8))
     }
 }
@@ -105,6 +103,7 @@ impl<X> BlockTable<X> {
     ) -> BlockId {
         self.allocations += 1;
         let sequence = self.allocations;
+        debug_assert!(ptr % 2 == 0, "a block address is aligned: {ptr:#x}");
         let old = self.blocks.insert(Key::of(ptr, generation), Record { generation, ptr, size, held, stream, tag, sequence, extra });
         debug_assert!(old.is_none(), "two live blocks at {ptr:#x}");
         self.counters.allocated(tag.index(), held);
@@ -235,6 +234,12 @@ mod tests {
         assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
         forged.ptr = 0x9000; // no block's address
         assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
+        forged.ptr = 0x58d5_8f8f_8f; // odd: no block's address can be
+        assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
+        let (zeros, zero_ids) = table_with(&[(0, 5)]);
+        let mut odd = zero_ids[0];
+        odd.ptr = 5 << 1 | 1; // the 0-byte block's key, before rotation
+        assert!(matches!(zeros.get(&odd, 0), Some(Err(ResourceError::InvalidArgument(_)))), "found, and refused");
     }
 
     #[test]
