@@ -234,7 +234,7 @@ mod tests {
         assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
         forged.ptr = 0x9000; // no block's address
         assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
-        forged.ptr = 0x58d5_8f8f_8f; // odd: no block's address can be
+        forged.ptr = 0x0058_d58f_8f8f; // odd: no block's address can be
         assert!(matches!(t.get(&forged, 0), Some(Err(ResourceError::InvalidArgument(_)))));
         let (zeros, zero_ids) = table_with(&[(0, 5)]);
         let mut odd = zero_ids[0];
