@@ -23,6 +23,8 @@
 //!
 //! Locks: none; the owner's lock guards the table.
 
+use std::collections::hash_map::Entry;
+
 use crate::fast_hash::FastMap;
 use crate::resource::{
     AllocTag, BlockId, Generation, LeakedBlock, ResourceError, ResourceResult, StreamId, StreamRef,
@@ -133,11 +135,11 @@ impl<X> BlockTable<X> {
     /// Take the record of `id` (checked) out, counting the free.
     #[inline]
     pub(crate) fn remove(&mut self, id: &BlockId) -> Option<Record<X>> {
-        let key = Key::of(id.ptr, id.generation);
-        if self.blocks.get(&key)?.generation != id.generation {
+        let Entry::Occupied(entry) = self.blocks.entry(Key::of(id.ptr, id.generation)) else { return None };
+        if entry.get().generation != id.generation {
             return None;
         }
-        let rec = self.blocks.remove(&key)?;
+        let rec = entry.remove();
         self.counters.freed(rec.tag.index(), rec.held);
         self.deallocations += 1;
         Some(rec)
