@@ -563,10 +563,8 @@ impl Arena {
                 // A page mapped without access would fault under the next
                 // block placed on it: unmapped again, and spare. (Should
                 // even the unmap fail, the pages stay mapped here.)
-                if self.device.vm_unmap(va, bytes).is_ok() {
-                    self.unmapped.fetch_add(count as u64, Ordering::Relaxed);
-                    let mut spare = lock(&self.spare);
-                    spare.pages.extend((first..first + count).map(|p| r.uninstall(p)));
+                if let Some(pages) = self.unmap_run(&mut r, first, count) {
+                    lock(&self.spare).pages.extend(pages);
                 }
             }
         }
@@ -682,6 +680,15 @@ impl Arena {
         }
     }
 
+    /// Unmap the `n` granules of `r` from `first` (one driver call) and take
+    /// their pages out of its page table: the pages, or `None` when the
+    /// unmap failed (they stay mapped and installed).
+    fn unmap_run(&self, r: &mut Region, first: usize, n: usize) -> Option<Vec<PhysHandle>> {
+        self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).ok()?;
+        self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
+        Some((first..first + n).map(|p| r.uninstall(p)).collect())
+    }
+
     fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
         self.regions.read().unwrap_or_else(|p| p.into_inner()).values().map(|(_, r)| r.clone()).collect()
     }
@@ -703,10 +710,7 @@ impl Arena {
             }
             let idle = r.idle_pages(count - got.len());
             for (first, n) in runs(&idle) {
-                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
-                    self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
-                    got.extend((first..first + n).map(|p| r.uninstall(p)));
-                }
+                got.extend(self.unmap_run(&mut r, first, n).into_iter().flatten());
             }
         }
         self.recycled.fetch_add(got.len() as u64, Ordering::Relaxed);
