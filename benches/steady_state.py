@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 from collections import defaultdict, deque
 from typing import Any, Deque, Dict, List
 
@@ -101,21 +100,16 @@ def main() -> int:
     capacity = R.default_capacity(trace.peak_live_bytes, len(trace.streams))
     rt = Runtime(device=0, config=Config(backend="sim", memory=args.memory, sim_capacity_bytes=capacity,
                                          stream_pool_size=max(16, len(trace.streams))))
-    gates: List[threading.Event] = []
+    lag = R.GpuLag([], args.gpu_lag)
     try:
         streams = [rt.acquire_stream() for _ in trace.streams]
+        lag.streams = streams
         blocks: Dict[int, Any] = {}
         last, seen, step = rt.stats(), 0, 0
         maps: List[int] = []
         print("step  allocations  misses  pages mapped  unmapped  held GiB  peak live GiB  held/peak live")
         for done, op in enumerate(ops):
-            if args.gpu_lag and done % args.gpu_lag == 0:
-                while len(gates) > len(streams):
-                    gates.pop(0).set()
-                for s in streams:
-                    gate = threading.Event()
-                    gates.append(gate)
-                    s.enqueue_host(lambda g=gate: g.wait(0.05))
+            lag.tick(done)
             if op >= 0:
                 if sizes[op] == big:
                     seen += 1
@@ -138,8 +132,7 @@ def main() -> int:
         for s in streams:
             s.release()
     finally:
-        for gate in gates:
-            gate.set()
+        lag.release()
         rt.close()
     # The first row is the warm-up before the repeats; the second half of
     # the rest is the steady state.

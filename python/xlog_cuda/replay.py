@@ -491,6 +491,35 @@ def host_capacity_limit() -> int:
     return max(GIB, phys // 4 * 3 // GIB * GIB)
 
 
+class GpuLag:
+    """Keeps sim streams `n` to 2n operations behind the host, as a GPU
+    runs behind its program: `tick(done)` before operation number `done`
+    releases the host callbacks queued `n` operations ago and queues new
+    ones on every stream (each also gives up after 50 ms, so a wait for a
+    stream inside xlog cannot deadlock); `release()` lets the streams run
+    on (close waits for them). `n` 0: the streams run at once."""
+
+    def __init__(self, streams: List[Any], n: int) -> None:
+        self.streams = streams
+        self.n = n
+        self.gates: List[threading.Event] = []
+
+    def tick(self, done: int) -> None:
+        if not self.n or done % self.n:
+            return
+        while len(self.gates) > len(self.streams):
+            self.gates.pop(0).set()
+        for stream in self.streams:
+            gate = threading.Event()
+            self.gates.append(gate)
+            stream.enqueue_host(lambda g=gate: g.wait(0.05))
+
+    def release(self) -> None:
+        for gate in self.gates:
+            gate.set()
+        self.gates.clear()
+
+
 def replay(
     trace: Trace,
     memory: str = "arena",
@@ -541,16 +570,11 @@ def replay(
     refusals = refused_bytes = 0
     first_refusal = ""
     done = 0
-    gates: List[threading.Event] = []
-
-    def hold(stream: Any) -> None:
-        gate = threading.Event()
-        gates.append(gate)
-        stream.enqueue_host(lambda: gate.wait(0.05))
-
+    lag = GpuLag([], gpu_lag)
     started = time.perf_counter()
     try:
         streams = [rt.acquire_stream() for _ in trace.streams]
+        lag.streams = streams
         by_block = [streams[s] for s in trace.block_stream]
         sizes = trace.sizes
         blocks: List[Any] = [None] * len(sizes)
@@ -558,12 +582,7 @@ def replay(
         refused = (_errors.OutOfBudgetError, _errors.OutOfMemoryError)
         countdown = reap_every
         for done, op in enumerate(trace.ops):
-            if gpu_lag and done % gpu_lag == 0:
-                # Release the gates of N operations ago; queue the next ones.
-                while len(gates) > len(streams):
-                    gates.pop(0).set()
-                for s in streams:
-                    hold(s)
+            lag.tick(done)
             if reap_every:
                 countdown -= 1
                 if countdown == 0:
@@ -592,8 +611,7 @@ def replay(
     except _errors.XlogError as e:
         raise ReplayError(f"the replay stopped at operation {done + 1:,} of {len(trace.ops):,}: {e}") from None
     finally:
-        for gate in gates:  # the streams run on: close waits for them
-            gate.set()
+        lag.release()
         rt.close()
     ops = len(trace.ops)
     return {
