@@ -85,9 +85,7 @@ const BLOCK_BYTES: u64 = 256;
 /// Lazily committed, so only the touched pages cost memory.
 /// 1M live 256-byte blocks take 512 MiB in the arena (512-byte blocks).
 const SIM_CAPACITY: u64 = 1 << 30;
-/// `--pool`: the runtime on the driver pool (`XLOG_MEMORY=pool`) instead
-/// of the arena.
-static POOL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 const BUDGET: u64 = 960 << 20;
 const REAP_EVERY: usize = 64;
 /// Blocks per finish_all when giving every block a dependency record.
@@ -110,7 +108,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn open_runtime() -> Arc<Runtime> {
+/// `pool`: the driver pool (`--pool`, `XLOG_MEMORY=pool`) instead of the
+/// arena.
+fn open_runtime(pool: bool) -> Arc<Runtime> {
     let config = Config {
         backend: Backend::Sim,
         allocator: AllocatorKind::Async,
@@ -118,7 +118,7 @@ fn open_runtime() -> Arc<Runtime> {
         log_path: None,
         sim_capacity_bytes: SIM_CAPACITY,
         wait_on_pressure: false,
-        arena: !POOL.load(std::sync::atomic::Ordering::Relaxed),
+        arena: !pool,
         ..Config::default()
     };
     Runtime::open(0, &config).expect("open a sim runtime")
@@ -166,8 +166,8 @@ struct State {
 }
 
 impl State {
-    fn new(live: usize) -> State {
-        let rt = open_runtime();
+    fn new(live: usize, pool: bool) -> State {
+        let rt = open_runtime(pool);
         let a: StreamId = rt.acquire_stream().expect("stream a");
         let b: StreamId = rt.acquire_stream().expect("stream b");
         // Warm the stream workers, the event pool and the tag table before
@@ -345,7 +345,7 @@ fn label(live: usize) -> String {
 fn main() {
     // `cargo bench` passes --bench; anything else we do not know is ignored.
     let quick = std::env::args().any(|a| a == "--quick");
-    POOL.store(std::env::args().any(|a| a == "--pool"), std::sync::atomic::Ordering::Relaxed);
+    let pool = std::env::args().any(|a| a == "--pool");
     let s = if quick {
         Settings { repeats: 3, pairs: 5_000, tracking_ops: 5_000, live_counts: vec![1_000, 100_000] }
     } else {
@@ -356,7 +356,7 @@ fn main() {
         .iter()
         .map(|&live| {
             eprintln!("sim_bench: making {live} live blocks of {BLOCK_BYTES} bytes ...");
-            State::new(live)
+            State::new(live, pool)
         })
         .collect();
     eprintln!("sim_bench: timing ({} repeats, interleaved) ...", s.repeats);
