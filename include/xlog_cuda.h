@@ -179,7 +179,7 @@ typedef struct xlog_stats {
   /*
    live + cached + pending: what xlog holds from the driver, and what
    the budget charges (with the arena: the bytes of its mapped and
-   spare 2 MiB pages, exactly what the device holds for xlog).
+   spare 4 MiB pages, exactly what the device holds for xlog).
    */
   uint64_t outstanding_bytes;
   uint64_t peak_outstanding_bytes;
@@ -233,8 +233,8 @@ typedef struct xlog_stats {
   /*
    Physical pages the arena has mapped (one cuMemMap each) and
    unmapped since the runtime opened; 0 with XLOG_MEMORY_POOL. In a
-   loop of repeating shapes they should stop growing: each map costs
-   the host time, each unmap stalls the device.
+   loop of repeating shapes they should stop growing: each page mapped
+   or unmapped costs host time (tens of microseconds on a GPU).
    */
   uint64_t pages_mapped;
   uint64_t pages_unmapped;

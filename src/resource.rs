@@ -298,8 +298,8 @@ pub struct Usage {
     pub peak_live_bytes: u64,
     /// Physical pages mapped (one `cuMemMap` each) and unmapped by the
     /// arena since the runtime opened: in a loop that repeats they should
-    /// stop growing, and every one costs step time on a GPU (an unmap
-    /// stalls the device). 0 without the arena.
+    /// stop growing, and every one costs step time on a GPU (tens of
+    /// microseconds of driver calls a page). 0 without the arena.
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
 }

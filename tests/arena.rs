@@ -12,8 +12,9 @@ use xlog_cuda::{Access, Backend, Config, ResourceError, Runtime, StreamId};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-/// The sim's mapping granularity (Hopper's).
-const PAGE: u64 = 2 * MIB;
+/// The arena's physical page: two of the sim's 2 MiB mapping granules
+/// (Hopper's), `PAGE_GRANULES` in `src/resources/arena/mod.rs`.
+const PAGE: u64 = 4 * MIB;
 
 fn open(budget: u64) -> Arc<Runtime> {
     let config = Config { backend: Backend::Sim, budget_bytes: budget, sim_capacity_bytes: 512 * MIB, ..Config::default() };
@@ -95,7 +96,7 @@ fn freed_blocks_coalesce_and_serve_another_shape_without_new_memory() {
     let s = rt.acquire_stream().unwrap();
     let blocks: Vec<_> = (0..6).map(|_| rt.allocate(MIB, s, "small").unwrap()).collect();
     let held = rt.usage().outstanding_bytes();
-    assert_eq!(held, 3 * PAGE, "six 1 MiB blocks pack into three pages");
+    assert_eq!(held, (6 * MIB).div_ceil(PAGE) * PAGE, "six 1 MiB blocks pack into whole pages, none left half used");
     for b in &blocks {
         rt.deallocate(&b.id).unwrap();
     }
@@ -425,7 +426,8 @@ fn the_stats_count_every_page_mapped_and_unmapped() {
     assert_eq!((st.pages_mapped, st.pages_unmapped), (0, 0));
     let a = rt.allocate(5 * MIB, s, "a").unwrap();
     let st = rt.stats().unwrap();
-    assert_eq!(st.pages_mapped, 3, "5 MiB from a fresh region spans three pages");
+    let pages = (5 * MIB).div_ceil(PAGE);
+    assert_eq!(st.pages_mapped, pages, "5 MiB from a fresh region spans whole pages");
     assert_eq!(st.pages_mapped * PAGE, st.outstanding_bytes, "every page held was mapped once");
     rt.deallocate(&a.id).unwrap();
     // The same shape again: a hit, nothing mapped.
@@ -433,10 +435,10 @@ fn the_stats_count_every_page_mapped_and_unmapped() {
         let b = rt.allocate(5 * MIB, s, "b").unwrap();
         rt.deallocate(&b.id).unwrap();
     }
-    assert_eq!(rt.stats().unwrap().pages_mapped, 3, "a repeating shape maps nothing more");
+    assert_eq!(rt.stats().unwrap().pages_mapped, pages, "a repeating shape maps nothing more");
     rt.trim(0).unwrap();
     let st = rt.stats().unwrap();
-    assert_eq!(st.pages_unmapped, 3, "trim unmapped the three idle pages");
+    assert_eq!(st.pages_unmapped, pages, "trim unmapped every idle page");
     assert_eq!(st.outstanding_bytes, 0);
     rt.release_stream(s).unwrap();
 }

@@ -9,11 +9,11 @@ int main(void) {
   xlog_config cfg;
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
-  cfg.budget_bytes = 4u << 20; /* two 2 MiB pages */
+  cfg.budget_bytes = 8u << 20; /* two 4 MiB pages */
   cfg.cache = 1; /* the default, whatever XLOG_CACHE says */
   /* What the 4096-byte block makes the runtime hold: the arena (the
-     default) maps a 2 MiB page, the pool (XLOG_MEMORY=pool) the block. */
-  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (2u << 20);
+     default) maps a 4 MiB page, the pool (XLOG_MEMORY=pool) the block. */
+  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (4u << 20);
   xlog_runtime *rt = NULL;
   xlog_stream s = 0;
   xlog_block b;
@@ -31,7 +31,7 @@ int main(void) {
   xlog_stats stats;
   stats.struct_size = sizeof stats;
   if (xlog_deallocate(rt, b) != XLOG_OK || xlog_get_stats(rt, &stats) != XLOG_OK || stats.cached_bytes != held ||
-      stats.budget_remaining != (4u << 20) - held) {
+      stats.budget_remaining != (8u << 20) - held) {
     fprintf(stderr, "free failed or cached %llu bytes, not %llu\n", (unsigned long long)stats.cached_bytes,
             (unsigned long long)held);
     return 1;
@@ -42,7 +42,7 @@ int main(void) {
     return 1;
   }
   stats.struct_size = sizeof stats;
-  if (xlog_get_stats(rt, &stats) != XLOG_OK || stats.outstanding_bytes != 0 || stats.budget_remaining != 4u << 20) {
+  if (xlog_get_stats(rt, &stats) != XLOG_OK || stats.outstanding_bytes != 0 || stats.budget_remaining != 8u << 20) {
     fprintf(stderr, "after trim: outstanding %llu, budget remaining %llu\n",
             (unsigned long long)stats.outstanding_bytes, (unsigned long long)stats.budget_remaining);
     return 1;

@@ -77,8 +77,8 @@ def test_check_ok_does_nothing():
 
 
 def test_out_of_budget_names_the_numbers(make_runtime):
-    # Whole 2 MiB pages (what the arena maps and charges; the pool hands
-    # these sizes out unrounded): the message is the same under either memory.
+    # Whole pages (what the arena maps and charges; the pool hands these
+    # sizes out unrounded): the message is the same under either memory.
     rt = make_runtime(budget_bytes=4 * PAGE)
     with rt.acquire_stream() as s:
         first = rt.allocate(3 * PAGE, s)
@@ -87,8 +87,8 @@ def test_out_of_budget_names_the_numbers(make_runtime):
         err = info.value
         assert err.status == xc.Status.OUT_OF_BUDGET
         assert err.message == (
-            "xlog_allocate: out of budget: requested 6291456 bytes, live 6291456, cached 0, pending 0, "
-            "limit 8388608, remaining 2097152"
+            f"xlog_allocate: out of budget: requested {3 * PAGE} bytes, live {3 * PAGE}, cached 0, pending 0, "
+            f"limit {4 * PAGE}, remaining {PAGE}"
         )
         assert xc.last_error() == err.message
         st = rt.stats()

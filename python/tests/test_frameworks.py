@@ -262,7 +262,7 @@ def test_enable_without_the_framework_raises_clearly_and_changes_nothing(monkeyp
 
 
 def test_torch_enable_installs_the_hooks_of_this_library(fake_torch, dev):
-    xt.enable(budget="3MiB", backend="sim", device=dev)
+    xt.enable(budget="6MiB", backend="sim", device=dev)
     assert xt.is_enabled()
     alloc = fake_torch._fake.current
     assert fake_torch._fake.swaps == 1
@@ -273,7 +273,7 @@ def test_torch_enable_installs_the_hooks_of_this_library(fake_torch, dev):
     assert alloc.free_address == xi.hook_address("xlog_torch_free")
 
     st = xt.stats(dev)
-    assert (st.budget_limit, st.live_bytes, st.allocations) == (3 * MiB, 0, 0)
+    assert (st.budget_limit, st.live_bytes, st.allocations) == (6 * MiB, 0, 0)
     a = fake_torch.Tensor(1024, dev)
     assert xt.stats(dev).live_bytes == 1024
     b = fake_torch.Tensor(0, dev)  # torch may ask for 0 bytes: a real, distinct pointer
@@ -409,9 +409,10 @@ def test_malformed_environment_is_an_error_naming_the_variable(fake_torch, dev, 
 
 
 def test_refusal_returns_null_with_the_numbers_and_recovers(fake_torch, dev):
-    # A budget of two pages; 3 MiB live leaves 1 MiB: 2 MiB does not fit
-    # (the arena's idle 1 MiB in its second page is too small as well).
-    budget, first, second = 2 * PAGE, 3 * MiB, 2 * MiB
+    # A budget of two pages; two pages less 1 MiB live leave 1 MiB: 2 MiB
+    # does not fit (the arena's idle 1 MiB in its second page is too small
+    # as well).
+    budget, first, second = 2 * PAGE, 2 * PAGE - MiB, 2 * MiB
     xt.enable(budget=budget, backend="sim", device=dev)
     alloc = fake_torch._fake.current
     a = alloc.malloc(first, dev, None)
@@ -522,23 +523,24 @@ def test_record_stream_arguments(fake_torch, dev):
 
 def test_cupy_refusal_raises_cupy_out_of_memory_with_our_reason(fake_cupy, dev):
     fake_cupy._fake.device = dev
-    # Two pages; 3.5 MiB live leaves 512 KiB (idle, in the arena): 800 KiB
-    # does not fit.
+    # Two pages; two pages less 512 KiB live leave 512 KiB (idle, in the
+    # arena): 800 KiB does not fit.
     xcp.enable(budget=2 * PAGE, backend="sim", device=dev)
     assert xcp.is_enabled()
     allocator = fake_cupy.cuda.get_allocator().xlog_allocator
     assert allocator.malloc_address == xi.hook_address("xlog_cupy_malloc")
     assert allocator.free_address == xi.hook_address("xlog_cupy_free")
 
-    m = fake_cupy.cuda.memory.alloc(3584 * KiB)
+    live = 2 * PAGE - 512 * KiB
+    m = fake_cupy.cuda.memory.alloc(live)
     assert m.ptr
     held = xcp.stats(dev).outstanding_bytes
     with pytest.raises(fake_cupy.cuda.memory.OutOfMemoryError) as info:
         fake_cupy.cuda.memory.alloc(800 * KiB)
-    reason = refusal("xlog_cupy_malloc", 800 * KiB, 3584 * KiB, 0, 2 * PAGE, cached=held - 3584 * KiB)
+    reason = refusal("xlog_cupy_malloc", 800 * KiB, live, 0, 2 * PAGE, cached=held - live)
     assert str(info.value) == (
-        "Out of memory allocating 819,200 bytes (allocated so far: 3,670,016 bytes, "
-        f"limit set to: 4,194,304 bytes). [xlog: {reason}]"
+        f"Out of memory allocating 819,200 bytes (allocated so far: {live:,} bytes, "
+        f"limit set to: {2 * PAGE:,} bytes). [xlog: {reason}]"
     )
     assert info.value.xlog_message == reason
     assert xcp.stats(dev).failed_allocations == 1

@@ -11,7 +11,7 @@ import pytest
 import xlog_cuda as xc
 import xlog_cuda.interop as xi
 
-from conftest import pool_memory
+from conftest import PAGE, pool_memory
 
 
 @pytest.fixture
@@ -154,13 +154,13 @@ def test_trim_keeps_at_most_keep_bytes_idle_in_the_arena(lib):
     # The arena's twin: trim releases whole idle pages until at most
     # keep_bytes are held beyond the live blocks.
     dev = 28
-    page = 2 << 20
+    page = PAGE
     xi.configure(dev, backend="sim", memory="arena")
     live = lib.xlog_torch_malloc(64 << 10, dev, None)
-    spans = lib.xlog_torch_malloc(3 << 20, dev, None)  # past the first page
+    spans = lib.xlog_torch_malloc(2 * page, dev, None)  # past the first page
     st = xi.stats(dev)
-    assert st.outstanding_bytes % page == 0 and st.outstanding_bytes >= (3 << 20) + (64 << 10)
-    lib.xlog_torch_free(spans, 3 << 20, dev, None)
+    assert st.outstanding_bytes % page == 0 and st.outstanding_bytes >= 2 * page + (64 << 10)
+    lib.xlog_torch_free(spans, 2 * page, dev, None)
     held = xi.stats(dev).outstanding_bytes
     assert xi.stats(dev).cached_bytes == held - (64 << 10)
     assert xi.trim(dev, keep_bytes=held) == 0

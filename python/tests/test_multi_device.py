@@ -11,13 +11,15 @@ import pytest
 
 import xlog_cuda as xc
 
+from conftest import PAGE
+
 
 @pytest.fixture
 def devices():
     cfg = xc.Config(backend="sim", sim_devices=2, sim_capacity_bytes="64MiB")
-    # Whole 2 MiB pages (what the arena maps and charges).
-    d0 = xc.Runtime(0, cfg, budget_bytes="2MiB")
-    d1 = xc.Runtime(1, cfg, budget_bytes="8MiB")
+    # Whole pages (what the arena maps and charges).
+    d0 = xc.Runtime(0, cfg, budget_bytes=PAGE)
+    d1 = xc.Runtime(1, cfg, budget_bytes=4 * PAGE)
     yield d0, d1
     d0.close()
     d1.close()
@@ -55,14 +57,14 @@ def test_device_1_reads_device_0s_block_in_order(devices):
 def test_budgets_and_stats_are_per_device(devices):
     d0, d1 = devices
     s0, s1 = d0.acquire_stream(), d1.acquire_stream()
-    a = d0.allocate(2 << 20, s0)
+    a = d0.allocate(PAGE, s0)
     with pytest.raises(xc.OutOfBudgetError):
-        d0.allocate(2 << 20, s0)
-    b = d1.allocate(6 << 20, s1)
+        d0.allocate(PAGE, s0)
+    b = d1.allocate(3 * PAGE, s1)
     st0, st1 = d0.stats(), d1.stats()
-    assert (st0.live_bytes, st1.live_bytes) == (2 << 20, 6 << 20)
-    assert (st0.budget_limit, st1.budget_limit) == (2 << 20, 8 << 20)
-    assert (st0.budget_remaining, st1.budget_remaining) == (0, 2 << 20)
+    assert (st0.live_bytes, st1.live_bytes) == (PAGE, 3 * PAGE)
+    assert (st0.budget_limit, st1.budget_limit) == (PAGE, 4 * PAGE)
+    assert (st0.budget_remaining, st1.budget_remaining) == (0, PAGE)
     assert (st0.failed_allocations, st1.failed_allocations) == (1, 0)
     a.free()
     b.free()

@@ -262,7 +262,7 @@ def test_shim_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_first_enable_builds_later_ones_load_the_cached_shim(shim_env, monkeypatch):
     dev = next(_devices)
-    xt.enable(backend="sim", budget="2MiB", device=dev)  # one page (the arena's unit)
+    xt.enable(backend="sim", budget="4MiB", device=dev)  # one page (the arena's unit)
     info = xt.enable_info()
     assert (info["shim_origin"], builds(shim_env)) == ("built", 1)
     shim = info["shim"]
@@ -274,7 +274,7 @@ def test_first_enable_builds_later_ones_load_the_cached_shim(shim_env, monkeypat
     # A new process: the same file, no build, cpp_extension never imported.
     fresh_process(monkeypatch)
     dev2 = next(_devices)
-    xt.enable(backend="sim", budget="2MiB", device=dev2)
+    xt.enable(backend="sim", budget="4MiB", device=dev2)
     info = xt.enable_info()
     assert (info["shim"], info["shim_origin"], builds(shim_env)) == (shim, "cached", 1)
     assert "torch.utils.cpp_extension" not in sys.modules

@@ -717,10 +717,10 @@ impl Device for SimDevice {
     }
 
     fn vm_region_bytes(&self) -> u64 {
-        // An eighth of the device, within bounds: a region is host memory
-        // the OS commits as it is touched, and a stream's blocks should fit
-        // in few of them.
-        (self.capacity / 8).clamp(SIM_VM_REGION_BYTES, SIM_VM_REGION_MAX).div_ceil(SIM_VM_GRANULARITY) * SIM_VM_GRANULARITY
+        // The whole device, as on CUDA (the arena's layout, and so what it
+        // maps step after step, depends on it), within bounds: a region is
+        // host address space the OS commits only as it is touched.
+        self.capacity.clamp(SIM_VM_REGION_BYTES, SIM_VM_REGION_MAX).div_ceil(SIM_VM_GRANULARITY) * SIM_VM_GRANULARITY
     }
 
     fn vm_reserve(&self, bytes: u64) -> DeviceResult<DevicePtr> {

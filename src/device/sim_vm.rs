@@ -31,10 +31,10 @@ use crate::error::DeviceError;
 /// Mapping granularity of the sim device (Hopper's).
 pub(crate) const SIM_VM_GRANULARITY: u64 = 2 << 20;
 /// Address space the arena reserves per stream region on sim, at least
-/// and at most (an eighth of the device between the two): small, since
-/// the host backs it (lazily); larger requests get a region of their own.
+/// and at most (the device's capacity between the two, as on CUDA): the
+/// host backs it lazily; larger requests get a region of their own.
 pub(crate) const SIM_VM_REGION_BYTES: u64 = 64 << 20;
-pub(crate) const SIM_VM_REGION_MAX: u64 = 4 << 30;
+pub(crate) const SIM_VM_REGION_MAX: u64 = 64 << 30;
 /// Alignment of a reservation's base (a host page: block addresses are
 /// offsets from it).
 const RESERVATION_ALIGN: u64 = 4096;

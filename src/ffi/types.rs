@@ -168,7 +168,7 @@ pub struct xlog_stats {
     pub pending_bytes: u64,
     /// live + cached + pending: what xlog holds from the driver, and what
     /// the budget charges (with the arena: the bytes of its mapped and
-    /// spare 2 MiB pages, exactly what the device holds for xlog).
+    /// spare 4 MiB pages, exactly what the device holds for xlog).
     pub outstanding_bytes: u64,
     pub peak_outstanding_bytes: u64,
     /// 0 without a budget layer.
@@ -204,8 +204,8 @@ pub struct xlog_stats {
     pub alloc_retries: u64,
     /// Physical pages the arena has mapped (one cuMemMap each) and
     /// unmapped since the runtime opened; 0 with XLOG_MEMORY_POOL. In a
-    /// loop of repeating shapes they should stop growing: each map costs
-    /// the host time, each unmap stalls the device.
+    /// loop of repeating shapes they should stop growing: each page mapped
+    /// or unmapped costs host time (tens of microseconds on a GPU).
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
 }

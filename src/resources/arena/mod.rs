@@ -24,16 +24,19 @@
 //!   (the `ChargeGate`) is charged a page's bytes right before `cuMemCreate`
 //!   and uncharged when it is released. Nothing else xlog does on this
 //!   path holds device memory, so the charge is the device's number.
+//! - **Pages.** A physical page is `PAGE_GRANULES` of the device's mapping
+//!   granules (4 MiB on Hopper): each driver call costs per page, not per
+//!   byte, so the page is as large as the footprint bound allows.
 //! - **Lending.** A page no live block overlaps is idle. Before the arena
 //!   creates a page while it holds more than its live peak plus 1/256 (at
-//!   least two pages), and before any refusal, it *lends* idle pages,
+//!   least one page), and before any refusal, it *lends* idle pages,
 //!   longest idle first: each is mapped a second time where it is needed
 //!   (GMLake's stitching, in page units), while its old address stays
 //!   mapped and out of use (`region.rs`). The new block's work is ordered
 //!   after the frees that made the page idle by the stream itself (the
 //!   page's region is the stream's own) or by a GPU-side wait on an event
 //!   of the page's stream: no host wait, even while the GPU still runs
-//!   those frees, and no unmap, whose cost is a stall of the device. So
+//!   those frees, and no unmap (about 16 µs of host time a page). So
 //!   what the call frees serves the call. Old addresses are unmapped in
 //!   batches once their frees are known complete (a completed event, or
 //!   `cuStreamQuery` finding the stream idle) and they outnumber the
@@ -72,11 +75,22 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult, StreamRef};
 
 /// Every block's size is a multiple of this (and so is its address).
 pub(crate) const BLOCK_ALIGN: u64 = 512;
+/// A physical page is this many of the device's mapping granules (2 MiB on
+/// Hopper): 4 MiB. Every driver call on a page (`cuMemCreate`, `cuMemMap`,
+/// `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) costs about the same
+/// whatever its size, up to hundreds of MiB (measured on an H100: about
+/// 26 µs to map and grant a page, 16 µs to unmap it, 10 µs each to
+/// create and release it). Two granules halve the calls any remapping
+/// needs, at the price of at most one more granule held at the edges of
+/// the free ranges: every recorded trace stays within 1.09x its live peak
+/// on sim (four granules would not: the four-stream W11 trace holds 1.15x).
+/// BENCHMARKS.md, "Physical memory, fourth pass".
+pub(crate) const PAGE_GRANULES: u64 = 2;
 /// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
-/// `MIN_SLACK_PAGES` pages) before idle pages are lent (or recycled)
+/// `MIN_SLACK_PAGES` page) before idle pages are lent (or recycled)
 /// instead of new ones created.
 const SLACK_DIV: u64 = 256;
-const MIN_SLACK_PAGES: u64 = 2;
+const MIN_SLACK_PAGES: u64 = 1;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -139,7 +153,10 @@ pub struct ArenaUsage {
 pub struct Arena {
     id: u64,
     device: Arc<dyn Device>,
-    granularity: u64,
+    /// Bytes of one physical page (`PAGE_GRANULES` device granules); a
+    /// region's address space is cut in slots of this size ("granules" in
+    /// `region.rs`), each mapped to one page or to nothing.
+    page_bytes: u64,
     region_bytes: u64,
     wait_on_pressure: bool,
     held: Arc<HeldBytes>,
@@ -180,12 +197,12 @@ impl Arena {
         if !device.supports_vm() {
             return None;
         }
-        let granularity = device.vm_granularity();
-        let region_bytes = device.vm_region_bytes().max(granularity);
+        let page_bytes = device.vm_granularity() * PAGE_GRANULES;
+        let region_bytes = device.vm_region_bytes().max(page_bytes).div_ceil(page_bytes) * page_bytes;
         Some(Arena {
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             device,
-            granularity,
+            page_bytes,
             region_bytes,
             wait_on_pressure,
             held,
@@ -277,7 +294,7 @@ impl Arena {
         let mapped = self.obtain(missing.len(), stream, gate, may_unmap).and_then(|(handles, created)| {
             self.map_pages(&region, &missing, handles)?;
             if let (Some(log), true) = (&self.log, created > 0) {
-                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * self.granularity, stream_id);
+                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * self.page_bytes, stream_id);
             }
             Ok(())
         });
@@ -514,12 +531,12 @@ impl Arena {
 
     fn carve_in_new_region(&self, stream: RawStream, len: u64) -> ResourceResult<Carved> {
         let bytes = len
-            .checked_add(self.granularity - 1)
-            .map(|b| b / self.granularity * self.granularity)
+            .checked_add(self.page_bytes - 1)
+            .map(|b| b / self.page_bytes * self.page_bytes)
             .map(|b| b.max(self.region_bytes))
             .ok_or_else(|| ResourceError::OutOfMemory { requested: len, detail: "the request is larger than any device can hold".into() })?;
         let base = self.device.vm_reserve(bytes)?;
-        let mut region = Region::new(stream, base, bytes, self.granularity);
+        let mut region = Region::new(stream, base, bytes, self.page_bytes);
         let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
         let missing = region.unmapped_in(addr, len);
         let region = Arc::new(Mutex::new(region));
@@ -542,7 +559,7 @@ impl Arena {
                 continue;
             }
             let handle = handles.next().expect("one handle per missing page");
-            if let Err(e) = self.device.vm_map(r.page_addr(page), self.granularity, handle) {
+            if let Err(e) = self.device.vm_map(r.page_addr(page), self.page_bytes, handle) {
                 lock(&self.spare).pages.push(handle);
                 result = Err(e.into());
                 break;
@@ -555,7 +572,7 @@ impl Arena {
         let peers = lock(&self.peers).clone();
         let ordinal = self.device.ordinal();
         for (first, count) in runs(&newly) {
-            let (va, bytes) = (r.page_addr(first), count as u64 * self.granularity);
+            let (va, bytes) = (r.page_addr(first), count as u64 * self.page_bytes);
             let granted =
                 std::iter::once(&ordinal).chain(peers.iter()).try_for_each(|&device| self.device.vm_set_access(va, bytes, device));
             if let Err(e) = granted {
@@ -618,7 +635,7 @@ impl Arena {
                         // pages made meanwhile: asked again, the gate refuses
                         // with the numbers of now (kept as it was should the
                         // pages fit after all, freed meanwhile).
-                        let pages = count as u64 * self.granularity;
+                        let pages = count as u64 * self.page_bytes;
                         return Err(match gate.try_charge(pages) {
                             Err(now) => now,
                             Ok(()) => {
@@ -650,7 +667,7 @@ impl Arena {
         let peak = self.held.peak();
         for handle in made {
             match self.device.vm_release(handle) {
-                Ok(()) => self.held.sub(self.granularity),
+                Ok(()) => self.held.sub(self.page_bytes),
                 Err(_) => lock(&self.spare).pages.push(handle),
             }
         }
@@ -660,21 +677,21 @@ impl Arena {
     /// Whether `pages` more would take the held bytes past the live peak
     /// plus the slack.
     fn over_soft_cap(&self, pages: usize) -> bool {
-        let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.granularity);
-        let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.granularity;
-        self.held.now() + pages as u64 * self.granularity > cap
+        let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.page_bytes);
+        let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes;
+        self.held.now() + pages as u64 * self.page_bytes > cap
     }
 
     /// One new physical page, charged first.
     fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
-        gate.try_charge(self.granularity)?;
-        match self.device.vm_create(self.granularity) {
+        gate.try_charge(self.page_bytes)?;
+        match self.device.vm_create(self.page_bytes) {
             Ok(handle) => {
-                self.held.add(self.granularity);
+                self.held.add(self.page_bytes);
                 Ok(handle)
             }
             Err(e) => {
-                gate.uncharge(self.granularity);
+                gate.uncharge(self.page_bytes);
                 Err(e.into())
             }
         }
@@ -684,7 +701,7 @@ impl Arena {
     /// their pages out of its page table: the pages, or `None` when the
     /// unmap failed (they stay mapped and installed).
     fn unmap_run(&self, r: &mut Region, first: usize, n: usize) -> Option<Vec<PhysHandle>> {
-        self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).ok()?;
+        self.device.vm_unmap(r.page_addr(first), n as u64 * self.page_bytes).ok()?;
         self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
         Some((first..first + n).map(|p| r.uninstall(p)).collect())
     }
@@ -759,9 +776,9 @@ impl Arena {
     /// Whether the old addresses of lent pages add up to more than the
     /// pages held: time to unmap those whose frees are complete. Until then
     /// they cost no memory (the pages are the same) and no call; each
-    /// unmap may stall the device, so they go in batches.
+    /// unmap costs host time per page, so they go in batches.
     fn too_many_lent(&self) -> bool {
-        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.granularity
+        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes
     }
 
     /// Unmap the old addresses of `r`'s lent pages whose frees are now
@@ -771,20 +788,20 @@ impl Arena {
         if done.is_empty() {
             return;
         }
-        // One unmap per run of adjacent granules: each call may stall the
-        // device, so a lent block's pages go together.
+        // One unmap per run of adjacent granules: a lent block's pages go
+        // together.
         done.sort_unstable_by_key(|&(page, _, _)| page);
         let pages: Vec<usize> = done.iter().map(|&(page, _, _)| page).collect();
         let mut at = 0;
         for (first, n) in runs(&pages) {
             let run = &done[at..at + n];
             at += n;
-            let (addr, bytes) = (r.page_addr(first), n as u64 * self.granularity);
+            let (addr, bytes) = (r.page_addr(first), n as u64 * self.page_bytes);
             if self.device.vm_unmap(addr, bytes).is_ok() {
                 self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
                 self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
                 for &(page, freed, _) in run {
-                    r.unreserve(r.page_addr(page), self.granularity, freed);
+                    r.unreserve(r.page_addr(page), self.page_bytes, freed);
                 }
             } else {
                 // Still mapped: keep them out of use (and their pages out of
@@ -840,14 +857,14 @@ impl Arena {
     /// needed, unless a capture is active). Returns the bytes released.
     pub fn trim(&self, keep: u64, may_unmap: bool) -> u64 {
         let excess = self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
-        self.give_back(excess.div_ceil(self.granularity) as usize, Completion::Wait, may_unmap)
+        self.give_back(excess.div_ceil(self.page_bytes) as usize, Completion::Wait, may_unmap)
     }
 
     /// Give idle memory back for a caller outside the arena that needs
     /// `need` bytes under the same budget (`wait`: synchronise streams).
     pub fn relieve(&self, need: u64, wait: bool, may_unmap: bool) -> u64 {
         let completion = if wait { Completion::Wait } else { Completion::Query };
-        self.give_back(need.div_ceil(self.granularity) as usize, completion, may_unmap)
+        self.give_back(need.div_ceil(self.page_bytes) as usize, completion, may_unmap)
     }
 
     /// Release `pages` pages to the device: spare ones first, then idle
@@ -855,7 +872,7 @@ impl Arena {
     /// bytes released.
     fn give_back(&self, pages: usize, completion: Completion, may_unmap: bool) -> u64 {
         let mut released = self.release_spare(pages);
-        let left = pages.saturating_sub((released / self.granularity) as usize);
+        let left = pages.saturating_sub((released / self.page_bytes) as usize);
         if may_unmap && left > 0 {
             let idle = self.recycle(left, completion);
             lock(&self.spare).pages.extend(idle);
@@ -881,8 +898,8 @@ impl Arena {
             }
             match self.device.vm_release(handle) {
                 Ok(()) => {
-                    self.held.sub(self.granularity);
-                    released += self.granularity;
+                    self.held.sub(self.page_bytes);
+                    released += self.page_bytes;
                 }
                 Err(_) => lock(&self.spare).pages.push(handle),
             }
@@ -890,7 +907,7 @@ impl Arena {
         if let (Some(log), true) = (&self.log, released > 0) {
             // Released at once: no pending time between the two rows.
             log.released(0, released);
-            log.retired(released, released / self.granularity);
+            log.retired(released, released / self.page_bytes);
         }
         released
     }
@@ -925,7 +942,7 @@ impl Arena {
         for region in self.every_region() {
             let r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {
-                self.device.vm_set_access(r.page_addr(first), n as u64 * self.granularity, ordinal)?;
+                self.device.vm_set_access(r.page_addr(first), n as u64 * self.page_bytes, ordinal)?;
             }
         }
         Ok(())
@@ -941,17 +958,17 @@ impl Drop for Arena {
             let mut r = lock(region);
             let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
             for page in lent {
-                let _ = self.device.vm_unmap(r.page_addr(page), self.granularity);
+                let _ = self.device.vm_unmap(r.page_addr(page), self.page_bytes);
             }
         }
         for (_, (_, region)) in regions {
             let mut r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {
-                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.granularity).is_ok() {
+                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.page_bytes).is_ok() {
                     for p in first..first + n {
                         let handle = r.uninstall(p);
                         if self.device.vm_release(handle).is_ok() {
-                            released += self.granularity;
+                            released += self.page_bytes;
                         }
                     }
                 }
@@ -967,7 +984,7 @@ impl Drop for Arena {
         let spare = std::mem::take(&mut *lock(&self.spare));
         for handle in spare.pages {
             if self.device.vm_release(handle).is_ok() {
-                released += self.granularity;
+                released += self.page_bytes;
             }
         }
         for event in spare.events {

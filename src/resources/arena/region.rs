@@ -47,7 +47,7 @@ pub(crate) struct Region {
     pub stream: RawStream,
     pub base: u64,
     pub len: u64,
-    granularity: u64,
+    page_bytes: u64,
     pub free: FreeRanges,
     /// The physical page mapped at each granule; `None` where unmapped.
     pages: Vec<Option<PhysHandle>>,
@@ -75,15 +75,15 @@ const RECENT_MAX: usize = 32;
 const MAPPED_CANDIDATES: usize = 16;
 
 impl Region {
-    pub fn new(stream: RawStream, base: u64, len: u64, granularity: u64) -> Region {
+    pub fn new(stream: RawStream, base: u64, len: u64, page_bytes: u64) -> Region {
         let mut free = FreeRanges::default();
         free.insert(base, len, 0);
-        let pages = vec![None; (len / granularity) as usize];
+        let pages = vec![None; (len / page_bytes) as usize];
         Region {
             stream,
             base,
             len,
-            granularity,
+            page_bytes,
             free,
             pages,
             frees: 0,
@@ -97,13 +97,13 @@ impl Region {
 
     /// The granules `[addr, addr + len)` touches.
     pub fn pages_of(&self, addr: u64, len: u64) -> Range<usize> {
-        let first = (addr - self.base) / self.granularity;
-        let last = (addr + len - 1 - self.base) / self.granularity;
+        let first = (addr - self.base) / self.page_bytes;
+        let last = (addr + len - 1 - self.base) / self.page_bytes;
         first as usize..last as usize + 1
     }
 
     pub fn page_addr(&self, page: usize) -> u64 {
-        self.base + page as u64 * self.granularity
+        self.base + page as u64 * self.page_bytes
     }
 
     pub fn is_mapped(&self, page: usize) -> bool {
@@ -228,8 +228,8 @@ impl Region {
             if span.freed > self.done {
                 continue;
             }
-            let first = (start - self.base).div_ceil(self.granularity) as usize;
-            let end = ((start + span.len - self.base) / self.granularity) as usize;
+            let first = (start - self.base).div_ceil(self.page_bytes) as usize;
+            let end = ((start + span.len - self.base) / self.page_bytes) as usize;
             out.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - out.len()));
         }
         out
@@ -248,13 +248,13 @@ impl Region {
             if candidates.len() >= max {
                 break;
             }
-            let first = (start - self.base).div_ceil(self.granularity) as usize;
-            let end = ((start + span.len - self.base) / self.granularity) as usize;
+            let first = (start - self.base).div_ceil(self.page_bytes) as usize;
+            let end = ((start + span.len - self.base) / self.page_bytes) as usize;
             candidates.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - candidates.len()));
         }
         let mut out = Vec::with_capacity(candidates.len());
         for page in candidates {
-            let freed = self.free.withdraw(self.page_addr(page), self.granularity).expect("an idle page is free whole");
+            let freed = self.free.withdraw(self.page_addr(page), self.page_bytes).expect("an idle page is free whole");
             let handle = self.uninstall(page);
             self.lent.push((page, freed, handle));
             out.push(handle);
@@ -279,7 +279,7 @@ impl Region {
         for (page, freed, handle) in self.lent.split_off(keep) {
             self.install(page, handle);
             let addr = self.page_addr(page);
-            self.free.insert(addr, self.granularity, freed);
+            self.free.insert(addr, self.page_bytes, freed);
         }
     }
 
