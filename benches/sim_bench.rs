@@ -23,8 +23,9 @@
 //!   sim device's allocation map, which on CUDA lives in the driver), the
 //!   sim device alone (measured on a bare SimDevice), and their difference,
 //!   the runtime's own share. The arena's address space, host heap on sim
-//!   and device memory on a GPU, is left out of all three. Plus the extra bytes once a block has been
-//!   used through prepare/finish (its dependency record).
+//!   and device memory on a GPU, is left out of all three. Plus the extra
+//!   bytes once a block has been used through prepare/finish (its
+//!   dependency record).
 //!
 //! Output: a table on stderr and CSV rows in xlog_bench's format on stdout
 //! (workload,peer,param,metric,value,ratio_to_raw), where ratio_to_raw is,
@@ -82,10 +83,9 @@ fn heap_bytes() -> i64 {
 }
 
 const BLOCK_BYTES: u64 = 256;
-/// Lazily committed, so only the touched pages cost memory.
-/// 1M live 256-byte blocks take 512 MiB in the arena (512-byte blocks).
+/// Lazily committed, so only the touched pages cost memory. 1M live
+/// 256-byte blocks take 512 MiB in the arena (blocks round up to 512 bytes).
 const SIM_CAPACITY: u64 = 1 << 30;
-
 const BUDGET: u64 = 960 << 20;
 const REAP_EVERY: usize = 64;
 /// Blocks per finish_all when giving every block a dependency record.
