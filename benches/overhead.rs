@@ -326,6 +326,14 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--pairs-arena-only") {
+        // For profilers: W1's pair on the arena alone.
+        let arena = runtime();
+        for _ in 0..5 {
+            println!("allocate+free pair: arena {:7.1} ns", pairs(&arena, n / 2));
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "--pairs-arena-pool") {
         // W1's pair on the arena (the default) and on the driver pool.
         let pool = runtime_with(Config { budget_bytes: 1 << 40, arena: false, ..Config::default() });

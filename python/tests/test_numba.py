@@ -30,7 +30,7 @@ SCENARIO = textwrap.dedent(
     import xlog_cuda, xlog_cuda.interop as xi, xlog_cuda.numba as xn
 
     DEV = int(os.environ["DEV"])
-    BUDGET = 4 << 20  # two 2 MiB pages (the arena's unit); the callers set it
+    BUDGET = 4 << 20  # one 4 MiB page (the arena's unit); the callers set it
     SIZE = 2400 << 10  # PyTorch's block; twice it does not fit beside `p`
     fake = getattr(numba, "FAKE", False)
     if fake:
@@ -133,7 +133,18 @@ SCENARIO = textwrap.dedent(
 )
 
 
+# numba-cuda installs a `.pth` file whose import hook (`NumbaCudaFinder` on
+# `sys.meta_path`) sends every import of `numba.cuda` to its own copy, ahead
+# of any `numba` on PYTHONPATH: a stand-in run takes the hook out first.
+NO_REDIRECTOR = (
+    "import sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'NumbaCudaFinder']\n"
+)
+
+
 def _run(code: str, tmp_path, fake: bool, **env_extra):
+    if fake:
+        code = NO_REDIRECTOR + code
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLOG_BUDGET", "XLOG_LOG", "NUMBA_"))}
     env["PYTHONPATH"] = os.pathsep.join(([FAKE_NUMBA] if fake else []) + [PYTHON_DIR])
     env["XLOG_BACKEND"] = "sim"
