@@ -39,10 +39,9 @@
 //!   those frees, and no unmap (about 16 µs of host time a page). So
 //!   what the call frees serves the call. Old addresses are unmapped in
 //!   batches once their frees are known complete (a completed event, or
-//!   `cuStreamQuery` finding the stream idle) and they pass 1/32 of the
-//!   pages held (out of use, they fragment the address space), or on trim
-//!   and close; a page is never released while an old address still maps
-//!   it.
+//!   `cuStreamQuery` finding the stream idle) and they outnumber the
+//!   pages held, or on trim and close; a page is never released while an
+//!   old address still maps it.
 //! - **Recycling** (unmap an idle page whose frees are complete, map it
 //!   where it is needed) is what is left when lending finds nothing (a
 //!   fence that fails). With `wait_on_pressure`, a refusal first
@@ -92,19 +91,13 @@ pub(crate) const PAGE_GRANULES: u64 = 2;
 /// instead of new ones created. A cap tighter than a workload's
 /// fragmentation at page grain never lets its layout settle: each step
 /// lends the pages of a block freed earlier, that block's old place is
-/// then out of use, it lands somewhere new next step and lends again
-/// (the ResNet-50 step at 1/256 mapped 13 pages a step after 80 repeats
-/// and crept to 1.044x its live peak; at 1/64 it maps none from the
-/// second repeat, at 1.012x). BENCHMARKS.md, "Physical memory, fifth pass".
+/// then out of use, it lands somewhere new next step and lends again. The
+/// ResNet-50 step at 1/256 still mapped 13 pages a step after 80 repeats
+/// and crept to 1.044x its live peak (1.034x on the GPU after 13 steps); at
+/// 1/64 it maps none from the second repeat, at 1.012x (0.995x expandable
+/// segments' device peak on the GPU). BENCHMARKS.md, "Physical memory,
+/// fifth pass".
 const SLACK_DIV: u64 = 64;
-/// The old addresses of lent pages are unmapped (those whose frees are
-/// complete) once they pass 1/`LENT_DIV` of the pages held: out of use,
-/// they split the free ranges, and a large block that needs its old place
-/// back finds a hole there and moves on, lending again (GPT-2's logits
-/// marched through the region a step at a time until the old addresses
-/// were unmapped). At 1/32 the recorded GPT-2 step settles by its fifth
-/// repeat; at 1/1 (the pages held) it took 23.
-const LENT_DIV: u64 = 32;
 const MIN_SLACK_PAGES: u64 = 1;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -788,13 +781,12 @@ impl Arena {
         got
     }
 
-    /// Whether the old addresses of lent pages add up to more than
-    /// 1/`LENT_DIV` of the pages held: time to unmap those whose frees are
-    /// complete. They cost no memory (the pages are the same), but they
-    /// fragment the address space; each unmap costs host time per page, so
-    /// they go in batches.
+    /// Whether the old addresses of lent pages add up to more than the
+    /// pages held: time to unmap those whose frees are complete. Until then
+    /// they cost no memory (the pages are the same) and no call; each
+    /// unmap costs host time per page, so they go in batches.
     fn too_many_lent(&self) -> bool {
-        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes / LENT_DIV
+        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes
     }
 
     /// Unmap the old addresses of `r`'s lent pages whose frees are now
