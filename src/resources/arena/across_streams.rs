@@ -1,0 +1,122 @@
+//! Memory across streams: a stream that misses takes mapped free space of
+//! another stream's region instead of mapping pages, and blocks other
+//! streams took are given back (`Arena`'s cross-stream half).
+//!
+//! Contract:
+//! - Before it maps anything, a stream takes a mapped free range of
+//!   another stream's region, made to wait on the GPU for that stream's
+//!   work (one event record and one stream wait, never a host wait).
+//! - Freed, such a block is *foreign* to its region (`region.rs`): it waits
+//!   behind an event recorded at the free and joins the free ranges once
+//!   that event has completed, or when the region's stream needs room and
+//!   waits for it on the GPU; the stream that freed it may take it back as
+//!   it is. So streams that take turns share their memory without
+//!   unmapping it.
+
+use super::region::Region;
+use super::{lock, Arena};
+use crate::device::{RawEvent, RawStream};
+
+impl Arena {
+    /// An event recorded on `stream` now (from the spare list).
+    pub(super) fn record_on(&self, stream: RawStream) -> Option<RawEvent> {
+        let event = lock(&self.spare).events.pop().map_or_else(|| self.device.create_event(), Ok).ok()?;
+        match self.device.record_event(event, stream) {
+            Ok(()) => Some(event),
+            Err(_) => {
+                lock(&self.spare).events.push(event);
+                None
+            }
+        }
+    }
+
+    /// Foreign frees of `r` join its free ranges: those whose events have
+    /// completed (with `wait`, after waiting for them on the host); with
+    /// `owner_waits`, the rest too, `r`'s stream made to wait for each on
+    /// the GPU (they then count as frees at this point of that stream).
+    pub(super) fn settle_foreign(&self, r: &mut Region, wait: bool, owner_waits: bool) {
+        let mut i = 0;
+        while i < r.foreign.len() {
+            let (addr, len, event, _) = r.foreign[i];
+            if wait {
+                let _ = self.device.event_synchronize(event);
+            }
+            if self.device.event_query(event) == Ok(true) {
+                r.unreserve(addr, len, 0);
+            } else if owner_waits && self.device.stream_wait_event(r.stream, event).is_ok() {
+                r.release_merged(addr, len);
+            } else {
+                i += 1;
+                continue;
+            }
+            r.foreign.swap_remove(i);
+            lock(&self.spare).events.push(event);
+        }
+    }
+
+    /// The smallest foreign free of `r` of at least `len` bytes, `stream`
+    /// made to wait for its event: its address. The rest of it stays
+    /// foreign behind an event recorded on `stream` after the wait.
+    fn take_foreign_in_flight(&self, r: &mut Region, stream: RawStream, len: u64) -> Option<u64> {
+        let i = (0..r.foreign.len()).filter(|&i| r.foreign[i].1 >= len).min_by_key(|&i| r.foreign[i].1)?;
+        let (addr, flen, event, _) = r.foreign[i];
+        self.device.stream_wait_event(stream, event).ok()?;
+        if flen > len {
+            let rest = self.record_on(stream)?;
+            r.foreign.push((addr + len, flen - len, rest, stream));
+        }
+        r.foreign.swap_remove(i);
+        lock(&self.spare).events.push(event);
+        Some(addr)
+    }
+
+    /// A fully mapped range of `len` bytes in another stream's region,
+    /// with `stream` made to wait (on the GPU) for that stream's work so
+    /// far: its address, or `None`.
+    pub(super) fn take_from_another_stream(&self, stream: RawStream, len: u64) -> Option<u64> {
+        for region in self.every_region() {
+            let mut r = lock(&region);
+            if r.stream == stream {
+                continue;
+            }
+            // A block this stream took from here and freed, of the size:
+            // back to it as it is (its own stream order fences it).
+            if let Some(i) = r.foreign.iter().position(|f| f.3 == stream && f.1 == len) {
+                let (addr, _, event, _) = r.foreign.swap_remove(i);
+                lock(&self.spare).events.push(event);
+                return Some(addr);
+            }
+            // The owner's recent frees stay where they are: they are its
+            // same-size reuse, and merged space suffices here.
+            self.settle_foreign(&mut r, false, false);
+            // A foreign free still in flight that fits: this stream waits
+            // for it on the GPU (it was freed after all its uses); what
+            // the block leaves stays foreign, fenced by an event of this
+            // stream recorded after that wait.
+            if let Some(addr) = self.take_foreign_in_flight(&mut r, stream, len) {
+                return Some(addr);
+            }
+            let Some((addr, freed)) = r.take_for_another(len) else { continue };
+            if !r.all_mapped(addr, len) {
+                r.unreserve(addr, len, freed);
+                continue;
+            }
+            if freed == 0 {
+                // Never used by any block: nothing to wait for (and no
+                // reason to tie this stream to that one's queued work).
+                return Some(addr);
+            }
+            let fenced = self.record_on(r.stream).map(|event| {
+                let waited = self.device.stream_wait_event(stream, event);
+                lock(&self.spare).events.push(event);
+                waited.is_ok()
+            });
+            if fenced == Some(true) {
+                return Some(addr);
+            }
+            r.unreserve(addr, len, freed);
+            return None;
+        }
+        None
+    }
+}

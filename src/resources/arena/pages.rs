@@ -1,0 +1,378 @@
+//! Physical pages: where a miss's pages come from and where idle pages go
+//! (`Arena`'s page supply).
+//!
+//! Contract:
+//! - **Physical pages.** The device holds exactly the pages the arena
+//!   created and has not released: `held` is their bytes, and the budget
+//!   (the `ChargeGate`) is charged a page's bytes right before `cuMemCreate`
+//!   and uncharged when it is released. Nothing else xlog does on this
+//!   path holds device memory, so the charge is the device's number.
+//! - **Pages.** A physical page is `PAGE_GRANULES` of the device's mapping
+//!   granules (4 MiB on Hopper): each driver call costs per page, not per
+//!   byte, so the page is as large as the footprint bound allows.
+//! - **Lending.** A page no live block overlaps is idle. Before the arena
+//!   creates a page while it holds more than its live peak plus 1/64 (at
+//!   least one page), and before any refusal, it *lends* idle pages,
+//!   longest idle first: each is mapped a second time where it is needed
+//!   (GMLake's stitching, in page units), while its old address stays
+//!   mapped and out of use (`region.rs`). The new block's work is ordered
+//!   after the frees that made the page idle by the stream itself (the
+//!   page's region is the stream's own) or by a GPU-side wait on an event
+//!   of the page's stream: no host wait, even while the GPU still runs
+//!   those frees, and no unmap (about 16 µs of host time a page). So
+//!   what the call frees serves the call. Old addresses are unmapped in
+//!   batches once their frees are known complete (a completed event, or
+//!   `cuStreamQuery` finding the stream idle) and they outnumber the
+//!   pages held, or on trim and close; a page is never released while an
+//!   old address still maps it.
+//! - **Recycling** (unmap an idle page whose frees are complete, map it
+//!   where it is needed) is what is left when lending finds nothing (a
+//!   fence that fails). With `wait_on_pressure`, a refusal first
+//!   synchronises the streams whose idle pages are still in use.
+//! - **Trim** releases idle pages (synchronising their streams) until at
+//!   most `keep` bytes are held beyond the live blocks; close releases
+//!   everything.
+
+use std::sync::atomic::Ordering;
+
+use super::region::{runs, Region};
+use super::{lock, Arena};
+use crate::device::{PhysHandle, RawStream};
+use crate::resource::{ChargeGate, ResourceError, ResourceResult};
+
+/// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
+/// `MIN_SLACK_PAGES` page) before idle pages are lent (or recycled)
+/// instead of new ones created. A cap tighter than a workload's
+/// fragmentation at page grain never lets its layout settle: each step
+/// lends the pages of a block freed earlier, that block's old place is
+/// then out of use, it lands somewhere new next step and lends again. The
+/// ResNet-50 step at 1/256 still mapped 13 pages a step after 80 repeats
+/// and crept to 1.044x its live peak (1.034x on the GPU after 13 steps); at
+/// 1/64 it maps none from the second repeat, at 1.012x (0.995x expandable
+/// segments' device peak on the GPU). BENCHMARKS.md, "Physical memory,
+/// fifth pass".
+const SLACK_DIV: u64 = 64;
+const MIN_SLACK_PAGES: u64 = 1;
+
+/// How sure recycling must be that an idle page's frees are complete.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Completion {
+    /// Completed events and idle streams only: never a host wait.
+    Query,
+    /// Synchronise the stream when that is what it takes (trim, and a
+    /// refusal with `wait_on_pressure`).
+    Wait,
+}
+
+impl Arena {
+    /// `count` physical pages for `stream`: spare ones first; then, past the
+    /// soft cap, lent idle ones, then recycled ones; then new ones charged
+    /// to `gate`. Under pressure (the gate or the device refuses) idle pages
+    /// are recycled or lent before the refusal stands.
+    pub(super) fn obtain(
+        &self,
+        count: usize,
+        stream: RawStream,
+        gate: &dyn ChargeGate,
+        may_unmap: bool,
+    ) -> ResourceResult<(Vec<PhysHandle>, usize)> {
+        let held_peak_before = self.held.peak();
+        // Pages from spare or recycled, and pages this call created.
+        let mut made = Vec::new();
+        let mut got = {
+            let mut spare = lock(&self.spare);
+            let keep = spare.pages.len().saturating_sub(count);
+            spare.pages.split_off(keep)
+        };
+        if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
+            got.extend(self.lend(count - got.len(), stream));
+            if got.len() < count {
+                got.extend(self.recycle(count - got.len(), Completion::Query));
+            }
+        }
+        while got.len() + made.len() < count {
+            match self.create(gate) {
+                Ok(handle) => made.push(handle),
+                Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
+                    let missing = count - got.len() - made.len();
+                    let mut more = self.lend(missing, stream);
+                    if more.is_empty() {
+                        more = self.recycle(missing, Completion::Query);
+                    }
+                    if more.is_empty() && self.wait_on_pressure {
+                        more = self.recycle(missing, Completion::Wait);
+                    }
+                    if more.is_empty() {
+                        // A refusal leaves nothing behind: the pages this
+                        // call created go back to the driver (and out of
+                        // the held peak), the others back to spare.
+                        lock(&self.spare).pages.extend(got);
+                        self.unmake(made, held_peak_before);
+                        // The refusal names the state it leaves, not the
+                        // pages made meanwhile: asked again, the gate refuses
+                        // with the numbers of now (kept as it was should the
+                        // pages fit after all, freed meanwhile).
+                        let pages = count as u64 * self.page_bytes;
+                        return Err(match gate.try_charge(pages) {
+                            Err(now) => now,
+                            Ok(()) => {
+                                gate.uncharge(pages);
+                                refused
+                            }
+                        });
+                    }
+                    got.extend(more);
+                }
+                Err(e) => {
+                    let mut spare = lock(&self.spare);
+                    spare.pages.extend(got);
+                    spare.pages.extend(made);
+                    return Err(e);
+                }
+            }
+        }
+        let created = made.len();
+        got.extend(made);
+        Ok((got, created))
+    }
+
+    /// Give back pages `obtain` created for a request it then refused:
+    /// released, which uncharges them (`HeldBytes::sub`; a page the driver
+    /// will not release stays spare, held and charged), and the held peak
+    /// as it was before.
+    fn unmake(&self, made: Vec<PhysHandle>, held_peak_before: u64) {
+        let peak = self.held.peak();
+        for handle in made {
+            match self.device.vm_release(handle) {
+                Ok(()) => self.held.sub(self.page_bytes),
+                Err(_) => lock(&self.spare).pages.push(handle),
+            }
+        }
+        self.held.restore_peak(peak, held_peak_before.max(self.held.now()));
+    }
+
+    /// Whether `pages` more would take the held bytes past the live peak
+    /// plus the slack.
+    fn over_soft_cap(&self, pages: usize) -> bool {
+        let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.page_bytes);
+        let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes;
+        self.held.now() + pages as u64 * self.page_bytes > cap
+    }
+
+    /// One new physical page, charged first.
+    fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
+        gate.try_charge(self.page_bytes)?;
+        match self.device.vm_create(self.page_bytes) {
+            Ok(handle) => {
+                self.held.add(self.page_bytes);
+                Ok(handle)
+            }
+            Err(e) => {
+                gate.uncharge(self.page_bytes);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Up to `count` idle pages whose frees are complete (as sure as
+    /// `completion` asks), unmapped and taken out of their regions.
+    fn recycle(&self, count: usize, completion: Completion) -> Vec<PhysHandle> {
+        let mut got = Vec::new();
+        for region in self.every_region() {
+            if got.len() >= count {
+                break;
+            }
+            let mut r = lock(&region);
+            r.settle_recent();
+            self.settle_foreign(&mut r, completion == Completion::Wait, false);
+            self.refresh(&mut r, completion);
+            if completion == Completion::Wait || self.too_many_lent() {
+                self.unmap_lent(&mut r);
+            }
+            let idle = r.idle_pages(count - got.len());
+            for (first, n) in runs(&idle) {
+                got.extend(self.unmap_run(&mut r, first, n).into_iter().flatten());
+            }
+        }
+        self.recycled.fetch_add(got.len() as u64, Ordering::Relaxed);
+        got
+    }
+
+    /// Up to `count` idle pages, lent to `stream` (region.rs), whether or
+    /// not their frees are complete: `stream` is made to wait on the GPU
+    /// for the work of every other stream whose pages it gets (the stream's
+    /// own order covers its own). A region whose fence fails lends nothing.
+    fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
+        let mut got = Vec::new();
+        for region in self.every_region() {
+            if got.len() >= count {
+                break;
+            }
+            let mut r = lock(&region);
+            r.settle_recent();
+            // Blocks other streams took from here and freed join the free
+            // ranges behind a GPU-side wait of this region's stream, so the
+            // fence below covers them too.
+            self.settle_foreign(&mut r, false, true);
+            let before = r.lent.len();
+            let pages = r.lend_pages(count - got.len());
+            if pages.is_empty() {
+                continue;
+            }
+            if r.stream != stream {
+                let fenced = self.record_on(r.stream).map(|event| {
+                    let waited = self.device.stream_wait_event(stream, event);
+                    lock(&self.spare).events.push(event);
+                    waited.is_ok()
+                });
+                if fenced != Some(true) {
+                    r.take_back_lent(before);
+                    continue;
+                }
+            }
+            got.extend(pages);
+        }
+        self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
+        self.lent_now.fetch_add(got.len() as u64, Ordering::Relaxed);
+        got
+    }
+
+    /// Whether the old addresses of lent pages add up to more than the
+    /// pages held: time to unmap those whose frees are complete. Until then
+    /// they cost no memory (the pages are the same) and no call; each
+    /// unmap costs host time per page, so they go in batches.
+    fn too_many_lent(&self) -> bool {
+        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes
+    }
+
+    /// Unmap the old addresses of `r`'s lent pages whose frees are now
+    /// known complete: free address space again.
+    fn unmap_lent(&self, r: &mut Region) {
+        let mut done = r.lent_done();
+        if done.is_empty() {
+            return;
+        }
+        // One unmap per run of adjacent granules: a lent block's pages go
+        // together.
+        done.sort_unstable_by_key(|&(page, _, _)| page);
+        let pages: Vec<usize> = done.iter().map(|&(page, _, _)| page).collect();
+        let mut at = 0;
+        for (first, n) in runs(&pages) {
+            let run = &done[at..at + n];
+            at += n;
+            let (addr, bytes) = (r.page_addr(first), n as u64 * self.page_bytes);
+            if self.device.vm_unmap(addr, bytes).is_ok() {
+                self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
+                self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
+                for &(page, freed, _) in run {
+                    r.unreserve(r.page_addr(page), self.page_bytes, freed);
+                }
+            } else {
+                // Still mapped: keep them out of use (and their pages out of
+                // a release) until a later try.
+                for &(page, freed, handle) in run {
+                    r.lent_again(page, freed, handle);
+                }
+            }
+        }
+    }
+
+    /// Whether an old address of some region still maps `handle`.
+    fn still_lent(&self, handle: PhysHandle) -> bool {
+        self.every_region().iter().any(|region| lock(region).lent.iter().any(|&(_, _, h)| h == handle))
+    }
+
+    /// Learn how far the GPU got through `region`'s frees: completed seal
+    /// events, an idle stream, or (with `Completion::Wait`) a synchronise.
+    /// Frees still running get a seal, so a later call can tell.
+    fn refresh(&self, r: &mut Region, completion: Completion) {
+        while let Some(&(event, seq)) = r.seals.front() {
+            if self.device.event_query(event) != Ok(true) {
+                break;
+            }
+            r.done = r.done.max(seq);
+            r.seals.pop_front();
+            lock(&self.spare).events.push(event);
+        }
+        if r.done == r.frees() {
+            return;
+        }
+        let finished = match completion {
+            Completion::Query => self.device.stream_query(r.stream) == Ok(true),
+            Completion::Wait => self.device.synchronize_stream(r.stream).is_ok(),
+        };
+        if finished {
+            r.all_done();
+            return;
+        }
+        if r.seals.back().map_or(true, |&(_, seq)| seq < r.frees()) {
+            let event = lock(&self.spare).events.pop().map_or_else(|| self.device.create_event(), Ok);
+            if let Ok(event) = event {
+                match self.device.record_event(event, r.stream) {
+                    Ok(()) => r.seals.push_back((event, r.frees())),
+                    Err(_) => lock(&self.spare).events.push(event),
+                }
+            }
+        }
+    }
+
+    /// Release idle pages and spare ones to the device until at most `keep`
+    /// bytes are held beyond the live blocks (synchronising streams as
+    /// needed, unless a capture is active). Returns the bytes released.
+    pub fn trim(&self, keep: u64, may_unmap: bool) -> u64 {
+        let excess = self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
+        self.give_back(excess.div_ceil(self.page_bytes) as usize, Completion::Wait, may_unmap)
+    }
+
+    /// Give idle memory back for a caller outside the arena that needs
+    /// `need` bytes under the same budget (`wait`: synchronise streams).
+    pub fn relieve(&self, need: u64, wait: bool, may_unmap: bool) -> u64 {
+        let completion = if wait { Completion::Wait } else { Completion::Query };
+        self.give_back(need.div_ceil(self.page_bytes) as usize, completion, may_unmap)
+    }
+
+    /// Release `pages` pages to the device: spare ones first, then idle
+    /// ones whose frees are complete (as sure as `completion` asks). The
+    /// bytes released.
+    fn give_back(&self, pages: usize, completion: Completion, may_unmap: bool) -> u64 {
+        let mut released = self.release_spare(pages);
+        let left = pages.saturating_sub((released / self.page_bytes) as usize);
+        if may_unmap && left > 0 {
+            let idle = self.recycle(left, completion);
+            lock(&self.spare).pages.extend(idle);
+            released += self.release_spare(usize::MAX);
+        }
+        released
+    }
+
+    /// Release up to `count` spare pages; the bytes released.
+    fn release_spare(&self, count: usize) -> u64 {
+        let pages = {
+            let mut spare = lock(&self.spare);
+            let keep = spare.pages.len().saturating_sub(count);
+            spare.pages.split_off(keep)
+        };
+        let mut released = 0;
+        for handle in pages {
+            if self.still_lent(handle) {
+                // Its old address still maps it: releasing it now would
+                // not free the memory (the budget would count it gone).
+                lock(&self.spare).pages.push(handle);
+                continue;
+            }
+            match self.device.vm_release(handle) {
+                Ok(()) => {
+                    self.held.sub(self.page_bytes);
+                    released += self.page_bytes;
+                }
+                Err(_) => lock(&self.spare).pages.push(handle),
+            }
+        }
+        if let (Some(log), true) = (&self.log, released > 0) {
+            // Released at once: no pending time between the two rows.
+            log.released(0, released);
+            log.retired(released, released / self.page_bytes);
+        }
+        released
+    }
+}
