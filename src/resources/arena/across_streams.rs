@@ -30,6 +30,16 @@ impl Arena {
         }
     }
 
+    /// Make `stream` wait on the GPU for the work queued on `owner` so far
+    /// (one event record and one stream wait, never a host wait): whether
+    /// it does.
+    pub(super) fn fence(&self, owner: RawStream, stream: RawStream) -> bool {
+        let Some(event) = self.record_on(owner) else { return false };
+        let waited = self.device.stream_wait_event(stream, event);
+        lock(&self.spare).events.push(event);
+        waited.is_ok()
+    }
+
     /// Foreign frees of `r` join its free ranges: those whose events have
     /// completed (with `wait`, after waiting for them on the host); with
     /// `owner_waits`, the rest too, `r`'s stream made to wait for each on
@@ -106,12 +116,7 @@ impl Arena {
                 // reason to tie this stream to that one's queued work).
                 return Some(addr);
             }
-            let fenced = self.record_on(r.stream).map(|event| {
-                let waited = self.device.stream_wait_event(stream, event);
-                lock(&self.spare).events.push(event);
-                waited.is_ok()
-            });
-            if fenced == Some(true) {
+            if self.fence(r.stream, stream) {
                 return Some(addr);
             }
             r.unreserve(addr, len, freed);

@@ -219,16 +219,9 @@ impl Arena {
             if pages.is_empty() {
                 continue;
             }
-            if r.stream != stream {
-                let fenced = self.record_on(r.stream).map(|event| {
-                    let waited = self.device.stream_wait_event(stream, event);
-                    lock(&self.spare).events.push(event);
-                    waited.is_ok()
-                });
-                if fenced != Some(true) {
-                    r.take_back_lent(before);
-                    continue;
-                }
+            if r.stream != stream && !self.fence(r.stream, stream) {
+                r.take_back_lent(before);
+                continue;
             }
             got.extend(pages);
         }
