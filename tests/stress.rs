@@ -323,6 +323,10 @@ fn worker(world: Arc<World>, thread_no: u64, ops: u64) -> Counts {
             }
         }
     }
+    // Like every call above, inside a read of `calls`: the observer's
+    // quiescent checks (under the write lock) must not see a free between
+    // its unclaim and its deallocate.
+    let _call = world.calls.read().unwrap_or_else(|p| p.into_inner());
     for (id, _) in held {
         world.free(&id);
         c.frees += 1;
