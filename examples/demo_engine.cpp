@@ -590,8 +590,8 @@ void print_story(const xlog::Runtime& rt, int peer_device, DataPath path, const 
   const std::uint64_t live_pages = (p.peak_live_bytes + kPageBytes - 1) / kPageBytes;
   if (p.peak_outstanding_bytes <= live_pages * kPageBytes) {
     std::printf("  Held is more than live because the arena maps whole 4 MiB pages: %s of blocks fit in %" PRIu64
-                "\n  pages, and freed blocks' pages stay mapped (cached) for the next allocation.\n",
-                bytes_text(p.peak_live_bytes).c_str(), live_pages);
+                "\n  page%s, and freed blocks' pages stay mapped (cached) for the next allocation.\n",
+                bytes_text(p.peak_live_bytes).c_str(), live_pages, live_pages == 1 ? "" : "s");
   } else {
     std::printf("  Held is more than live because the arena maps whole 4 MiB pages (%s of blocks needs %" PRIu64
                 "),\n  and freed blocks' pages stay mapped (cached) while queued work still reads them.\n",
