@@ -227,6 +227,19 @@ def test_module_command_line_and_committed_traces(tmp_path):
         assert result["trace"]["bad_rows"] == 0
 
 
+def test_a_lagged_replay_gives_the_same_figures_every_time():
+    """GpuLag holds the sim's streams at fixed points of the trace, so a
+    lagged replay does not depend on how the host's threads are scheduled
+    (the ctest replay_footprint bounds it, on machines busy or idle). The
+    four-stream engine trace, whose frees cross streams, at lag 200."""
+    path = os.path.join(TRACES, "h100-w11-engine.csv.gz")
+    seen = set()
+    for _ in range(3):
+        stats = replay.run(path, gpu_lag=200)["replay"]["stats"]
+        seen.add((stats["peak_outstanding_bytes"], stats["pages_mapped"], stats["pages_unmapped"]))
+    assert len(seen) == 1, seen
+
+
 def test_committed_trace_is_what_the_generator_makes(tmp_path):
     sys.path.insert(0, os.path.join(REPO_ROOT, "benches"))
     try:

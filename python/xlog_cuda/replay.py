@@ -493,31 +493,44 @@ def host_capacity_limit() -> int:
 
 class GpuLag:
     """Keeps sim streams `n` to 2n operations behind the host, as a GPU
-    runs behind its program: `tick(done)` before operation number `done`
-    releases the host callbacks queued `n` operations ago and queues new
-    ones on every stream (each also gives up after 50 ms, so a wait for a
-    stream inside xlog cannot deadlock); `release()` lets the streams run
-    on (close waits for them). `n` 0: the streams run at once."""
+    runs behind its program, and deterministically so. `tick(done)`,
+    before operation number `done` (every `n`), queues a host callback on
+    every stream that holds it there, releases the callbacks queued two
+    ticks ago and waits until every stream has reached the one queued at
+    the last tick: at each tick every stream has run exactly what the host
+    issued up to the tick before, and nothing runs between ticks, so a
+    replay gives the same figures on a loaded machine as on an idle one.
+    Each callback also gives up after 50 ms, so a wait for a stream inside
+    xlog cannot deadlock (only such a wait makes a replay depend on
+    timing). `release()` lets the streams run on (close waits for them).
+    `n` 0: the streams run at once."""
 
     def __init__(self, streams: List[Any], n: int) -> None:
         self.streams = streams
         self.n = n
-        self.gates: List[threading.Event] = []
+        # Each tick's (gate, arrived) pairs, one per stream, oldest first.
+        self.ticks: List[List[Tuple[threading.Event, threading.Event]]] = []
 
     def tick(self, done: int) -> None:
         if not self.n or done % self.n:
             return
-        while len(self.gates) > len(self.streams):
-            self.gates.pop(0).set()
+        queued = []
         for stream in self.streams:
-            gate = threading.Event()
-            self.gates.append(gate)
-            stream.enqueue_host(lambda g=gate: g.wait(0.05))
+            gate, arrived = threading.Event(), threading.Event()
+            stream.enqueue_host(lambda g=gate, a=arrived: (a.set(), g.wait(0.05)))
+            queued.append((gate, arrived))
+        self.ticks.append(queued)
+        if len(self.ticks) > 2:
+            for gate, _ in self.ticks.pop(0):
+                gate.set()
+            for _, arrived in self.ticks[0]:
+                arrived.wait(0.05)
 
     def release(self) -> None:
-        for gate in self.gates:
-            gate.set()
-        self.gates.clear()
+        for queued in self.ticks:
+            for gate, _ in queued:
+                gate.set()
+        self.ticks.clear()
 
 
 def replay(
