@@ -545,10 +545,12 @@ def replay(
     """Run `trace` through a fresh sim runtime; returns what happened.
 
     `gpu_lag` N > 0 keeps the sim's streams N to 2N operations behind the
-    host, as a GPU is behind the program that feeds it: every N
-    operations a host callback is queued on each stream that holds it
-    until the replay has issued N more (or 50 ms have passed, so a wait
-    for a stream inside xlog cannot deadlock). Frees are then not known
+    host, as a GPU is behind the program that feeds it (`GpuLag`): every
+    N operations a host callback is queued on each stream that holds it
+    until the replay has issued 2N more (or 50 ms have passed, so a wait
+    for a stream inside xlog cannot deadlock), and the replay waits until
+    each stream has run up to the callback it queued N operations ago, so
+    the figures do not depend on thread scheduling. Frees are then not known
     complete when the next allocations come, which is what a real trace
     meets; 0 (the default) lets every stream run at once.
 
