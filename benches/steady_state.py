@@ -29,8 +29,9 @@ over the second half of the repeats, exceed N. `--max-held-ratio R`: exit
 step repeated, fragmentation can make it create pages step after step
 (with a lending slack of 1/256 the ResNet-50 step held 1.004x its live
 peak at first, 1.044x after 80 repeats, and 1.034x on the GPU after 13
-steps), which a replay of the short recorded trace does not show. The ctests `steady_state_remap_gpt2`
-and `_resnet50` bound both on the recorded GPT-2 and ResNet-50 steps.
+steps), which a replay of the short recorded trace does not show. The
+ctests `steady_state_remap_gpt2`, `_resnet50` and `_resnet50_lagged` bound
+both on the recorded GPT-2 and ResNet-50 steps.
 """
 
 from __future__ import annotations

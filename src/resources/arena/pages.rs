@@ -174,9 +174,9 @@ impl Arena {
         }
     }
 
-    /// Up to `count` idle pages whose frees are complete (as sure as
-    /// `completion` asks), unmapped and taken out of their regions.
-    fn recycle(&self, count: usize, completion: Completion) -> Vec<PhysHandle> {
+    /// Up to `count` pages, taken region by region by `take` (the region
+    /// locked, its recent frees merged, and how many are still wanted).
+    fn gather(&self, count: usize, mut take: impl FnMut(&mut Region, usize) -> Vec<PhysHandle>) -> Vec<PhysHandle> {
         let mut got = Vec::new();
         for region in self.every_region() {
             if got.len() >= count {
@@ -184,16 +184,23 @@ impl Arena {
             }
             let mut r = lock(&region);
             r.settle_recent();
-            self.settle_foreign(&mut r, completion == Completion::Wait, false);
-            self.refresh(&mut r, completion);
-            if completion == Completion::Wait || self.too_many_lent() {
-                self.unmap_lent(&mut r);
-            }
-            let idle = r.idle_pages(count - got.len());
-            for (first, n) in runs(&idle) {
-                got.extend(self.unmap_run(&mut r, first, n).into_iter().flatten());
-            }
+            got.extend(take(&mut r, count - got.len()));
         }
+        got
+    }
+
+    /// Up to `count` idle pages whose frees are complete (as sure as
+    /// `completion` asks), unmapped and taken out of their regions.
+    fn recycle(&self, count: usize, completion: Completion) -> Vec<PhysHandle> {
+        let got = self.gather(count, |r, wanted| {
+            self.settle_foreign(r, completion == Completion::Wait, false);
+            self.refresh(r, completion);
+            if completion == Completion::Wait || self.too_many_lent() {
+                self.unmap_lent(r);
+            }
+            let idle = r.idle_pages(wanted);
+            runs(&idle).into_iter().filter_map(|(first, n)| self.unmap_run(r, first, n)).flatten().collect()
+        });
         self.recycled.fetch_add(got.len() as u64, Ordering::Relaxed);
         got
     }
@@ -203,28 +210,19 @@ impl Arena {
     /// for the work of every other stream whose pages it gets (the stream's
     /// own order covers its own). A region whose fence fails lends nothing.
     fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
-        let mut got = Vec::new();
-        for region in self.every_region() {
-            if got.len() >= count {
-                break;
-            }
-            let mut r = lock(&region);
-            r.settle_recent();
+        let got = self.gather(count, |r, wanted| {
             // Blocks other streams took from here and freed join the free
             // ranges behind a GPU-side wait of this region's stream, so the
             // fence below covers them too.
-            self.settle_foreign(&mut r, false, true);
+            self.settle_foreign(r, false, true);
             let before = r.lent.len();
-            let pages = r.lend_pages(count - got.len());
-            if pages.is_empty() {
-                continue;
-            }
-            if r.stream != stream && !self.fence(r.stream, stream) {
+            let pages = r.lend_pages(wanted);
+            if !pages.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
                 r.take_back_lent(before);
-                continue;
+                return Vec::new();
             }
-            got.extend(pages);
-        }
+            pages
+        });
         self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
         self.lent_now.fetch_add(got.len() as u64, Ordering::Relaxed);
         got

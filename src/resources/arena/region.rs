@@ -217,6 +217,13 @@ impl Region {
         self.done = self.frees;
     }
 
+    /// The mapped pages that `[start, start + len)` covers whole.
+    fn mapped_pages_within(&self, start: u64, len: u64) -> impl Iterator<Item = usize> + '_ {
+        let first = (start - self.base).div_ceil(self.page_bytes) as usize;
+        let end = ((start + len - self.base) / self.page_bytes) as usize;
+        (first..end).filter(|&p| self.pages[p].is_some())
+    }
+
     /// Mapped pages that free ranges cover whole and whose frees are
     /// complete: at most `max`, in address order.
     pub fn idle_pages(&self, max: usize) -> Vec<usize> {
@@ -228,9 +235,7 @@ impl Region {
             if span.freed > self.done {
                 continue;
             }
-            let first = (start - self.base).div_ceil(self.page_bytes) as usize;
-            let end = ((start + span.len - self.base) / self.page_bytes) as usize;
-            out.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - out.len()));
+            out.extend(self.mapped_pages_within(start, span.len).take(max - out.len()));
         }
         out
     }
@@ -248,9 +253,7 @@ impl Region {
             if candidates.len() >= max {
                 break;
             }
-            let first = (start - self.base).div_ceil(self.page_bytes) as usize;
-            let end = ((start + span.len - self.base) / self.page_bytes) as usize;
-            candidates.extend((first..end).filter(|&p| self.pages[p].is_some()).take(max - candidates.len()));
+            candidates.extend(self.mapped_pages_within(start, span.len).take(max - candidates.len()));
         }
         let mut out = Vec::with_capacity(candidates.len());
         for page in candidates {
