@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a W7 training step's time goes: host enqueue or GPU.
 
-    python3 benches/host_gpu_split.py ALLOCATOR MODEL [--steps 16] [--skip 6]
+    python3 benches/host_gpu_split.py ALLOCATOR MODEL [--steps 16] [--skip 6] [--per-step]
 
 ALLOCATOR is caching, expandable (PyTorch's caching allocator with
 expandable segments) or xlog (xlog_cuda.torch.enable(), the library that
@@ -13,7 +13,9 @@ start until the step is enqueued, the GPU between CUDA events recorded at
 both ends, and the wall time to a synchronize; it prints the medians of
 the steps after the first `--skip`. A step whose host time is close to its
 wall time is host-bound: an allocator's host cost (or a synchronisation
-inside the step) shows there, not in the GPU time.
+inside the step) shows there, not in the GPU time. `--per-step` also
+prints every step's three times (a drift from step to step, which medians
+hide).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--skip", type=int, default=6)
+    ap.add_argument("--per-step", action="store_true", help="print every step's host, GPU and wall ms")
     args = ap.parse_args()
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -59,6 +62,8 @@ def main() -> int:
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
+        if args.per_step:
+            print(f"step {i:3d}: host {(t1 - t0) * 1e3:7.2f}  gpu {start.elapsed_time(end):7.2f}  wall {(t2 - t0) * 1e3:7.2f} ms")
         if i >= args.skip:
             host.append((t1 - t0) * 1e3)
             wall.append((t2 - t0) * 1e3)
