@@ -31,7 +31,7 @@ step's different shapes). On the 25-step GPT-2 trace recorded on an H200
 (`benches/traces/h200-w7-gpt2-25steps.csv.gz`), blocks of 256 MiB or more
 carved from the top of their range looked settled in 13 repeats of one
 step and were not, as recorded (5,107 pages mapped in steps 5-25 against
-4,092 before); lending in place (the arena's dormant granules) maps 135.
+4,092). BENCHMARKS.md, "Physical memory, sixth pass".
 
 `--max-maps-per-step N`: exit 1 when the pages mapped per step, averaged
 over the second half of the repeats, exceed N. `--max-held-ratio R`: exit

@@ -21,18 +21,14 @@
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
 //!   device granules (4 MiB on Hopper). A miss's pages come from spare
 //!   ones, else (past the live peak plus 1/64) idle pages lent or
-//!   recycled, else new ones; trim and pressure give idle pages back. A
-//!   lent page's old address stays mapped, *dormant*; while one stream
-//!   allocates, in the free ranges, and a block carved there later takes
-//!   the page back with no driver call (`place`).
+//!   recycled, else new ones; trim and pressure give idle pages back.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
 //!   calls run in relaxed capture mode).
 //!
 //! Locks: `streams` or `regions` (read, write only to add a region) → one
-//! region; `spare` alone. No thread waits for a region lock while it holds
-//! another (taking a page back from another region only tries its lock),
-//! and the gate is called with no lock held (a refusal reads every lock's
+//! region; `spare` alone. No two region locks are ever held together, and
+//! the gate is called with no lock held (a refusal reads every lock's
 //! state for its message).
 
 mod across_streams;
@@ -44,7 +40,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use pages::Resolved;
 use region::{runs, Region};
 
 use super::budget::HeldBytes;
@@ -236,13 +231,21 @@ impl Arena {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
-        let (region, addr, freed, missing) = match self.place(stream, len, may_unmap)? {
-            Ok(carved) => carved,
-            Err(addr) => {
+        let mut carved = self.carve(stream, len);
+        if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
+            // A miss here: a mapped range of another stream first.
+            if let Some(addr) = self.take_from_another_stream(stream, len) {
+                if let Some((region, addr, freed, _)) = carved {
+                    lock(&region).unreserve(addr, len, freed);
+                }
                 self.count_live(len);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(addr);
             }
+        }
+        let (region, addr, freed, missing) = match carved.take() {
+            Some(found) => found,
+            None => self.carve_in_new_region(stream, len)?,
         };
         let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
@@ -268,40 +271,6 @@ impl Arena {
         // one is no allocation: the stats count it as failed, not missed).
         self.misses.fetch_add(1, Ordering::Relaxed);
         Ok(addr)
-    }
-
-    /// Where a block of `len` bytes on `stream` goes when the thread's hot
-    /// region has no hit: a carve in one of the stream's regions (or a new
-    /// one) with its dormant granules resolved, or (`Err`) the address of
-    /// a mapped range of another stream.
-    fn place(&self, stream: RawStream, len: u64, may_unmap: bool) -> ResourceResult<Result<Carved, u64>> {
-        let carved = loop {
-            match self.carve(stream, len) {
-                // Dormant granules first: a page that comes back costs no
-                // driver call.
-                Some((region, addr, freed, missing)) if !missing.is_empty() => {
-                    match self.resolve_dormant(&region, (addr, len, freed), missing, may_unmap) {
-                        Resolved::Ready(still) => break Some((region, addr, freed, still)),
-                        // Each round makes at least one granule a hole.
-                        Resolved::Again => continue,
-                    }
-                }
-                other => break other,
-            }
-        };
-        if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
-            // A miss here: a mapped range of another stream first.
-            if let Some(addr) = self.take_from_another_stream(stream, len) {
-                if let Some((region, addr, freed, _)) = carved {
-                    lock(&region).unreserve(addr, len, freed);
-                }
-                return Ok(Err(addr));
-            }
-        }
-        match carved {
-            Some(found) => Ok(Ok(found)),
-            None => self.carve_in_new_region(stream, len).map(Ok),
-        }
     }
 
     /// A hit in the region this thread used last for `stream`: a mapped
@@ -535,7 +504,8 @@ impl Drop for Arena {
         let mut released = 0;
         for (_, (_, region)) in regions.iter() {
             let mut r = lock(region);
-            for (page, _) in r.take_all_dormant() {
+            let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
+            for page in lent {
                 let _ = self.device.vm_unmap(r.page_addr(page), self.page_bytes);
             }
         }

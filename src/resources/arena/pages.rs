@@ -15,30 +15,16 @@
 //!   least one page), and before any refusal, it *lends* idle pages,
 //!   longest idle first: each is mapped a second time where it is needed
 //!   (GMLake's stitching, in page units), while its old address stays
-//!   mapped (`region.rs`). The new block's work is ordered after the frees
-//!   that made the page idle by the stream itself (the page's region is the
-//!   stream's own) or by a GPU-side wait on an event of the page's stream:
-//!   no host wait, even while the GPU still runs those frees, and no unmap
-//!   (about 16 µs of host time a page). So what the call frees serves the
-//!   call. Old addresses are unmapped in batches once their frees are
-//!   known complete (a completed event, or `cuStreamQuery` finding the
-//!   stream idle) and they outnumber the pages held, or on trim and close;
-//!   a page is never released while an old address still maps it.
-//! - **In place, or holes.** While one stream allocates from the arena
-//!   (a training loop), a lent page's old address stays in the free ranges,
-//!   *dormant*: a block carved there later takes the page back when it is
-//!   idle where it serves, with no driver call, so a step that repeats
-//!   finds its layout again (`resolve_dormant`; should the page serve a
-//!   live block, the old address is unmapped first, after the frees under
-//!   it, waited for on the host if they are still running). The recorded
-//!   GPT-2 training step then maps 4 pages a step where holes map 117-195.
-//!   Once several streams allocate, old addresses are holes, out of the
-//!   free ranges until unmapped: streams taking turns in changing sizes
-//!   (the four-stream engine, W11) would land on dormant addresses whose
-//!   pages serve elsewhere about as often as they get them back, and the
-//!   unmaps and host waits that costs ran W11 1.15x to 1.3x raw on the GPU
-//!   against 1.00x to 1.07x with holes. BENCHMARKS.md, "Physical memory,
-//!   sixth pass".
+//!   mapped and out of use (`region.rs`). The new block's work is ordered
+//!   after the frees that made the page idle by the stream itself (the
+//!   page's region is the stream's own) or by a GPU-side wait on an event
+//!   of the page's stream: no host wait, even while the GPU still runs
+//!   those frees, and no unmap (about 16 µs of host time a page). So
+//!   what the call frees serves the call. Old addresses are unmapped in
+//!   batches once their frees are known complete (a completed event, or
+//!   `cuStreamQuery` finding the stream idle) and they outnumber the
+//!   pages held, or on trim and close; a page is never released while an
+//!   old address still maps it.
 //! - **Recycling** (unmap an idle page whose frees are complete, map it
 //!   where it is needed) is what is left when lending finds nothing (a
 //!   fence that fails). With `wait_on_pressure`, a refusal first
@@ -48,7 +34,6 @@
 //!   everything.
 
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
 
 use super::region::{runs, Region};
 use super::{lock, Arena};
@@ -68,15 +53,6 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult};
 /// fifth pass".
 const SLACK_DIV: u64 = 64;
 const MIN_SLACK_PAGES: u64 = 1;
-
-/// What `resolve_dormant` made of a carve.
-pub(super) enum Resolved {
-    /// The granules still to map.
-    Ready(Vec<usize>),
-    /// Given back, and nothing may be unmapped (a capture is active): the
-    /// dormant granules it could not resolve are holes now; carve again.
-    Again,
-}
 
 /// How sure recycling must be that an idle page's frees are complete.
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -233,59 +209,44 @@ impl Arena {
     /// not their frees are complete: `stream` is made to wait on the GPU
     /// for the work of every other stream whose pages it gets (the stream's
     /// own order covers its own). A region whose fence fails lends nothing.
-    /// Their old addresses stay dormant in the free ranges while one stream
-    /// allocates from the arena, else they are holes (contract above).
     fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
-        let in_place = self.one_stream();
         let got = self.gather(count, |r, wanted| {
             // Blocks other streams took from here and freed join the free
             // ranges behind a GPU-side wait of this region's stream, so the
             // fence below covers them too.
             self.settle_foreign(r, false, true);
-            let lent = r.lend_pages(wanted, in_place);
-            if !lent.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
-                r.take_back_lent(&lent);
+            let before = r.lent.len();
+            let pages = r.lend_pages(wanted);
+            if !pages.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
+                r.take_back_lent(before);
                 return Vec::new();
             }
-            if !lent.is_empty() && in_place {
-                // A seal after the frees that made these pages idle: should
-                // a block land on one of their granules while the page
-                // serves elsewhere, the wait is for this point only.
-                self.refresh(r, Completion::Query);
-            }
-            lent.into_iter().map(|(_, handle)| handle).collect()
+            pages
         });
         self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
         self.lent_now.fetch_add(got.len() as u64, Ordering::Relaxed);
         got
     }
 
-    /// Whether one stream (at most) allocates from the arena: lending then
-    /// leaves dormant granules in the free ranges, else holes.
-    fn one_stream(&self) -> bool {
-        self.streams.read().unwrap_or_else(|p| p.into_inner()).len() <= 1
-    }
-
-    /// Whether the dormant granules add up to more than the pages held:
-    /// time to unmap those whose frees are complete. Until then they cost
-    /// no memory (the pages are the same) and no call, and a block carved
-    /// over one may take its page back for free; each unmap costs host time
-    /// per page, so they go in batches.
+    /// Whether the old addresses of lent pages add up to more than the
+    /// pages held: time to unmap those whose frees are complete. Until then
+    /// they cost no memory (the pages are the same) and no call; each
+    /// unmap costs host time per page, so they go in batches.
     fn too_many_lent(&self) -> bool {
         self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes
     }
 
-    /// Unmap `r`'s dormant granules whose frees are now known complete
-    /// (they stay free address space).
+    /// Unmap the old addresses of `r`'s lent pages whose frees are now
+    /// known complete: free address space again.
     fn unmap_lent(&self, r: &mut Region) {
-        let mut done = r.dormant_done();
+        let mut done = r.lent_done();
         if done.is_empty() {
             return;
         }
         // One unmap per run of adjacent granules: a lent block's pages go
         // together.
-        done.sort_unstable_by_key(|&(page, _)| page);
-        let pages: Vec<usize> = done.iter().map(|&(page, _)| page).collect();
+        done.sort_unstable_by_key(|&(page, _, _)| page);
+        let pages: Vec<usize> = done.iter().map(|&(page, _, _)| page).collect();
         let mut at = 0;
         for (first, n) in runs(&pages) {
             let run = &done[at..at + n];
@@ -294,102 +255,22 @@ impl Arena {
             if self.device.vm_unmap(addr, bytes).is_ok() {
                 self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
                 self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
-                for &(page, d) in run {
-                    if d.out {
-                        r.unreserve(r.page_addr(page), self.page_bytes, d.freed);
-                    }
+                for &(page, freed, _) in run {
+                    r.unreserve(r.page_addr(page), self.page_bytes, freed);
                 }
             } else {
-                // Still mapped: dormant (and their pages out of a release)
-                // until a later try.
-                for &(page, d) in run {
-                    r.dormant_again(page, d);
+                // Still mapped: keep them out of use (and their pages out of
+                // a release) until a later try.
+                for &(page, freed, handle) in run {
+                    r.lent_again(page, freed, handle);
                 }
             }
         }
     }
 
-    /// Whether a dormant granule of some region still maps `handle`.
+    /// Whether an old address of some region still maps `handle`.
     fn still_lent(&self, handle: PhysHandle) -> bool {
-        self.every_region().iter().any(|region| lock(region).is_aliased(handle))
-    }
-
-    /// Before pages are mapped at the granules `missing` of the block just
-    /// carved at `carve` (address, length, free sequence) in `region`:
-    /// dormant ones take their page back where it is idle (region.rs); the
-    /// others (their page serves a live block elsewhere) are unmapped once
-    /// the frees that made them idle are complete, waiting for the seal
-    /// event that covers them if it has not completed yet (lending records
-    /// one, so it is old by then). While a capture is active nothing is
-    /// unmapped, waited for or fenced: those granules become holes and the
-    /// carve is given back (`Again`).
-    pub(super) fn resolve_dormant(
-        &self,
-        region: &Mutex<Region>,
-        carve: (u64, u64, u64),
-        missing: Vec<usize>,
-        may_unmap: bool,
-    ) -> Resolved {
-        let others = self.every_region();
-        let mut r = lock(region);
-        let (mut still, mut unmap) = r.resolve_dormant(missing);
-        // A page serving in another region comes back from there when it
-        // is idle, behind a GPU-side wait for that region's stream (that
-        // region's lock only tried: two region locks are never waited for).
-        let mut i = 0;
-        while i < unmap.len() {
-            let (m, d) = unmap[i];
-            let came = may_unmap && !r.serves(d.handle) && others.iter().filter(|o| !std::ptr::eq(&***o, region)).any(|o| {
-                let Ok(mut o) = o.try_lock() else { return false };
-                let Some(g) = o.give_up_idle(d.handle) else { return false };
-                if o.stream != r.stream && !self.fence(o.stream, r.stream) {
-                    o.take_back_lent(&[(g, d.handle)]);
-                    return false;
-                }
-                true
-            });
-            if came {
-                r.install(m, d.handle);
-                still.retain(|&x| x != m);
-                unmap.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        if unmap.is_empty() {
-            return Resolved::Ready(still);
-        }
-        if !may_unmap {
-            let (addr, len, freed) = carve;
-            r.hole_out(addr, len, freed, unmap);
-            return Resolved::Again;
-        }
-        let needed = unmap.iter().map(|(_, d)| d.freed).max().unwrap_or(0);
-        if needed > r.done {
-            self.refresh(&mut r, Completion::Query);
-        }
-        if needed > r.done {
-            self.wait_for_frees(&mut r, needed);
-        }
-        for (page, d) in unmap {
-            if self.device.vm_unmap(r.page_addr(page), self.page_bytes).is_ok() {
-                self.lent_now.fetch_sub(1, Ordering::Relaxed);
-                self.unmapped.fetch_add(1, Ordering::Relaxed);
-            } else {
-                // Still mapped: mapping there fails, and so does the block.
-                r.dormant_again(page, d);
-            }
-        }
-        Resolved::Ready(still)
-    }
-
-    /// Wait on the host until `r`'s free number `seq` is complete: on the
-    /// oldest seal event that covers it, else on the stream.
-    fn wait_for_frees(&self, r: &mut Region, seq: u64) {
-        match r.seals.iter().find(|&&(_, s)| s >= seq) {
-            Some(&(event, covered)) if self.device.event_synchronize(event).is_ok() => r.done = r.done.max(covered),
-            _ => self.refresh(r, Completion::Wait),
-        }
+        self.every_region().iter().any(|region| lock(region).lent.iter().any(|&(_, _, h)| h == handle))
     }
 
     /// Learn how far the GPU got through `region`'s frees: completed seal

@@ -98,12 +98,6 @@ impl FreeRanges {
         Some(span.freed)
     }
 
-    /// The range that holds `addr`: (start, span), or `None`.
-    pub fn covering(&self, addr: u64) -> Option<(u64, Span)> {
-        let (&start, &span) = self.by_addr.range(..=addr).next_back()?;
-        (addr < start + span.len).then_some((start, span))
-    }
-
     /// The ranges of at least `len` bytes, smallest first: (start, length).
     pub fn fitting(&self, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.by_size.range((len, 0)..).map(|&(size, addr)| (addr, size))

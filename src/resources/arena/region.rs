@@ -29,23 +29,11 @@
 //! - An idle page may be *lent*, whether or not its frees are known
 //!   complete: its physical page is mapped a second time elsewhere (the
 //!   arena orders the new use after this stream's work), and its granule
-//!   here leaves the page table but stays mapped, *dormant*. In place (the
-//!   arena's choice, `pages.rs`), the dormant granule stays in the free
-//!   ranges, so where the next blocks land does not change; else it is a
-//!   hole, out of the free ranges until the arena unmaps it. Either way
-//!   memory the GPU is still finishing with serves a new block at once,
-//!   with no new physical page, no host wait and no unmap.
-//! - A page is in service at one granule at most, and no block is ever
-//!   placed over a dormant granule: a block carved over dormant granules
-//!   has each resolved before anything is mapped (`resolve_dormant`).
-//!   When the page is idle where it serves, it comes back (that granule
-//!   turns dormant in its place: no driver call; the region's stream
-//!   order fences the reuse; from another region, the arena fences it),
-//!   so a step that repeats finds its layout again, the pages trading
-//!   places. Otherwise the arena unmaps the dormant mapping (once the frees
-//!   before it are complete) and maps another page there. Dormant granules
-//!   whose frees are complete are also unmapped in batches
-//!   (`dormant_done`); holes then rejoin the free ranges.
+//!   here leaves the free ranges and the page table (`lent`), still mapped
+//!   but never handed out, until the arena unmaps it after those frees are
+//!   complete (`lent_done`); the granule is then free address space
+//!   again. So memory the GPU is still finishing with serves a new block at
+//!   once, with no new physical page, no host wait and no unmap.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -54,16 +42,6 @@ use std::ops::Range;
 
 use super::ranges::FreeRanges;
 use crate::device::{PhysHandle, RawEvent, RawStream};
-use crate::fast_hash::FastMap;
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Dormant {
-    pub freed: u64,
-    pub handle: PhysHandle,
-    /// Out of the free ranges until it is unmapped (a hole: lent while
-    /// several streams allocate).
-    pub out: bool,
-}
 
 pub(crate) struct Region {
     pub stream: RawStream,
@@ -85,13 +63,10 @@ pub(crate) struct Region {
     /// Blocks another stream took from here and freed: (address, length,
     /// an event recorded on that stream after the free, that stream).
     pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
-    /// Dormant granules: granule → the sequence of the free that made it
-    /// idle, and the page it still maps, which serves elsewhere.
-    dormant: FastMap<usize, Dormant>,
-    /// How many dormant granules of this region map each page.
-    aliases: FastMap<PhysHandle, u32>,
-    /// The granule where each page in service here is mapped.
-    serving: FastMap<PhysHandle, usize>,
+    /// Granules whose page was lent while still mapped here: (granule,
+    /// its free's sequence, the page). Out of the free ranges and the page
+    /// table until the arena unmaps its old address.
+    pub lent: Vec<(usize, u64, PhysHandle)>,
 }
 
 /// Frees kept unmerged for same-size reuse.
@@ -116,9 +91,7 @@ impl Region {
             seals: VecDeque::new(),
             recent: Vec::new(),
             foreign: Vec::new(),
-            dormant: FastMap::default(),
-            aliases: FastMap::default(),
-            serving: FastMap::default(),
+            lent: Vec::new(),
         }
     }
 
@@ -148,23 +121,18 @@ impl Region {
     }
 
     pub fn install(&mut self, page: usize, handle: PhysHandle) {
-        debug_assert!(self.pages[page].is_none() && !self.dormant.contains_key(&page));
+        debug_assert!(self.pages[page].is_none());
         self.pages[page] = Some(handle);
-        let before = self.serving.insert(handle, page);
-        debug_assert!(before.is_none(), "page {handle} in service at two granules");
     }
 
     /// The handle of an unmapped page taken out of the table.
     pub fn uninstall(&mut self, page: usize) -> PhysHandle {
-        let handle = self.pages[page].take().expect("a mapped page");
-        self.serving.remove(&handle);
-        handle
+        self.pages[page].take().expect("a mapped page")
     }
 
     /// A block's memory back, as the next free.
     pub fn release(&mut self, addr: u64, len: u64) {
         self.frees += 1;
-
         if self.recent.len() == RECENT_MAX {
             let (a, l, seq) = self.recent.remove(0);
             self.free.insert(a, l, seq);
@@ -273,168 +241,55 @@ impl Region {
     }
 
     /// Lend up to `max` idle pages, longest idle first: each leaves the
-    /// page table and turns its granule dormant, `in_place` in the free
-    /// ranges (pages no dormant granule maps first: each lend adds an
-    /// address to its page, and a page with fewer is less often wanted in
-    /// two places at once), else out of them, a hole. The (granule, page)
-    /// pairs.
-    pub fn lend_pages(&mut self, max: usize, in_place: bool) -> Vec<(usize, PhysHandle)> {
+    /// free ranges and the page table, and is listed in `lent` until the
+    /// arena unmaps its old address. The pages.
+    pub fn lend_pages(&mut self, max: usize) -> Vec<PhysHandle> {
         // The longest-idle space first: in a workload that repeats, what
         // was freed last is what the next step allocates again.
         let mut ranges: Vec<(u64, super::ranges::Span)> = self.free.iter().collect();
         ranges.sort_by_key(|&(_, span)| span.freed);
-        let mut candidates: Vec<(usize, u64)> = Vec::new();
-        let orders: &[bool] = if in_place { &[false, true] } else { &[false] };
-        for &aliased in orders {
-            for &(start, span) in &ranges {
-                let wanted = max - candidates.len();
-                if wanted == 0 {
-                    break;
-                }
-                let pages = self.mapped_pages_within(start, span.len);
-                let pick = pages.filter(|&p| !in_place || self.pages[p].is_some_and(|h| self.aliases.contains_key(&h)) == aliased);
-                let pick: Vec<(usize, u64)> = pick.take(wanted).map(|p| (p, span.freed)).collect();
-                candidates.extend(pick);
+        let mut candidates = Vec::new();
+        for (start, span) in ranges {
+            if candidates.len() >= max {
+                break;
             }
+            candidates.extend(self.mapped_pages_within(start, span.len).take(max - candidates.len()));
         }
-        candidates
-            .into_iter()
-            .map(|(page, freed)| {
-                let handle = self.uninstall(page);
-                if !in_place {
-                    self.free.withdraw(self.page_addr(page), self.page_bytes).expect("an idle page is free whole");
-                }
-                self.add_dormant(page, Dormant { freed, handle, out: !in_place });
-                (page, handle)
-            })
-            .collect()
-    }
-
-    fn add_dormant(&mut self, page: usize, d: Dormant) {
-        let before = self.dormant.insert(page, d);
-        debug_assert!(before.is_none(), "granule {page} dormant twice");
-        *self.aliases.entry(d.handle).or_insert(0) += 1;
-    }
-
-    fn remove_dormant(&mut self, page: usize) -> Option<Dormant> {
-        let d = self.dormant.remove(&page)?;
-        match self.aliases.get_mut(&d.handle) {
-            Some(n) if *n > 1 => *n -= 1,
-            _ => {
-                self.aliases.remove(&d.handle);
-            }
+        let mut out = Vec::with_capacity(candidates.len());
+        for page in candidates {
+            let freed = self.free.withdraw(self.page_addr(page), self.page_bytes).expect("an idle page is free whole");
+            let handle = self.uninstall(page);
+            self.lent.push((page, freed, handle));
+            out.push(handle);
         }
-        Some(d)
+        out
     }
 
-    /// Whether a dormant granule here maps `handle`.
-    pub fn is_aliased(&self, handle: PhysHandle) -> bool {
-        self.aliases.contains_key(&handle)
-    }
-
-    /// Dormant granules whose frees are now complete, taken off the list.
-    /// The caller unmaps each (and gives those `out` of the free ranges
-    /// back with `unreserve`), or lists it again with `dormant_again`.
-    pub fn dormant_done(&mut self) -> Vec<(usize, Dormant)> {
+    /// Lent granules whose frees are now complete, taken off the list:
+    /// (granule, sequence, page). The caller unmaps each, then gives it
+    /// back with `unreserve` (free address space, nothing mapped).
+    pub fn lent_done(&mut self) -> Vec<(usize, u64, PhysHandle)> {
         let done = self.done;
-        let finished: Vec<usize> = self.dormant.iter().filter(|(_, d)| d.freed <= done).map(|(&g, _)| g).collect();
-        finished.into_iter().map(|g| (g, self.remove_dormant(g).expect("listed"))).collect()
+        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|&(_, freed, _)| freed <= done);
+        self.lent = running;
+        finished
     }
 
-    /// Every dormant granule, taken off the list (close): (granule, page).
-    pub fn take_all_dormant(&mut self) -> Vec<(usize, PhysHandle)> {
-        self.aliases.clear();
-        self.dormant.drain().map(|(g, d)| (g, d.handle)).collect()
-    }
-
-    /// Undo `lend_pages` for `lent` (the arena could not fence them): in
-    /// service here again, as they were.
-    pub fn take_back_lent(&mut self, lent: &[(usize, PhysHandle)]) {
-        for &(page, handle) in lent {
-            let d = self.remove_dormant(page).expect("lent just now");
-            if d.out {
-                self.free.insert(self.page_addr(page), self.page_bytes, d.freed);
-            }
+    /// Undo the lending of every page lent after the first `keep` entries
+    /// of `lent` (the arena could not fence them): mapped and free here
+    /// again, as they were.
+    pub fn take_back_lent(&mut self, keep: usize) {
+        for (page, freed, handle) in self.lent.split_off(keep) {
             self.install(page, handle);
+            let addr = self.page_addr(page);
+            self.free.insert(addr, self.page_bytes, freed);
         }
     }
 
-    /// A dormant granule `dormant_done` returned whose mapping could not be
+    /// A lent granule `lent_done` returned whose old address could not be
     /// unmapped: back on the list.
-    pub fn dormant_again(&mut self, page: usize, d: Dormant) {
-        self.add_dormant(page, d);
-    }
-
-    /// Give the carve `[addr, addr + len)` (free sequence `freed`) back and
-    /// make the dormant granules `blocked` (from `resolve_dormant`) holes,
-    /// out of the free ranges until unmapped, so the next carve lands
-    /// elsewhere (while a capture is active, when nothing may be unmapped).
-    /// A granule part of which another carve holds meanwhile stays as it is
-    /// (that carve resolves it).
-    pub fn hole_out(&mut self, addr: u64, len: u64, freed: u64, blocked: Vec<(usize, Dormant)>) {
-        self.free.insert(addr, len, freed);
-        for (page, d) in blocked {
-            let out = self.idle_since(page).is_some();
-            if out {
-                self.free.withdraw(self.page_addr(page), self.page_bytes).expect("an idle granule is free whole");
-            }
-            self.add_dormant(page, Dormant { out, ..d });
-        }
-    }
-
-    /// The granules `missing` of a block just carved here, before anything
-    /// is mapped for it: each dormant one whose page is idle where it serves
-    /// in this region takes the page back (that granule turns dormant: no
-    /// driver call; the stream's own order fences the reuse). Returns the
-    /// granules still to map, and the dormant ones among them that must be
-    /// unmapped first, taken off the list.
-    pub fn resolve_dormant(&mut self, missing: Vec<usize>) -> (Vec<usize>, Vec<(usize, Dormant)>) {
-        let mut still = Vec::with_capacity(missing.len());
-        let mut unmap = Vec::new();
-        for m in missing {
-            let Some(&d) = self.dormant.get(&m) else {
-                still.push(m);
-                continue;
-            };
-            match self.serving.get(&d.handle).copied().and_then(|g| self.idle_since(g).map(|freed| (g, freed))) {
-                Some((g, freed)) => {
-                    self.uninstall(g);
-                    self.add_dormant(g, Dormant { freed, handle: d.handle, out: false });
-                    self.remove_dormant(m);
-                    self.install(m, d.handle);
-                }
-                None => {
-                    self.remove_dormant(m);
-                    unmap.push((m, d));
-                    still.push(m);
-                }
-            }
-        }
-        (still, unmap)
-    }
-
-    /// Whether `handle` is in service here.
-    pub fn serves(&self, handle: PhysHandle) -> bool {
-        self.serving.contains_key(&handle)
-    }
-
-    /// `handle`, in service here and idle, leaves for another region's
-    /// dormant granule: its granule here turns dormant. The granule, or
-    /// `None` (not here, or not idle).
-    pub fn give_up_idle(&mut self, handle: PhysHandle) -> Option<usize> {
-        let g = *self.serving.get(&handle)?;
-        let freed = self.idle_since(g)?;
-        self.uninstall(g);
-        self.add_dormant(g, Dormant { freed, handle, out: false });
-        Some(g)
-    }
-
-    /// When a free range covers granule `page` whole: that range's free
-    /// sequence.
-    fn idle_since(&self, page: usize) -> Option<u64> {
-        let addr = self.page_addr(page);
-        let (start, span) = self.free.covering(addr)?;
-        (start + span.len >= addr + self.page_bytes).then_some(span.freed)
+    pub fn lent_again(&mut self, page: usize, freed: u64, handle: PhysHandle) {
+        self.lent.push((page, freed, handle));
     }
 
     /// Every mapped page, in address order (close).
@@ -506,9 +361,8 @@ mod tests {
         assert_eq!(r.take(4 * G), Some((0, 5)), "merged, the frees are one range from 0");
     }
 
-    /// A region of four granules with a two-granule block at 0 freed and
-    /// merged (its pages 100 and 101), its free not known complete.
-    fn freed_block() -> Region {
+    #[test]
+    fn a_lent_page_leaves_the_free_ranges_until_its_frees_are_done() {
         let mut r = Region::new(1, 0, 4 * G, G);
         let (a, _) = r.take(2 * G).unwrap();
         for p in r.unmapped_in(a, 2 * G) {
@@ -516,85 +370,18 @@ mod tests {
         }
         r.release(a, 2 * G);
         r.settle_recent();
-        r
-    }
-
-    fn free(r: &Region) -> Vec<(u64, u64)> {
-        r.free.iter().map(|(a, s)| (a, s.len)).collect()
-    }
-
-    #[test]
-    fn a_page_lent_as_a_hole_leaves_the_free_ranges_until_unmapped() {
-        let mut r = freed_block();
         assert!(r.idle_pages(4).is_empty(), "not complete: recycling cannot take them");
-        assert_eq!(r.lend_pages(1, false), vec![(0, 100)], "lending can");
+        assert_eq!(r.lend_pages(1), vec![100], "lending can");
         assert!(!r.is_mapped(0) && r.is_mapped(1));
-        assert_eq!(free(&r), vec![(G, 3 * G)], "the hole is out of the free ranges");
-        assert!(r.is_aliased(100), "its old address still maps the page");
-        assert!(r.dormant_done().is_empty(), "its free is still running");
+        let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
+        assert_eq!(free(&r), vec![(G, 3 * G)], "the lent granule is out of the free ranges");
+        assert!(r.lent_done().is_empty(), "its free is still running");
         r.all_done();
-        assert_eq!(r.dormant_done(), vec![(0, Dormant { freed: 1, handle: 100, out: true })]);
-        assert!(!r.is_aliased(100));
+        assert_eq!(r.lent_done(), vec![(0, 1, 100)]);
+        assert!(r.lent.is_empty());
         r.unreserve(0, G, 1);
-        assert_eq!(free(&r), vec![(0, 4 * G)], "unmapped and given back, it is free address space again");
+        assert_eq!(free(&r), vec![(0, 4 * G)], "given back, it is free address space again");
         assert_eq!(r.unmapped_in(0, 2 * G), vec![0], "and unmapped");
-    }
-
-    #[test]
-    fn a_page_lent_in_place_leaves_its_granule_free_and_dormant() {
-        let mut r = freed_block();
-        assert_eq!(r.lend_pages(1, true), vec![(0, 100)]);
-        assert_eq!(free(&r), vec![(0, 4 * G)], "the free ranges do not change");
-        assert!(!r.is_mapped(0) && r.is_aliased(100));
-        // Serving elsewhere now (another region, say): carved over, the
-        // dormant granule is to be unmapped first, then mapped anew.
-        let (a, freed) = r.take(2 * G).unwrap();
-        assert_eq!(a, 0);
-        let (still, unmap) = r.resolve_dormant(r.unmapped_in(a, 2 * G));
-        assert_eq!(still, vec![0]);
-        assert_eq!(unmap, vec![(0, Dormant { freed: 1, handle: 100, out: false })]);
-        assert!(!r.is_aliased(100), "taken off the list: the caller unmaps it");
-        r.unreserve(a, 2 * G, freed);
-    }
-
-    #[test]
-    fn a_dormant_granule_takes_its_page_back_where_it_is_idle() {
-        let mut r = freed_block();
-        let lent = r.lend_pages(1, true);
-        assert_eq!(lent, vec![(0, 100)]);
-        // The page serves a block at granule 3 of this region (the arena
-        // maps it there)...
-        r.free.withdraw(3 * G, G).unwrap();
-        r.install(3, 100);
-        // ...a block carved over granule 0 while it is live cannot have it:
-        let freed = r.free.withdraw(0, G).unwrap();
-        let (still, unmap) = r.resolve_dormant(vec![0]);
-        assert_eq!((still, unmap.len()), (vec![0], 1), "busy: unmap granule 0 first");
-        r.dormant_again(0, unmap[0].1);
-        r.unreserve(0, G, freed);
-        // Once the block at granule 3 is freed, the page comes back to
-        // granule 0 with no driver call, and granule 3 turns dormant.
-        r.release(3 * G, G);
-        r.settle_recent();
-        r.free.withdraw(0, G).unwrap();
-        let (still, unmap) = r.resolve_dormant(vec![0]);
-        assert!(still.is_empty() && unmap.is_empty());
-        assert!(r.is_mapped(0) && !r.is_mapped(3));
-        assert!(r.is_aliased(100), "granule 3 is the dormant one now");
-        assert!(r.idle_since(3).is_some(), "and free");
-    }
-
-    #[test]
-    fn a_page_idle_here_can_leave_for_another_region() {
-        let mut r = freed_block();
-        assert_eq!(r.give_up_idle(999), None, "not in service here");
-        assert_eq!(r.give_up_idle(101), Some(1));
-        assert!(!r.is_mapped(1) && r.is_aliased(101) && !r.serves(101));
-        r.take_back_lent(&[(1, 101)]);
-        assert!(r.is_mapped(1) && !r.is_aliased(101) && r.serves(101));
-        let (a, _) = r.take(G / 2).unwrap();
-        assert_eq!(a, 0);
-        assert_eq!(r.give_up_idle(100), None, "a live block overlaps it");
     }
 
     #[test]
