@@ -41,7 +41,8 @@ step repeated, fragmentation can make it create pages step after step
 peak at first, 1.044x after 80 repeats, and 1.034x on the GPU after 13
 steps), which a replay of the short recorded trace does not show. The
 ctests `steady_state_remap_gpt2`, `_resnet50` and `_resnet50_lagged` bound
-both on the recorded GPT-2 and ResNet-50 steps.
+both on the recorded GPT-2 and ResNet-50 steps, and
+`steady_state_remap_gpt2_recorded` on the 25-step GPT-2 trace as recorded.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def main() -> int:
     finally:
         lag.release()
         rt.close()
-    # The first row is the warm-up before the repeats; the second half of
-    # the rest is the steady state.
+    # The first row is the warm-up before the repeats (as recorded: the
+    # first step); the second half of the rest is the steady state.
     tail = maps[1:][len(maps[1:]) // 2:]
     mean = sum(tail) / len(tail) if tail else 0.0
     ok = True
