@@ -15,6 +15,10 @@ const MIB: u64 = 1 << 20;
 /// The arena's physical page: two of the sim's 2 MiB mapping granules
 /// (Hopper's), `PAGE_GRANULES` in `src/resources/arena/mod.rs`.
 const PAGE: u64 = 4 * MIB;
+/// Blocks from 256 MiB are large and mapped in pages of 16 MiB
+/// (`LARGE_BLOCK_PAGES`, `LARGE_PAGE_PAGES`).
+const LARGE_BLOCK: u64 = 64 * PAGE;
+const LARGE_PAGE: u64 = 4 * PAGE;
 
 fn open(budget: u64) -> Arc<Runtime> {
     let config = Config { backend: Backend::Sim, budget_bytes: budget, sim_capacity_bytes: 512 * MIB, ..Config::default() };
@@ -441,6 +445,94 @@ fn the_stats_count_every_page_mapped_and_unmapped() {
     assert_eq!(st.pages_unmapped, pages, "trim unmapped every idle page");
     assert_eq!(st.outstanding_bytes, 0);
     rt.release_stream(s).unwrap();
+}
+
+#[test]
+fn large_blocks_map_large_pages_and_small_blocks_use_the_room_they_leave() {
+    let rt = open(0);
+    let s = rt.acquire_stream().unwrap();
+    let big = rt.allocate(LARGE_BLOCK, s, "logits").unwrap();
+    let st = rt.stats().unwrap();
+    assert_eq!(st.pages_mapped, LARGE_BLOCK / LARGE_PAGE, "one driver call per 16 MiB");
+    assert_eq!(st.outstanding_bytes, LARGE_BLOCK);
+    check_exact(&rt, "a large block");
+    let small = rt.allocate(PAGE - 1, s, "small").unwrap();
+    assert_eq!(rt.stats().unwrap().pages_mapped, LARGE_BLOCK / LARGE_PAGE + 1, "a small block maps a small page");
+    rt.deallocate(&big.id).unwrap();
+    // The large block's mapped room serves small blocks: no page more.
+    let blocks: Vec<_> = (0..80).map(|_| rt.allocate(3 * MIB, s, "activations").unwrap()).collect();
+    let st = rt.stats().unwrap();
+    assert_eq!(st.pages_mapped, LARGE_BLOCK / LARGE_PAGE + 1, "small blocks took the large block's mapped room");
+    assert_eq!(st.outstanding_bytes, LARGE_BLOCK + PAGE);
+    check_exact(&rt, "small blocks in the large block's room");
+    for b in blocks.iter().chain([&small]) {
+        rt.deallocate(&b.id).unwrap();
+    }
+    rt.trim(0).unwrap();
+    check_exact(&rt, "after trim");
+    assert_eq!(rt.sim().unwrap().physical_bytes(), 0, "trim gives large and small pages back");
+    rt.release_stream(s).unwrap();
+}
+
+/// Stream `a` held by a host callback until the returned hold is let go
+/// (or dropped, so a failing assertion does not leave the stream stuck):
+/// the frees queued on it meanwhile are not complete.
+struct Hold(Arc<AtomicBool>);
+
+impl Hold {
+    fn on(rt: &Runtime, a: StreamId) -> Hold {
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        rt.enqueue_host(
+            a,
+            Box::new(move || {
+                while !g.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+        .unwrap();
+        Hold(gate)
+    }
+
+    fn still_held(&self) -> bool {
+        !self.0.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[test]
+fn under_pressure_a_large_block_takes_small_idle_pages_and_a_small_block_large_ones() {
+    // The whole budget is idle in pages of one size whose frees are still
+    // running on stream a; stream b asks for a block of the other size.
+    // Neither is refused, neither waits on the host: the block goes where
+    // the idle pages are, and they are lent to it behind a GPU-side wait.
+    for (first, then) in [(PAGE, LARGE_BLOCK), (LARGE_BLOCK, PAGE)] {
+        let rt = open(LARGE_BLOCK);
+        let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+        let blocks: Vec<_> = (0..LARGE_BLOCK / first).map(|_| rt.allocate(first, a, "first").unwrap()).collect();
+        assert_eq!(rt.usage().outstanding_bytes(), LARGE_BLOCK, "the budget is held");
+        let hold = Hold::on(&rt, a);
+        for x in &blocks {
+            rt.deallocate(&x.id).unwrap();
+        }
+        let y = rt.allocate(then, b, "then").unwrap_or_else(|e| panic!("{first} then {then}: refused while idle pages could be lent: {e}"));
+        assert!(hold.still_held(), "no host wait for stream a");
+        assert_eq!(rt.usage().outstanding_bytes(), LARGE_BLOCK, "{first} then {then}: no page more");
+        check_exact(&rt, "after the lending");
+        drop(hold);
+        rt.synchronize(a).unwrap();
+        rt.deallocate(&y.id).unwrap();
+        rt.synchronize(b).unwrap();
+        rt.trim(0).unwrap();
+        check_exact(&rt, "after trim");
+        assert_eq!(rt.sim().unwrap().physical_bytes(), 0, "every page given back, lent ones too");
+    }
 }
 
 #[test]

@@ -80,13 +80,16 @@ impl Arena {
         Some(addr)
     }
 
-    /// A fully mapped range of `len` bytes in another stream's region,
+    /// A fully mapped range of `len` bytes in another stream's region
+    /// (of `page`-byte pages for a large block),
     /// with `stream` made to wait (on the GPU) for that stream's work so
     /// far: its address, or `None`.
-    pub(super) fn take_from_another_stream(&self, stream: RawStream, len: u64) -> Option<u64> {
+    pub(super) fn take_from_another_stream(&self, stream: RawStream, len: u64, page: u64) -> Option<u64> {
         for region in self.every_region() {
             let mut r = lock(&region);
-            if r.stream == stream {
+            // A large block only where large pages are; a small one
+            // anywhere (as in its own stream's regions).
+            if r.stream == stream || (self.is_large(page) && r.page_bytes != page) {
                 continue;
             }
             // A block this stream took from here and freed, of the size:

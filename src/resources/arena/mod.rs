@@ -61,6 +61,21 @@ pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// on sim (four granules would not: the four-stream W11 trace holds 1.15x).
 /// BENCHMARKS.md, "Physical memory, fourth pass".
 pub(crate) const PAGE_GRANULES: u64 = 2;
+/// Blocks of at least this many pages (256 MiB on Hopper) are *large*:
+/// they are carved from regions of their own whose physical pages are
+/// `LARGE_PAGE_PAGES` pages each (16 MiB), so mapping, lending or
+/// recycling them takes a quarter of the driver calls. Large blocks are
+/// where a model at its memory limit moves pages from step to step
+/// (GPT-2's logits and their gradients: 84% of the pages it remapped),
+/// and small blocks take the mapped room they leave, so the split costs
+/// little memory: on the recorded GPT-2 trace 22 driver calls a step
+/// instead of about 190, at 1.021x its live peak instead of 1.018x
+/// (8 MiB: 46 calls, 1.018x; 32 MiB: 11 calls, 1.025x). Smaller
+/// thresholds split blocks that a layout shares between sizes (a growing
+/// KV cache's 64-128 MiB blocks then hold 1.14x). BENCHMARKS.md, "Physical
+/// memory, seventh pass".
+pub(crate) const LARGE_BLOCK_PAGES: u64 = 64;
+pub(crate) const LARGE_PAGE_PAGES: u64 = 4;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -118,11 +133,15 @@ pub struct Arena {
     /// region's address space is cut in slots of this size ("granules" in
     /// `region.rs`), each mapped to one page or to nothing.
     page_bytes: u64,
+    /// Bytes of a large page (`LARGE_PAGE_PAGES` pages), and the size from
+    /// which a block is large.
+    large_page_bytes: u64,
+    large_block_bytes: u64,
     region_bytes: u64,
     wait_on_pressure: bool,
     held: Arc<HeldBytes>,
-    /// Each stream's regions, newest last.
-    streams: RwLock<FastMap<RawStream, Vec<Arc<Mutex<Region>>>>>,
+    /// Each stream's regions with their page size, newest last.
+    streams: RwLock<FastMap<RawStream, Vec<(u64, SharedRegion)>>>,
     /// Every region by base address, with its length.
     regions: RwLock<BTreeMap<u64, (u64, SharedRegion)>>,
     /// Physical pages created and not mapped anywhere (charged, held).
@@ -148,7 +167,19 @@ pub struct Arena {
 #[derive(Default)]
 struct Spare {
     pages: Vec<PhysHandle>,
+    large: Vec<PhysHandle>,
     events: Vec<RawEvent>,
+}
+
+impl Spare {
+    /// The spare pages of `page_bytes`: small or large.
+    fn of(&mut self, large: bool) -> &mut Vec<PhysHandle> {
+        if large {
+            &mut self.large
+        } else {
+            &mut self.pages
+        }
+    }
 }
 
 impl Arena {
@@ -159,11 +190,14 @@ impl Arena {
             return None;
         }
         let page_bytes = device.vm_granularity() * PAGE_GRANULES;
-        let region_bytes = device.vm_region_bytes().max(page_bytes).div_ceil(page_bytes) * page_bytes;
+        let large_page_bytes = page_bytes * LARGE_PAGE_PAGES;
+        let region_bytes = device.vm_region_bytes().max(large_page_bytes).div_ceil(large_page_bytes) * large_page_bytes;
         Some(Arena {
             id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
             device,
             page_bytes,
+            large_page_bytes,
+            large_block_bytes: page_bytes * LARGE_BLOCK_PAGES,
             region_bytes,
             wait_on_pressure,
             held,
@@ -215,6 +249,20 @@ impl Arena {
         self.region_of(ptr).is_some()
     }
 
+    /// The page size of the regions a block of `len` bytes is carved from.
+    fn page_for(&self, len: u64) -> u64 {
+        if len >= self.large_block_bytes {
+            self.large_page_bytes
+        } else {
+            self.page_bytes
+        }
+    }
+
+    /// Whether `page_bytes` is the large page.
+    fn is_large(&self, page_bytes: u64) -> bool {
+        page_bytes != self.page_bytes
+    }
+
     fn region_of(&self, ptr: u64) -> Option<Arc<Mutex<Region>>> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         let (&base, (len, r)) = regions.range(..=ptr).next_back()?;
@@ -231,10 +279,34 @@ impl Arena {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
-        let mut carved = self.carve(stream, len);
+        let page = self.page_for(len);
+        match self.place(len, page, stream_id, stream, gate, may_unmap) {
+            // Under pressure a block may go where the pages of the other
+            // size are, whose idle ones can then be lent to it.
+            Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
+                let other = if self.is_large(page) { self.page_bytes } else { self.large_page_bytes };
+                self.place(len, other, stream_id, stream, gate, may_unmap).map_err(|_| refused)
+            }
+            placed => placed,
+        }
+    }
+
+    /// `allocate` past the hot region: a block of `len` bytes in `stream`'s
+    /// regions of `page`-byte pages (or mapped space elsewhere), its
+    /// missing pages obtained and mapped.
+    fn place(
+        &self,
+        len: u64,
+        page: u64,
+        stream_id: u32,
+        stream: RawStream,
+        gate: &dyn ChargeGate,
+        may_unmap: bool,
+    ) -> ResourceResult<u64> {
+        let mut carved = self.carve(stream, len, page);
         if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
             // A miss here: a mapped range of another stream first.
-            if let Some(addr) = self.take_from_another_stream(stream, len) {
+            if let Some(addr) = self.take_from_another_stream(stream, len, page) {
                 if let Some((region, addr, freed, _)) = carved {
                     lock(&region).unreserve(addr, len, freed);
                 }
@@ -245,17 +317,17 @@ impl Arena {
         }
         let (region, addr, freed, missing) = match carved.take() {
             Some(found) => found,
-            None => self.carve_in_new_region(stream, len)?,
+            None => self.carve_in_new_region(stream, len, page)?,
         };
         let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
-        let mapped = self.obtain(missing.len(), stream, gate, may_unmap).and_then(|(handles, created)| {
+        let mapped = self.obtain(missing.len(), page, stream, gate, may_unmap).and_then(|(handles, created)| {
             self.map_pages(&region, &missing, handles)?;
             if let (Some(log), true) = (&self.log, created > 0) {
-                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * self.page_bytes, stream_id);
+                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * page, stream_id);
             }
             Ok(())
         });
@@ -276,6 +348,9 @@ impl Arena {
     /// A hit in the region this thread used last for `stream`: a mapped
     /// range of `len` bytes, or `None` (nothing changed).
     fn hot_hit(&self, stream: RawStream, len: u64) -> Option<u64> {
+        if len >= self.large_block_bytes {
+            return None;
+        }
         HOT_REGION.with(|hot| {
             let hot = hot.borrow();
             let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream)?;
@@ -292,6 +367,9 @@ impl Arena {
     /// Remember `region` (locked as `r`) as the one this thread allocates
     /// from on `stream`.
     fn make_hot(&self, stream: RawStream, region: &SharedRegion, r: &Region) {
+        if self.is_large(r.page_bytes) {
+            return;
+        }
         HOT_REGION.with(|hot| {
             *hot.borrow_mut() = Some(HotRegion { arena: self.id, stream, base: r.base, len: r.len, region: region.clone() });
         });
@@ -346,14 +424,16 @@ impl Arena {
         }
     }
 
-    /// A fitting free range in one of `stream`'s regions: the region, the
-    /// address, the range's free sequence, and the granules to map.
-    fn carve(&self, stream: RawStream, len: u64) -> Option<Carved> {
+    /// A fitting free range in one of `stream`'s regions of `page`-byte
+    /// pages: the region, the address, the range's free sequence, and the
+    /// granules to map.
+    fn carve(&self, stream: RawStream, len: u64, page: u64) -> Option<Carved> {
         let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
-        let regions = streams.get(&stream)?;
+        let all = streams.get(&stream)?;
+        let regions: Vec<&SharedRegion> = all.iter().filter(|(p, _)| *p == page).map(|(_, r)| r).collect();
         // A hit first: a recent free of the size, the best fit if it is
         // mapped, else mapped space in another fitting range.
-        for region in regions {
+        for &region in &regions {
             let mut r = lock(region);
             let mut hit = None;
             if let Some((addr, freed)) = r.take(len) {
@@ -369,9 +449,20 @@ impl Arena {
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
         }
+        // A small block takes mapped room the large blocks left (so a
+        // layout with large pages holds what one without them would).
+        if !self.is_large(page) {
+            for (_, region) in all.iter().filter(|(p, _)| self.is_large(*p)) {
+                let mut r = lock(region);
+                r.settle_recent();
+                if let Some((addr, freed)) = r.take_mapped(len) {
+                    return Some((region.clone(), addr, freed, Vec::new()));
+                }
+            }
+        }
         // Then with the recent frees merged (they may coalesce into room):
         // the best fit, mapped or not.
-        for region in regions {
+        for &region in &regions {
             let mut r = lock(region);
             r.settle_recent();
             self.settle_foreign(&mut r, false, true);
@@ -388,20 +479,20 @@ impl Arena {
         None
     }
 
-    fn carve_in_new_region(&self, stream: RawStream, len: u64) -> ResourceResult<Carved> {
+    fn carve_in_new_region(&self, stream: RawStream, len: u64, page: u64) -> ResourceResult<Carved> {
         let bytes = len
-            .checked_add(self.page_bytes - 1)
-            .map(|b| b / self.page_bytes * self.page_bytes)
+            .checked_add(page - 1)
+            .map(|b| b / page * page)
             .map(|b| b.max(self.region_bytes))
             .ok_or_else(|| ResourceError::OutOfMemory { requested: len, detail: "the request is larger than any device can hold".into() })?;
         let base = self.device.vm_reserve(bytes)?;
-        let mut region = Region::new(stream, base, bytes, self.page_bytes);
+        let mut region = Region::new(stream, base, bytes, page);
         let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
         let missing = region.unmapped_in(addr, len);
         let region = Arc::new(Mutex::new(region));
         self.make_hot(stream, &region, &lock(&region));
         self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, region.clone()));
-        self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push(region.clone());
+        self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push((page, region.clone()));
         Ok((region, addr, freed, missing))
     }
 
@@ -410,6 +501,7 @@ impl Arena {
     /// or not mapped because of an error, go to the spare list.
     fn map_pages(&self, region: &Mutex<Region>, pages: &[usize], handles: Vec<PhysHandle>) -> ResourceResult<()> {
         let mut r = lock(region);
+        let (page_bytes, large) = (r.page_bytes, self.is_large(r.page_bytes));
         let mut handles = handles.into_iter();
         let mut newly = Vec::with_capacity(pages.len());
         let mut result = Ok(());
@@ -418,20 +510,20 @@ impl Arena {
                 continue;
             }
             let handle = handles.next().expect("one handle per missing page");
-            if let Err(e) = self.device.vm_map(r.page_addr(page), self.page_bytes, handle) {
-                lock(&self.spare).pages.push(handle);
+            if let Err(e) = self.device.vm_map(r.page_addr(page), page_bytes, handle) {
+                lock(&self.spare).of(large).push(handle);
                 result = Err(e.into());
                 break;
             }
             r.install(page, handle);
             newly.push(page);
         }
-        lock(&self.spare).pages.extend(handles);
+        lock(&self.spare).of(large).extend(handles);
         self.mapped.fetch_add(newly.len() as u64, Ordering::Relaxed);
         let peers = lock(&self.peers).clone();
         let ordinal = self.device.ordinal();
         for (first, count) in runs(&newly) {
-            let (va, bytes) = (r.page_addr(first), count as u64 * self.page_bytes);
+            let (va, bytes) = (r.page_addr(first), count as u64 * page_bytes);
             let granted =
                 std::iter::once(&ordinal).chain(peers.iter()).try_for_each(|&device| self.device.vm_set_access(va, bytes, device));
             if let Err(e) = granted {
@@ -440,7 +532,7 @@ impl Arena {
                 // block placed on it: unmapped again, and spare. (Should
                 // even the unmap fail, the pages stay mapped here.)
                 if let Some(pages) = self.unmap_run(&mut r, first, count) {
-                    lock(&self.spare).pages.extend(pages);
+                    lock(&self.spare).of(large).extend(pages);
                 }
             }
         }
@@ -451,7 +543,7 @@ impl Arena {
     /// their pages out of its page table: the pages, or `None` when the
     /// unmap failed (they stay mapped and installed).
     fn unmap_run(&self, r: &mut Region, first: usize, n: usize) -> Option<Vec<PhysHandle>> {
-        self.device.vm_unmap(r.page_addr(first), n as u64 * self.page_bytes).ok()?;
+        self.device.vm_unmap(r.page_addr(first), n as u64 * r.page_bytes).ok()?;
         self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
         Some((first..first + n).map(|p| r.uninstall(p)).collect())
     }
@@ -469,7 +561,7 @@ impl Arena {
             return Ok(());
         }
         self.device.synchronize_stream(stream)?;
-        for region in regions {
+        for (_, region) in regions {
             let mut r = lock(&region);
             r.all_done();
             let seals: Vec<RawEvent> = r.seals.drain(..).map(|(e, _)| e).collect();
@@ -490,7 +582,7 @@ impl Arena {
         for region in self.every_region() {
             let r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {
-                self.device.vm_set_access(r.page_addr(first), n as u64 * self.page_bytes, ordinal)?;
+                self.device.vm_set_access(r.page_addr(first), n as u64 * r.page_bytes, ordinal)?;
             }
         }
         Ok(())
@@ -506,17 +598,17 @@ impl Drop for Arena {
             let mut r = lock(region);
             let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
             for page in lent {
-                let _ = self.device.vm_unmap(r.page_addr(page), self.page_bytes);
+                let _ = self.device.vm_unmap(r.page_addr(page), r.page_bytes);
             }
         }
         for (_, (_, region)) in regions {
             let mut r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {
-                if self.device.vm_unmap(r.page_addr(first), n as u64 * self.page_bytes).is_ok() {
+                if self.device.vm_unmap(r.page_addr(first), n as u64 * r.page_bytes).is_ok() {
                     for p in first..first + n {
                         let handle = r.uninstall(p);
                         if self.device.vm_release(handle).is_ok() {
-                            released += self.page_bytes;
+                            released += r.page_bytes;
                         }
                     }
                 }
@@ -530,9 +622,10 @@ impl Drop for Arena {
             }
         }
         let spare = std::mem::take(&mut *lock(&self.spare));
-        for handle in spare.pages {
+        let pages = spare.pages.into_iter().map(|h| (h, self.page_bytes));
+        for (handle, bytes) in pages.chain(spare.large.into_iter().map(|h| (h, self.large_page_bytes))) {
             if self.device.vm_release(handle).is_ok() {
-                released += self.page_bytes;
+                released += bytes;
             }
         }
         for event in spare.events {

@@ -72,47 +72,61 @@ impl Arena {
     pub(super) fn obtain(
         &self,
         count: usize,
+        page: u64,
         stream: RawStream,
         gate: &dyn ChargeGate,
         may_unmap: bool,
     ) -> ResourceResult<(Vec<PhysHandle>, usize)> {
         let held_peak_before = self.held.peak();
+        let large = self.is_large(page);
         // Pages from spare or recycled, and pages this call created.
         let mut made = Vec::new();
         let mut got = {
             let mut spare = lock(&self.spare);
-            let keep = spare.pages.len().saturating_sub(count);
-            spare.pages.split_off(keep)
+            let list = spare.of(large);
+            let keep = list.len().saturating_sub(count);
+            list.split_off(keep)
         };
-        if got.len() < count && may_unmap && self.over_soft_cap(count - got.len()) {
-            got.extend(self.lend(count - got.len(), stream));
+        if got.len() < count && may_unmap && self.over_soft_cap((count - got.len()) as u64 * page) {
+            got.extend(self.lend(count - got.len(), page, stream));
             if got.len() < count {
-                got.extend(self.recycle(count - got.len(), Completion::Query));
+                got.extend(self.recycle(count - got.len(), page, Completion::Query));
+            }
+            if got.len() < count {
+                // Still past the cap: idle pages of the other size make
+                // room for the new ones.
+                self.release_other(page, (count - got.len()) as u64 * page, Completion::Query);
             }
         }
         while got.len() + made.len() < count {
-            match self.create(gate) {
+            match self.create(gate, page) {
                 Ok(handle) => made.push(handle),
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let missing = count - got.len() - made.len();
-                    let mut more = self.lend(missing, stream);
+                    let mut more = self.lend(missing, page, stream);
                     if more.is_empty() {
-                        more = self.recycle(missing, Completion::Query);
+                        more = self.recycle(missing, page, Completion::Query);
+                    }
+                    if more.is_empty() && self.release_other(page, missing as u64 * page, Completion::Query) > 0 {
+                        continue;
                     }
                     if more.is_empty() && self.wait_on_pressure {
-                        more = self.recycle(missing, Completion::Wait);
+                        more = self.recycle(missing, page, Completion::Wait);
+                        if more.is_empty() && self.release_other(page, missing as u64 * page, Completion::Wait) > 0 {
+                            continue;
+                        }
                     }
                     if more.is_empty() {
                         // A refusal leaves nothing behind: the pages this
                         // call created go back to the driver (and out of
                         // the held peak), the others back to spare.
-                        lock(&self.spare).pages.extend(got);
-                        self.unmake(made, held_peak_before);
+                        lock(&self.spare).of(large).extend(got);
+                        self.unmake(made, page, held_peak_before);
                         // The refusal names the state it leaves, not the
                         // pages made meanwhile: asked again, the gate refuses
                         // with the numbers of now (kept as it was should the
                         // pages fit after all, freed meanwhile).
-                        let pages = count as u64 * self.page_bytes;
+                        let pages = count as u64 * page;
                         return Err(match gate.try_charge(pages) {
                             Err(now) => now,
                             Ok(()) => {
@@ -125,8 +139,8 @@ impl Arena {
                 }
                 Err(e) => {
                     let mut spare = lock(&self.spare);
-                    spare.pages.extend(got);
-                    spare.pages.extend(made);
+                    spare.of(large).extend(got);
+                    spare.of(large).extend(made);
                     return Err(e);
                 }
             }
@@ -140,35 +154,35 @@ impl Arena {
     /// released, which uncharges them (`HeldBytes::sub`; a page the driver
     /// will not release stays spare, held and charged), and the held peak
     /// as it was before.
-    fn unmake(&self, made: Vec<PhysHandle>, held_peak_before: u64) {
+    fn unmake(&self, made: Vec<PhysHandle>, page: u64, held_peak_before: u64) {
         let peak = self.held.peak();
         for handle in made {
             match self.device.vm_release(handle) {
-                Ok(()) => self.held.sub(self.page_bytes),
-                Err(_) => lock(&self.spare).pages.push(handle),
+                Ok(()) => self.held.sub(page),
+                Err(_) => lock(&self.spare).of(self.is_large(page)).push(handle),
             }
         }
         self.held.restore_peak(peak, held_peak_before.max(self.held.now()));
     }
 
-    /// Whether `pages` more would take the held bytes past the live peak
+    /// Whether `bytes` more would take the held bytes past the live peak
     /// plus the slack.
-    fn over_soft_cap(&self, pages: usize) -> bool {
+    fn over_soft_cap(&self, bytes: u64) -> bool {
         let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.page_bytes);
         let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes;
-        self.held.now() + pages as u64 * self.page_bytes > cap
+        self.held.now() + bytes > cap
     }
 
-    /// One new physical page, charged first.
-    fn create(&self, gate: &dyn ChargeGate) -> ResourceResult<PhysHandle> {
-        gate.try_charge(self.page_bytes)?;
-        match self.device.vm_create(self.page_bytes) {
+    /// One new physical page of `page` bytes, charged first.
+    fn create(&self, gate: &dyn ChargeGate, page: u64) -> ResourceResult<PhysHandle> {
+        gate.try_charge(page)?;
+        match self.device.vm_create(page) {
             Ok(handle) => {
-                self.held.add(self.page_bytes);
+                self.held.add(page);
                 Ok(handle)
             }
             Err(e) => {
-                gate.uncharge(self.page_bytes);
+                gate.uncharge(page);
                 Err(e.into())
             }
         }
@@ -176,13 +190,16 @@ impl Arena {
 
     /// Up to `count` pages, taken region by region by `take` (the region
     /// locked, its recent frees merged, and how many are still wanted).
-    fn gather(&self, count: usize, mut take: impl FnMut(&mut Region, usize) -> Vec<PhysHandle>) -> Vec<PhysHandle> {
+    fn gather(&self, count: usize, page: u64, mut take: impl FnMut(&mut Region, usize) -> Vec<PhysHandle>) -> Vec<PhysHandle> {
         let mut got = Vec::new();
         for region in self.every_region() {
             if got.len() >= count {
                 break;
             }
             let mut r = lock(&region);
+            if r.page_bytes != page {
+                continue;
+            }
             r.settle_recent();
             got.extend(take(&mut r, count - got.len()));
         }
@@ -191,8 +208,8 @@ impl Arena {
 
     /// Up to `count` idle pages whose frees are complete (as sure as
     /// `completion` asks), unmapped and taken out of their regions.
-    fn recycle(&self, count: usize, completion: Completion) -> Vec<PhysHandle> {
-        let got = self.gather(count, |r, wanted| {
+    fn recycle(&self, count: usize, page: u64, completion: Completion) -> Vec<PhysHandle> {
+        let got = self.gather(count, page, |r, wanted| {
             self.settle_foreign(r, completion == Completion::Wait, false);
             self.refresh(r, completion);
             if completion == Completion::Wait || self.too_many_lent() {
@@ -209,8 +226,8 @@ impl Arena {
     /// not their frees are complete: `stream` is made to wait on the GPU
     /// for the work of every other stream whose pages it gets (the stream's
     /// own order covers its own). A region whose fence fails lends nothing.
-    fn lend(&self, count: usize, stream: RawStream) -> Vec<PhysHandle> {
-        let got = self.gather(count, |r, wanted| {
+    fn lend(&self, count: usize, page: u64, stream: RawStream) -> Vec<PhysHandle> {
+        let got = self.gather(count, page, |r, wanted| {
             // Blocks other streams took from here and freed join the free
             // ranges behind a GPU-side wait of this region's stream, so the
             // fence below covers them too.
@@ -224,8 +241,25 @@ impl Arena {
             pages
         });
         self.lent.fetch_add(got.len() as u64, Ordering::Relaxed);
-        self.lent_now.fetch_add(got.len() as u64, Ordering::Relaxed);
+        self.lent_now.fetch_add(got.len() as u64 * page, Ordering::Relaxed);
         got
+    }
+
+    /// Release idle pages of the size other than `page` (spare ones first,
+    /// then those whose frees are complete as sure as `completion` asks)
+    /// until `bytes` are released or none is left: room for pages of
+    /// `page`. The bytes released.
+    fn release_other(&self, page: u64, bytes: u64, completion: Completion) -> u64 {
+        let other = if self.is_large(page) { self.page_bytes } else { self.large_page_bytes };
+        let pages = bytes.div_ceil(other) as usize;
+        let mut released = self.release_spare(pages, other);
+        let left = pages.saturating_sub((released / other) as usize);
+        if left > 0 {
+            let idle = self.recycle(left, other, completion);
+            lock(&self.spare).of(self.is_large(other)).extend(idle);
+            released += self.release_spare(left, other);
+        }
+        released
     }
 
     /// Whether the old addresses of lent pages add up to more than the
@@ -233,7 +267,7 @@ impl Arena {
     /// they cost no memory (the pages are the same) and no call; each
     /// unmap costs host time per page, so they go in batches.
     fn too_many_lent(&self) -> bool {
-        self.lent_now.load(Ordering::Relaxed) > self.held.now() / self.page_bytes
+        self.lent_now.load(Ordering::Relaxed) > self.held.now()
     }
 
     /// Unmap the old addresses of `r`'s lent pages whose frees are now
@@ -251,12 +285,12 @@ impl Arena {
         for (first, n) in runs(&pages) {
             let run = &done[at..at + n];
             at += n;
-            let (addr, bytes) = (r.page_addr(first), n as u64 * self.page_bytes);
+            let (addr, bytes) = (r.page_addr(first), n as u64 * r.page_bytes);
             if self.device.vm_unmap(addr, bytes).is_ok() {
-                self.lent_now.fetch_sub(n as u64, Ordering::Relaxed);
+                self.lent_now.fetch_sub(bytes, Ordering::Relaxed);
                 self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
                 for &(page, freed, _) in run {
-                    r.unreserve(r.page_addr(page), self.page_bytes, freed);
+                    r.unreserve(r.page_addr(page), r.page_bytes, freed);
                 }
             } else {
                 // Still mapped: keep them out of use (and their pages out of
@@ -312,57 +346,68 @@ impl Arena {
     /// needed, unless a capture is active). Returns the bytes released.
     pub fn trim(&self, keep: u64, may_unmap: bool) -> u64 {
         let excess = self.held.now().saturating_sub(self.live.load(Ordering::Acquire)).saturating_sub(keep);
-        self.give_back(excess.div_ceil(self.page_bytes) as usize, Completion::Wait, may_unmap)
+        self.give_back(excess, Completion::Wait, may_unmap)
     }
 
     /// Give idle memory back for a caller outside the arena that needs
     /// `need` bytes under the same budget (`wait`: synchronise streams).
     pub fn relieve(&self, need: u64, wait: bool, may_unmap: bool) -> u64 {
         let completion = if wait { Completion::Wait } else { Completion::Query };
-        self.give_back(need.div_ceil(self.page_bytes) as usize, completion, may_unmap)
+        self.give_back(need, completion, may_unmap)
     }
 
-    /// Release `pages` pages to the device: spare ones first, then idle
-    /// ones whose frees are complete (as sure as `completion` asks). The
-    /// bytes released.
-    fn give_back(&self, pages: usize, completion: Completion, may_unmap: bool) -> u64 {
-        let mut released = self.release_spare(pages);
-        let left = pages.saturating_sub((released / self.page_bytes) as usize);
-        if may_unmap && left > 0 {
-            let idle = self.recycle(left, completion);
-            lock(&self.spare).pages.extend(idle);
-            released += self.release_spare(usize::MAX);
+    /// Release at least `bytes` to the device where there is that much:
+    /// spare pages first, then idle ones whose frees are complete (as sure
+    /// as `completion` asks), large pages before small ones. The bytes
+    /// released.
+    fn give_back(&self, bytes: u64, completion: Completion, may_unmap: bool) -> u64 {
+        let mut released = 0;
+        for page in [self.large_page_bytes, self.page_bytes] {
+            released += self.release_spare(bytes.saturating_sub(released).div_ceil(page) as usize, page);
+        }
+        if may_unmap {
+            for page in [self.large_page_bytes, self.page_bytes] {
+                let left = bytes.saturating_sub(released).div_ceil(page) as usize;
+                if left > 0 {
+                    let idle = self.recycle(left, page, completion);
+                    lock(&self.spare).of(self.is_large(page)).extend(idle);
+                    released += self.release_spare(usize::MAX, page);
+                }
+            }
         }
         released
     }
 
-    /// Release up to `count` spare pages; the bytes released.
-    fn release_spare(&self, count: usize) -> u64 {
+    /// Release up to `count` spare pages of `page` bytes; the bytes
+    /// released.
+    fn release_spare(&self, count: usize, page: u64) -> u64 {
+        let large = self.is_large(page);
         let pages = {
             let mut spare = lock(&self.spare);
-            let keep = spare.pages.len().saturating_sub(count);
-            spare.pages.split_off(keep)
+            let list = spare.of(large);
+            let keep = list.len().saturating_sub(count);
+            list.split_off(keep)
         };
         let mut released = 0;
         for handle in pages {
             if self.still_lent(handle) {
                 // Its old address still maps it: releasing it now would
                 // not free the memory (the budget would count it gone).
-                lock(&self.spare).pages.push(handle);
+                lock(&self.spare).of(large).push(handle);
                 continue;
             }
             match self.device.vm_release(handle) {
                 Ok(()) => {
-                    self.held.sub(self.page_bytes);
-                    released += self.page_bytes;
+                    self.held.sub(page);
+                    released += page;
                 }
-                Err(_) => lock(&self.spare).pages.push(handle),
+                Err(_) => lock(&self.spare).of(large).push(handle),
             }
         }
         if let (Some(log), true) = (&self.log, released > 0) {
             // Released at once: no pending time between the two rows.
             log.released(0, released);
-            log.retired(released, released / self.page_bytes);
+            log.retired(released, released / page);
         }
         released
     }

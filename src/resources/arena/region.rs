@@ -47,7 +47,9 @@ pub(crate) struct Region {
     pub stream: RawStream,
     pub base: u64,
     pub len: u64,
-    page_bytes: u64,
+    /// Bytes of one granule and of the physical page mapped there: the
+    /// arena's page, or its large page in a region of large blocks.
+    pub page_bytes: u64,
     pub free: FreeRanges,
     /// The physical page mapped at each granule; `None` where unmapped.
     pages: Vec<Option<PhysHandle>>,
