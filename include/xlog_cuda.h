@@ -179,7 +179,7 @@ typedef struct xlog_stats {
   /*
    live + cached + pending: what xlog holds from the driver, and what
    the budget charges (with the arena: the bytes of its mapped and
-   spare 4 MiB pages, exactly what the device holds for xlog).
+   spare pages, exactly what the device holds for xlog).
    */
   uint64_t outstanding_bytes;
   uint64_t peak_outstanding_bytes;

@@ -168,7 +168,7 @@ pub struct xlog_stats {
     pub pending_bytes: u64,
     /// live + cached + pending: what xlog holds from the driver, and what
     /// the budget charges (with the arena: the bytes of its mapped and
-    /// spare 4 MiB pages, exactly what the device holds for xlog).
+    /// spare pages, exactly what the device holds for xlog).
     pub outstanding_bytes: u64,
     pub peak_outstanding_bytes: u64,
     /// 0 without a budget layer.

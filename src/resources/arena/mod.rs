@@ -13,13 +13,25 @@
 //!   the best fit is not mapped, mapped space at either end of one of the
 //!   next smallest fitting ranges is taken instead (`take_mapped`): a
 //!   repeating workload then finds the layout it left and maps nothing.
+//! - **Two page sizes.** Blocks of `LARGE_BLOCK_PAGES` pages or more
+//!   (256 MiB on Hopper) are *large*: they are carved from regions of
+//!   their own, mapped in pages of `LARGE_PAGE_PAGES` pages (16 MiB), so a
+//!   large block that moves costs a quarter of the driver calls. Pages
+//!   are lent and recycled only between regions of their size; a small
+//!   block that would map takes mapped room in its stream's large regions
+//!   first (a hit), so what large blocks leave serves small ones. Past
+//!   the soft cap, idle pages of the other size are released to make room
+//!   for new ones, and under pressure a block that cannot get pages of
+//!   its size goes to the regions of the other size (`place`), where the
+//!   idle pages can be lent to it: the budget and the footprint bound
+//!   cover both sizes together.
 //! - **Across streams** (`across_streams.rs`): before it maps anything, a
 //!   stream takes mapped free space of another stream's region behind a
 //!   GPU-side wait, so streams that take turns share their memory.
 //! - **Physical pages** (`pages.rs`): the device holds exactly the pages
 //!   the arena created and has not released, and the budget is charged a
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
-//!   device granules (4 MiB on Hopper). A miss's pages come from spare
+//!   device granules (4 MiB on Hopper), or a large page. A miss's pages come from spare
 //!   ones, else (past the live peak plus 1/64) idle pages lent or
 //!   recycled, else new ones; trim and pressure give idle pages back.
 //! - **Captures.** While a capture is active nothing is unmapped (the
@@ -152,7 +164,7 @@ pub struct Arena {
     misses: AtomicU64,
     recycled: AtomicU64,
     lent: AtomicU64,
-    /// Old addresses of lent pages still mapped.
+    /// Bytes of the old addresses of lent pages still mapped.
     lent_now: AtomicU64,
     /// Pages mapped and unmapped so far (the stats' remapping cost).
     mapped: AtomicU64,

@@ -8,8 +8,14 @@
 //!   and uncharged when it is released. Nothing else xlog does on this
 //!   path holds device memory, so the charge is the device's number.
 //! - **Pages.** A physical page is `PAGE_GRANULES` of the device's mapping
-//!   granules (4 MiB on Hopper): each driver call costs per page, not per
-//!   byte, so the page is as large as the footprint bound allows.
+//!   granules (4 MiB on Hopper), or `LARGE_PAGE_PAGES` of those (16 MiB) in
+//!   the regions of large blocks: each driver call costs per page, not per
+//!   byte, so the page is as large as the footprint bound allows. Spare
+//!   pages are kept by size; a miss obtains pages of its region's size,
+//!   lent or recycled from regions of that size only. Past the soft cap,
+//!   with none of its size to lend or recycle, idle pages of the other
+//!   size whose frees are complete are released first (`release_other`),
+//!   so what the device holds stays within the cap across both sizes.
 //! - **Lending.** A page no live block overlaps is idle. Before the arena
 //!   creates a page while it holds more than its live peak plus 1/64 (at
 //!   least one page), and before any refusal, it *lends* idle pages,
@@ -22,8 +28,8 @@
 //!   those frees, and no unmap (about 16 µs of host time a page). So
 //!   what the call frees serves the call. Old addresses are unmapped in
 //!   batches once their frees are known complete (a completed event, or
-//!   `cuStreamQuery` finding the stream idle) and they outnumber the
-//!   pages held, or on trim and close; a page is never released while an
+//!   `cuStreamQuery` finding the stream idle) and their bytes pass the
+//!   bytes held, or on trim and close; a page is never released while an
 //!   old address still maps it.
 //! - **Recycling** (unmap an idle page whose frees are complete, map it
 //!   where it is needed) is what is left when lending finds nothing (a
@@ -262,8 +268,8 @@ impl Arena {
         released
     }
 
-    /// Whether the old addresses of lent pages add up to more than the
-    /// pages held: time to unmap those whose frees are complete. Until then
+    /// Whether the old addresses of lent pages add up to more bytes than
+    /// the pages held: time to unmap those whose frees are complete. Until then
     /// they cost no memory (the pages are the same) and no call; each
     /// unmap costs host time per page, so they go in batches.
     fn too_many_lent(&self) -> bool {
