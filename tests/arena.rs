@@ -477,32 +477,47 @@ fn large_blocks_map_large_pages_and_small_blocks_use_the_room_they_leave() {
 /// Stream `a` held by a host callback until the returned hold is let go
 /// (or dropped, so a failing assertion does not leave the stream stuck):
 /// the frees queued on it meanwhile are not complete.
-struct Hold(Arc<AtomicBool>);
+struct Hold {
+    gate: Arc<AtomicBool>,
+    /// The callback has returned: the stream ran on.
+    over: Arc<AtomicBool>,
+}
 
 impl Hold {
+    /// At most 10 s: a test that waits for the stream on the host fails
+    /// its `still_held` check instead of hanging.
     fn on(rt: &Runtime, a: StreamId) -> Hold {
-        let gate = Arc::new(AtomicBool::new(false));
-        let g = gate.clone();
+        Hold::at_most(rt, a, Duration::from_secs(10))
+    }
+
+    /// A hold that gives up after `limit`, so that a host wait for the
+    /// stream inside xlog ends (as it would on a GPU) instead of waiting
+    /// for the test to let go.
+    fn at_most(rt: &Runtime, a: StreamId, limit: Duration) -> Hold {
+        let (gate, over) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (g, o) = (gate.clone(), over.clone());
+        let start = std::time::Instant::now();
         rt.enqueue_host(
             a,
             Box::new(move || {
-                while !g.load(Ordering::Acquire) {
+                while !g.load(Ordering::Acquire) && start.elapsed() < limit {
                     std::thread::sleep(Duration::from_millis(1));
                 }
+                o.store(true, Ordering::Release);
             }),
         )
         .unwrap();
-        Hold(gate)
+        Hold { gate, over }
     }
 
     fn still_held(&self) -> bool {
-        !self.0.load(Ordering::Acquire)
+        !self.over.load(Ordering::Acquire)
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
+        self.gate.store(true, Ordering::Release);
     }
 }
 
@@ -533,6 +548,63 @@ fn under_pressure_a_large_block_takes_small_idle_pages_and_a_small_block_large_o
         check_exact(&rt, "after trim");
         assert_eq!(rt.sim().unwrap().physical_bytes(), 0, "every page given back, lent ones too");
     }
+}
+
+#[test]
+fn random_sizes_large_and_small_stay_near_the_live_peak() {
+    // W12's workload on one stream: each step frees about half of the live
+    // blocks, then allocates sizes log-uniform from 256 KiB to 900 MiB up
+    // to a live target that changes each step. Large blocks (256 MiB and
+    // up, 16 MiB pages) and small ones (4 MiB pages) take turns in the
+    // same memory: idle pages of one size make room for the other, so the
+    // two sizes together stay within the footprint bound (each size
+    // creating past it while the other sits idle held 1.058x here).
+    let config = Config { backend: Backend::Sim, sim_capacity_bytes: 8 << 30, ..Config::default() };
+    let rt = Runtime::open(0, &config).unwrap();
+    let s = rt.acquire_stream().unwrap();
+    let cap = 5600 * MIB;
+    let (low, high) = ((256 * KIB) as f64, (900 * MIB) as f64);
+    let mut rng = Rng(0x5eed);
+    let mut live: Vec<(xlog_cuda::DeviceBlock, u64)> = Vec::new();
+    let unit = |rng: &mut Rng| rng.below(1 << 20) as f64 / (1u64 << 20) as f64;
+    // The stream runs a step behind the host, as a GPU does: the frees of
+    // a step are not complete while the next step allocates (unless xlog
+    // waits for them).
+    let mut behind: Option<Hold> = None;
+    for step in 0..300 {
+        let hold = Hold::at_most(&rt, s, Duration::from_millis(50));
+        let mut kept = 0;
+        let mut i = 0;
+        while i < live.len() {
+            if rng.below(2) == 0 {
+                let (b, _) = live.swap_remove(i);
+                rt.deallocate(&b.id).unwrap();
+            } else {
+                kept += live[i].1;
+                i += 1;
+            }
+        }
+        let target = (cap as f64 * (0.3 + 0.7 * unit(&mut rng))) as u64;
+        loop {
+            let size = ((low.ln() + (high.ln() - low.ln()) * unit(&mut rng)).exp() as u64).max(512);
+            if kept + size > target {
+                break;
+            }
+            live.push((rt.allocate(size, s, "w12").unwrap_or_else(|e| panic!("step {step}: {e}")), size));
+            kept += size;
+        }
+        behind = Some(hold);
+    }
+    drop(behind);
+    rt.synchronize(s).unwrap();
+    check_exact(&rt, "after the steps");
+    let st = rt.stats().unwrap();
+    let ratio = st.peak_outstanding_bytes as f64 / st.peak_live_bytes as f64;
+    assert!(ratio <= 1.03, "held peak {} is {ratio:.3}x the live peak {}", st.peak_outstanding_bytes, st.peak_live_bytes);
+    for (b, _) in live {
+        rt.deallocate(&b.id).unwrap();
+    }
+    rt.release_stream(s).unwrap();
 }
 
 #[test]

@@ -80,8 +80,8 @@ pub(crate) const PAGE_GRANULES: u64 = 2;
 /// where a model at its memory limit moves pages from step to step
 /// (GPT-2's logits and their gradients: 84% of the pages it remapped),
 /// and small blocks take the mapped room they leave, so the split costs
-/// little memory: on the recorded GPT-2 trace 22 driver calls a step
-/// instead of about 190, at 1.021x its live peak instead of 1.018x
+/// little memory: on the recorded GPT-2 trace 23-29 driver calls a step
+/// instead of about 190, at 1.020x its live peak instead of 1.018x
 /// (8 MiB: 46 calls, 1.018x; 32 MiB: 11 calls, 1.025x). Smaller
 /// thresholds split blocks that a layout shares between sizes (a growing
 /// KV cache's 64-128 MiB blocks then hold 1.14x). BENCHMARKS.md, "Physical
@@ -275,6 +275,15 @@ impl Arena {
         page_bytes != self.page_bytes
     }
 
+    /// The page size other than `page`.
+    fn other_page(&self, page: u64) -> u64 {
+        if self.is_large(page) {
+            self.page_bytes
+        } else {
+            self.large_page_bytes
+        }
+    }
+
     fn region_of(&self, ptr: u64) -> Option<Arc<Mutex<Region>>> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         let (&base, (len, r)) = regions.range(..=ptr).next_back()?;
@@ -292,20 +301,31 @@ impl Arena {
             return Ok(addr);
         }
         let page = self.page_for(len);
-        match self.place(len, page, stream_id, stream, gate, may_unmap) {
-            // Under pressure a block may go where the pages of the other
-            // size are, whose idle ones can then be lent to it.
+        let other = self.other_page(page);
+        let in_other = || -> ResourceResult<u64> {
+            let placed = self.place(len, other, stream_id, stream, gate, may_unmap, true)?;
+            Ok(placed.expect("a block placed as a fallback is placed or refused"))
+        };
+        match self.place(len, page, stream_id, stream, gate, may_unmap, false) {
+            Ok(Some(addr)) => Ok(addr),
+            // Past the soft cap with too few idle pages of its size: where
+            // idle pages of the other size can be lent to it.
+            Ok(None) => in_other(),
+            // Under pressure, the same.
             Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
-                let other = if self.is_large(page) { self.page_bytes } else { self.large_page_bytes };
-                self.place(len, other, stream_id, stream, gate, may_unmap).map_err(|_| refused)
+                in_other().map_err(|_| refused)
             }
-            placed => placed,
+            Err(e) => Err(e),
         }
     }
 
     /// `allocate` past the hot region: a block of `len` bytes in `stream`'s
     /// regions of `page`-byte pages (or mapped space elsewhere), its
-    /// missing pages obtained and mapped.
+    /// missing pages obtained and mapped. `None` (only when not a
+    /// `fallback` already): the block would take the held bytes past the
+    /// soft cap, too few idle pages of this size could serve it, and idle
+    /// pages of the other size could; nothing changed.
+    #[allow(clippy::too_many_arguments)]
     fn place(
         &self,
         len: u64,
@@ -314,7 +334,8 @@ impl Arena {
         stream: RawStream,
         gate: &dyn ChargeGate,
         may_unmap: bool,
-    ) -> ResourceResult<u64> {
+        fallback: bool,
+    ) -> ResourceResult<Option<u64>> {
         let mut carved = self.carve(stream, len, page);
         if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
             // A miss here: a mapped range of another stream first.
@@ -324,7 +345,7 @@ impl Arena {
                 }
                 self.count_live(len);
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(addr);
+                return Ok(Some(addr));
             }
         }
         let (region, addr, freed, missing) = match carved.take() {
@@ -334,7 +355,12 @@ impl Arena {
         let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(addr);
+            return Ok(Some(addr));
+        }
+        if !fallback && may_unmap && self.other_size_serves(page, missing.len(), len) {
+            lock(&region).unreserve(addr, len, freed);
+            self.uncount_live(len, live, peak_before);
+            return Ok(None);
         }
         let mapped = self.obtain(missing.len(), page, stream, gate, may_unmap).and_then(|(handles, created)| {
             self.map_pages(&region, &missing, handles)?;
@@ -345,16 +371,21 @@ impl Arena {
         });
         if let Err(e) = mapped {
             lock(&region).unreserve(addr, len, freed);
-            self.live.fetch_sub(len, Ordering::AcqRel);
-            // A refused block was never live: its bytes leave the peak
-            // (unless another allocation has raised it since).
-            let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
+            self.uncount_live(len, live, peak_before);
             return Err(e);
         }
         // A miss is an allocation the driver's mapping served (a refused
         // one is no allocation: the stats count it as failed, not missed).
         self.misses.fetch_add(1, Ordering::Relaxed);
-        Ok(addr)
+        Ok(Some(addr))
+    }
+
+    /// Undo `count_live` for a block that was not placed after all: its
+    /// bytes leave the live total and the peak (unless another allocation
+    /// has raised it since).
+    fn uncount_live(&self, len: u64, live: u64, peak_before: u64) {
+        self.live.fetch_sub(len, Ordering::AcqRel);
+        let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// A hit in the region this thread used last for `stream`: a mapped

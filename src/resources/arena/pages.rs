@@ -100,8 +100,15 @@ impl Arena {
             }
             if got.len() < count {
                 // Still past the cap: idle pages of the other size make
-                // room for the new ones.
-                self.release_other(page, (count - got.len()) as u64 * page, Completion::Query);
+                // room for the new ones, their frees waited for on the
+                // host if they must be (the two sizes never hold more than
+                // the cap together; a layout that settles waits only while
+                // it settles: GPT-2's steps 2-8 on the recorded trace).
+                let need = (count - got.len()) as u64 * page;
+                let released = self.release_other(page, need, Completion::Query);
+                if released < need && self.over_soft_cap(need) {
+                    self.release_other(page, need - released, Completion::Wait);
+                }
             }
         }
         while got.len() + made.len() < count {
@@ -174,9 +181,49 @@ impl Arena {
     /// Whether `bytes` more would take the held bytes past the live peak
     /// plus the slack.
     fn over_soft_cap(&self, bytes: u64) -> bool {
+        self.held.now() + bytes > self.soft_cap()
+    }
+
+    /// The live peak plus the slack, in whole pages.
+    fn soft_cap(&self) -> u64 {
         let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.page_bytes);
-        let cap = (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes;
-        self.held.now() + bytes > cap
+        (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes
+    }
+
+    /// Whether a block of `len` bytes that misses `count` pages of `page`
+    /// bytes should go to the regions of the other size: it would take the
+    /// held bytes past the soft cap, spare and idle pages of its size fall
+    /// short, and idle pages of the other size would cover it. Creating
+    /// pages past the cap while the other size sits idle would let the two
+    /// sizes together hold more than the footprint bound (both sizes' peaks).
+    pub(super) fn other_size_serves(&self, page: u64, count: usize, len: u64) -> bool {
+        if !self.over_soft_cap(count as u64 * page) {
+            return false;
+        }
+        let spare = lock(&self.spare).of(self.is_large(page)).len();
+        if spare + self.lendable(page, count - spare.min(count)) >= count {
+            return false;
+        }
+        let other = self.other_page(page);
+        let wanted = len.div_ceil(other) as usize;
+        self.lendable(other, wanted) >= wanted
+    }
+
+    /// Idle pages of `page` bytes (mapped, covered whole by free ranges)
+    /// that lending could take, counted up to `max`.
+    fn lendable(&self, page: u64, max: usize) -> usize {
+        let mut n = 0;
+        for region in self.every_region() {
+            if n >= max {
+                break;
+            }
+            let mut r = lock(&region);
+            if r.page_bytes == page {
+                r.settle_recent();
+                n += r.lendable(max - n);
+            }
+        }
+        n
     }
 
     /// One new physical page of `page` bytes, charged first.
@@ -256,7 +303,7 @@ impl Arena {
     /// until `bytes` are released or none is left: room for pages of
     /// `page`. The bytes released.
     fn release_other(&self, page: u64, bytes: u64, completion: Completion) -> u64 {
-        let other = if self.is_large(page) { self.page_bytes } else { self.large_page_bytes };
+        let other = self.other_page(page);
         let pages = bytes.div_ceil(other) as usize;
         let mut released = self.release_spare(pages, other);
         let left = pages.saturating_sub((released / other) as usize);

@@ -242,6 +242,18 @@ impl Region {
         out
     }
 
+    /// How many idle pages `lend_pages` could take, counted up to `max`.
+    pub fn lendable(&self, max: usize) -> usize {
+        let mut n = 0;
+        for (start, span) in self.free.iter() {
+            if n >= max {
+                break;
+            }
+            n += self.mapped_pages_within(start, span.len).take(max - n).count();
+        }
+        n
+    }
+
     /// Lend up to `max` idle pages, longest idle first: each leaves the
     /// free ranges and the page table, and is listed in `lent` until the
     /// arena unmaps its old address. The pages.
