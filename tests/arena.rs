@@ -551,6 +551,37 @@ fn under_pressure_a_large_block_takes_small_idle_pages_and_a_small_block_large_o
 }
 
 #[test]
+fn pages_lent_to_a_refused_call_are_complete_before_another_stream_gets_them() {
+    // Two pages of budget, both held by stream a; x is freed while a still
+    // runs. Stream b asks for three pages: x's page is lent to it (b waits
+    // for a on the GPU), no page can be created, and the call is refused.
+    // The lent page goes back to the spare pages, which any stream takes
+    // with no fence, so it must not get there before a's work is done: a
+    // block that stream c then gets on it runs only after a's work.
+    let rt = open(2 * PAGE);
+    let (a, b, c) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let [x, y] = ["x", "y"].map(|tag| rt.allocate(PAGE, a, tag).unwrap());
+    let hold = Hold::at_most(&rt, a, Duration::from_millis(300));
+    rt.deallocate(&x.id).unwrap();
+    let refused = rt.allocate(3 * PAGE, b, "too much");
+    assert!(matches!(refused, Err(ResourceError::OutOfBudget { .. })), "{refused:?}");
+    check_exact(&rt, "after the refusal");
+    let z = rt.allocate(PAGE, c, "z").unwrap();
+    let over = hold.over.clone();
+    let saw = Arc::new(AtomicBool::new(false));
+    let seen = saw.clone();
+    rt.enqueue_host(c, Box::new(move || seen.store(over.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    rt.synchronize(c).unwrap();
+    assert!(saw.load(Ordering::Acquire), "c's block on x's page ran while a's work (before x's free) still ran");
+    drop(hold);
+    rt.synchronize(a).unwrap();
+    for blk in [z, y] {
+        rt.deallocate(&blk.id).unwrap();
+    }
+    check_exact(&rt, "at the end");
+}
+
+#[test]
 fn random_sizes_large_and_small_stay_near_the_live_peak() {
     // W12's workload on one stream: each step frees about half of the live
     // blocks, then allocates sizes log-uniform from 256 KiB to 900 MiB up

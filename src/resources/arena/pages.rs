@@ -68,6 +68,9 @@ enum Completion {
     /// Synchronise the stream when that is what it takes (trim, and a
     /// refusal with `wait_on_pressure`).
     Wait,
+    /// `Wait` for this stream's own regions, `Query` for the others': a
+    /// call may wait for its own stream's work, never for another's.
+    WaitOwn(RawStream),
 }
 
 impl Arena {
@@ -93,21 +96,27 @@ impl Arena {
             let keep = list.len().saturating_sub(count);
             list.split_off(keep)
         };
+        // Whether `got` holds lent pages: only `stream` is ordered after
+        // their frees (on the GPU), so they may not go spare as they are.
+        let mut lent_any = false;
         if got.len() < count && may_unmap && self.over_soft_cap((count - got.len()) as u64 * page) {
-            got.extend(self.lend(count - got.len(), page, stream));
+            let lent = self.lend(count - got.len(), page, stream);
+            lent_any |= !lent.is_empty();
+            got.extend(lent);
             if got.len() < count {
                 got.extend(self.recycle(count - got.len(), page, Completion::Query));
             }
             if got.len() < count {
                 // Still past the cap: idle pages of the other size make
-                // room for the new ones, their frees waited for on the
-                // host if they must be (the two sizes never hold more than
-                // the cap together; a layout that settles waits only while
-                // it settles: GPT-2's steps 2-8 on the recorded trace).
+                // room for the new ones, the frees of this stream's own
+                // waited for on the host if they must be (the two sizes
+                // never hold more than the cap together; a layout that
+                // settles waits only while it settles: GPT-2's steps 2-8
+                // on the recorded trace).
                 let need = (count - got.len()) as u64 * page;
                 let released = self.release_other(page, need, Completion::Query);
                 if released < need && self.over_soft_cap(need) {
-                    self.release_other(page, need - released, Completion::Wait);
+                    self.release_other(page, need - released, Completion::WaitOwn(stream));
                 }
             }
         }
@@ -117,6 +126,7 @@ impl Arena {
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let missing = count - got.len() - made.len();
                     let mut more = self.lend(missing, page, stream);
+                    lent_any |= !more.is_empty();
                     if more.is_empty() {
                         more = self.recycle(missing, page, Completion::Query);
                     }
@@ -132,7 +142,15 @@ impl Arena {
                     if more.is_empty() {
                         // A refusal leaves nothing behind: the pages this
                         // call created go back to the driver (and out of
-                        // the held peak), the others back to spare.
+                        // the held peak), the others back to spare. Lent
+                        // ones first have their frees complete: any stream
+                        // may take a spare page with no fence, and `stream`
+                        // is the one ordered after them (a host wait, on
+                        // a refusal only; should it fail, the device has
+                        // failed too).
+                        if lent_any {
+                            let _ = self.device.synchronize_stream(stream);
+                        }
                         lock(&self.spare).of(large).extend(got);
                         self.unmake(made, page, held_peak_before);
                         // The refusal names the state it leaves, not the
@@ -378,6 +396,8 @@ impl Arena {
         let finished = match completion {
             Completion::Query => self.device.stream_query(r.stream) == Ok(true),
             Completion::Wait => self.device.synchronize_stream(r.stream).is_ok(),
+            Completion::WaitOwn(own) if own == r.stream => self.device.synchronize_stream(r.stream).is_ok(),
+            Completion::WaitOwn(_) => self.device.stream_query(r.stream) == Ok(true),
         };
         if finished {
             r.all_done();
