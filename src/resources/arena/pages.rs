@@ -14,8 +14,14 @@
 //!   pages are kept by size; a miss obtains pages of its region's size,
 //!   lent or recycled from regions of that size only. Past the soft cap,
 //!   with none of its size to lend or recycle, idle pages of the other
-//!   size whose frees are complete are released first (`release_other`),
-//!   so what the device holds stays within the cap across both sizes.
+//!   size whose frees are complete are released first (`release_other`;
+//!   the frees of the allocating stream's own regions waited for on the
+//!   host if they must be, never another stream's), so what the device
+//!   holds stays within the cap across both sizes.
+//! - **A refusal leaves nothing behind**: pages it created are released;
+//!   pages lent to it go spare only once the stream they were fenced on
+//!   has run past their frees (a host wait, on a refusal only), since any
+//!   stream takes a spare page with no fence.
 //! - **Lending.** A page no live block overlaps is idle. Before the arena
 //!   creates a page while it holds more than its live peak plus 1/64 (at
 //!   least one page), and before any refusal, it *lends* idle pages,
