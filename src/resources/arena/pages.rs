@@ -440,6 +440,16 @@ impl Arena {
     /// as `completion` asks), large pages before small ones. The bytes
     /// released.
     fn give_back(&self, bytes: u64, completion: Completion, may_unmap: bool) -> u64 {
+        if may_unmap {
+            // Old addresses of lent pages first, in every region: a page
+            // one still maps cannot be released (recycling below visits
+            // only the regions it needs).
+            for region in self.every_region() {
+                let mut r = lock(&region);
+                self.refresh(&mut r, completion);
+                self.unmap_lent(&mut r);
+            }
+        }
         let mut released = 0;
         for page in [self.large_page_bytes, self.page_bytes] {
             released += self.release_spare(bytes.saturating_sub(released).div_ceil(page) as usize, page);
