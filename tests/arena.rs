@@ -270,25 +270,27 @@ fn a_stale_handle_to_a_reused_arena_address_is_rejected() {
     rt.deallocate(&new.id).unwrap();
 }
 
-#[test]
-fn the_device_never_holds_more_than_the_budget_under_four_threads() {
-    let limit = 48 * MIB;
-    let rt = open(limit);
+/// Four threads, each on a stream of its own, `ops` steps each: allocate
+/// `size(rng)` bytes (while fewer than `max_live` are live) or free a
+/// random live block; the device never holds more than `limit` meanwhile.
+/// The refusals, all threads together.
+fn four_threads(rt: &Arc<Runtime>, limit: u64, seed: u64, ops: usize, max_live: usize, size: fn(&mut Rng) -> u64) -> u64 {
     let handles: Vec<_> = (0..4u64)
         .map(|k| {
             let rt = rt.clone();
             std::thread::spawn(move || {
                 let s: StreamId = rt.acquire_stream().unwrap();
-                let mut rng = Rng(100 + k);
+                let mut rng = Rng(seed + k);
                 let (mut live, mut refused) = (Vec::new(), 0);
-                for _ in 0..400 {
-                    if live.len() < 6 && rng.below(2) == 0 {
-                        match rt.allocate(1 + rng.below(4 * MIB), s, "t") {
+                for _ in 0..ops {
+                    if live.len() < max_live && rng.below(2) == 0 {
+                        match rt.allocate(size(&mut rng), s, "t") {
                             Ok(b) => live.push(b),
                             Err(ResourceError::OutOfBudget { .. }) => refused += 1,
                             Err(e) => panic!("{e}"),
                         }
-                    } else if let Some(b) = live.pop() {
+                    } else if !live.is_empty() {
+                        let b = live.swap_remove(rng.below(live.len() as u64) as usize);
                         rt.deallocate(&b.id).unwrap();
                     }
                     assert!(rt.sim().unwrap().physical_bytes() <= limit);
@@ -296,13 +298,19 @@ fn the_device_never_holds_more_than_the_budget_under_four_threads() {
                 for b in live {
                     rt.deallocate(&b.id).unwrap();
                 }
+                rt.synchronize(s).unwrap();
                 refused
             })
         })
         .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    handles.into_iter().map(|h| h.join().unwrap()).sum()
+}
+
+#[test]
+fn the_device_never_holds_more_than_the_budget_under_four_threads() {
+    let limit = 48 * MIB;
+    let rt = open(limit);
+    four_threads(&rt, limit, 100, 400, 6, |rng| 1 + rng.below(4 * MIB));
     check_exact(&rt, "after the threads");
 }
 
@@ -583,45 +591,21 @@ fn pages_lent_to_a_refused_call_are_complete_before_another_stream_gets_them() {
 
 #[test]
 fn large_and_small_blocks_on_four_threads_never_pass_the_budget() {
-    // Both page sizes under one budget, four threads, each on its own
-    // stream: sizes from 64 KiB to 400 MiB (large from 256 MiB), frees
-    // often on another thread's stream's memory (blocks of one stream are
-    // freed by their owner; streams share memory through lending and the
-    // other size's regions). The device never holds more than the limit,
-    // and at the end the charge is what it holds.
+    // Both page sizes under one budget, four threads each on a stream of
+    // its own, sizes from 64 KiB to 400 MiB (one in four large): the
+    // streams share memory through lending and the other size's regions.
+    // The device never holds more than the limit, the charge is what it
+    // holds, and one trim gives everything back.
     let limit = 1536 * MIB;
     let config = Config { backend: Backend::Sim, budget_bytes: limit, sim_capacity_bytes: 4 << 30, ..Config::default() };
     let rt = Runtime::open(0, &config).unwrap();
-    let handles: Vec<_> = (0..4u64)
-        .map(|k| {
-            let rt = rt.clone();
-            std::thread::spawn(move || {
-                let s: StreamId = rt.acquire_stream().unwrap();
-                let mut rng = Rng(300 + k);
-                let (mut live, mut refused) = (Vec::new(), 0);
-                for _ in 0..300 {
-                    if live.len() < 4 && rng.below(2) == 0 {
-                        let bytes = if rng.below(4) == 0 { 256 * MIB + rng.below(144 * MIB) } else { 64 * KIB + rng.below(48 * MIB) };
-                        match rt.allocate(bytes, s, "t") {
-                            Ok(b) => live.push(b),
-                            Err(ResourceError::OutOfBudget { .. }) => refused += 1,
-                            Err(e) => panic!("{e}"),
-                        }
-                    } else if !live.is_empty() {
-                        let b = live.swap_remove(rng.below(live.len() as u64) as usize);
-                        rt.deallocate(&b.id).unwrap();
-                    }
-                    assert!(rt.sim().unwrap().physical_bytes() <= limit);
-                }
-                for b in live {
-                    rt.deallocate(&b.id).unwrap();
-                }
-                rt.synchronize(s).unwrap();
-                refused
-            })
-        })
-        .collect();
-    let refused: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let refused = four_threads(&rt, limit, 300, 300, 4, |rng| {
+        if rng.below(4) == 0 {
+            256 * MIB + rng.below(144 * MIB)
+        } else {
+            64 * KIB + rng.below(48 * MIB)
+        }
+    });
     let st = rt.stats().unwrap();
     assert!(st.allocations > refused, "{} allocations, {refused} refused: the threads mostly got memory", st.allocations);
     assert!(st.peak_outstanding_bytes <= limit);
