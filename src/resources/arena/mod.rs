@@ -473,10 +473,10 @@ impl Arena {
     fn carve(&self, stream: RawStream, len: u64, page: u64) -> Option<Carved> {
         let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
         let all = streams.get(&stream)?;
-        let regions: Vec<&SharedRegion> = all.iter().filter(|(p, _)| *p == page).map(|(_, r)| r).collect();
+        let regions = || all.iter().filter(move |(p, _)| *p == page).map(|(_, r)| r);
         // A hit first: a recent free of the size, the best fit if it is
         // mapped, else mapped space in another fitting range.
-        for &region in &regions {
+        for region in regions() {
             let mut r = lock(region);
             let mut hit = None;
             if let Some((addr, freed)) = r.take(len) {
@@ -505,7 +505,7 @@ impl Arena {
         }
         // Then with the recent frees merged (they may coalesce into room):
         // the best fit, mapped or not.
-        for &region in &regions {
+        for region in regions() {
             let mut r = lock(region);
             r.settle_recent();
             self.settle_foreign(&mut r, false, true);

@@ -327,14 +327,20 @@ impl Arena {
     /// until `bytes` are released or none is left: room for pages of
     /// `page`. The bytes released.
     fn release_other(&self, page: u64, bytes: u64, completion: Completion) -> u64 {
-        let other = self.other_page(page);
-        let pages = bytes.div_ceil(other) as usize;
-        let mut released = self.release_spare(pages, other);
-        let left = pages.saturating_sub((released / other) as usize);
+        self.release_idle(self.other_page(page), bytes, completion)
+    }
+
+    /// Release pages of `page` bytes until at least `bytes` are released
+    /// or none is left: spare ones first, then idle ones whose frees are
+    /// complete (as sure as `completion` asks). The bytes released.
+    fn release_idle(&self, page: u64, bytes: u64, completion: Completion) -> u64 {
+        let count = bytes.div_ceil(page) as usize;
+        let mut released = self.release_spare(count, page);
+        let left = count.saturating_sub((released / page) as usize);
         if left > 0 {
-            let idle = self.recycle(left, other, completion);
-            lock(&self.spare).of(self.is_large(other)).extend(idle);
-            released += self.release_spare(left, other);
+            let idle = self.recycle(left, page, completion);
+            lock(&self.spare).of(self.is_large(page)).extend(idle);
+            released += self.release_spare(left, page);
         }
         released
     }
@@ -456,12 +462,7 @@ impl Arena {
         }
         if may_unmap {
             for page in [self.large_page_bytes, self.page_bytes] {
-                let left = bytes.saturating_sub(released).div_ceil(page) as usize;
-                if left > 0 {
-                    let idle = self.recycle(left, page, completion);
-                    lock(&self.spare).of(self.is_large(page)).extend(idle);
-                    released += self.release_spare(usize::MAX, page);
-                }
+                released += self.release_idle(page, bytes.saturating_sub(released), completion);
             }
         }
         released
