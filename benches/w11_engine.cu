@@ -35,6 +35,11 @@
 //               a build with -DXLOG_WITH_RMM; initial pool --rmm-initial
 //               bytes, default 0: the pool grows by doubling)
 //   cudamalloc  cudaMalloc / cudaFree (a reference, not in the default set)
+// Two diagnostics, not in the default set either, that split xlog's time:
+//   xlog-hand   xlog's allocate and free with no prepare/finish, ordered
+//               by hand with the raw peers' events: the allocator alone
+//   raw-max-ev  raw-max plus one event recorded after every launch: what
+//               a tracker's record per launch costs with no tracker
 //
 // Output: one JSON line on stdout (time per round: median of --rounds
 // rounds of --queries queries each, after --warmup rounds; the NVML device
@@ -649,6 +654,48 @@ class Xlog : public Allocator {
   u64 budget_bytes_ = 0;
 };
 
+// Two diagnostic variants (not in the default set): where xlog's time goes.
+// xlog-hand: xlog's allocate and free, ordered by hand as the raw peers are
+// (no prepare/finish): the allocator without the per-launch tracking.
+class XlogHand : public Xlog {
+ public:
+  XlogHand(std::vector<cudaStream_t> streams, int device, int lanes) : Xlog(std::move(streams), device) {
+    events_.resize(static_cast<std::size_t>(lanes));
+    for (cudaEvent_t& event : events_) cuda_ok(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  ~XlogHand() override {
+    for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
+  }
+  void before_launch(int, const UseList&) override {}
+  void after_launch(int, const UseList&) override {}
+  void hand_over(int lane, int producer, int consumer) override {
+    if (producer == consumer) return;
+    cudaEvent_t event = events_[static_cast<std::size_t>(lane)];
+    cuda_ok(cudaEventRecord(event, stream(producer)), "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream(consumer), event, 0), "cudaStreamWaitEvent");
+  }
+  void release(int lane, Buffer& buffer, int last_use) override {
+    if (buffer.stream >= 0) hand_over(lane, last_use, buffer.stream);
+    Xlog::release(lane, buffer, last_use);
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// raw-max-ev: raw-max plus one event recorded after every launch (each
+// host thread its own event), what a tracker's record per launch costs
+// with no tracker around it.
+class DriverPoolEvents : public DriverPool {
+ public:
+  using DriverPool::DriverPool;
+  void after_launch(int s, const UseList&) override {
+    thread_local cudaEvent_t event = nullptr;
+    if (event == nullptr) cuda_ok(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cuda_ok(cudaEventRecord(event, stream(s)), "cudaEventRecord");
+  }
+};
+
 // ---------------------------------------------------------------------------
 // The pipeline.
 // ---------------------------------------------------------------------------
@@ -959,7 +1006,7 @@ const char* kAllocators[] = {"xlog", "raw", "raw-max",
 #ifdef XLOG_WITH_RMM
                              "rmm-pool",
 #endif
-                             "cudamalloc"};
+                             "cudamalloc", "xlog-hand", "raw-max-ev"};
 
 [[noreturn]] void usage(const char* program, int code) {
   std::fprintf(stderr,
@@ -1032,6 +1079,8 @@ std::unique_ptr<Allocator> make_allocator(const Options& o, const std::vector<cu
   if (o.allocator == "xlog") return std::make_unique<Xlog>(streams, o.device);
   if (o.allocator == "raw") return std::make_unique<DriverPool>(streams, lanes, o.device, 0);
   if (o.allocator == "raw-max") return std::make_unique<DriverPool>(streams, lanes, o.device, UINT64_MAX);
+  if (o.allocator == "xlog-hand") return std::make_unique<XlogHand>(streams, o.device, lanes);
+  if (o.allocator == "raw-max-ev") return std::make_unique<DriverPoolEvents>(streams, lanes, o.device, UINT64_MAX);
   if (o.allocator == "cudamalloc") return std::make_unique<SyncMalloc>(streams, lanes);
 #ifdef XLOG_WITH_RMM
   if (o.allocator == "rmm-pool") return std::make_unique<RmmPool>(streams, lanes, o.rmm_initial);

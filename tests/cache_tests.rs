@@ -207,6 +207,38 @@ fn changing_shapes_do_not_hoard() {
     st.release_all();
 }
 
+/// The blocks the hoarding bound gives back are pending until their frees
+/// complete; with nothing calling reap, a miss retires the completed ones
+/// once pending passes the live bytes, so what xlog holds (and charges)
+/// stays near what the device holds for it instead of growing with every
+/// shape given back (W11 under `XLOG_MEMORY=pool` once charged 48 GB for a
+/// 1.1 GB device peak).
+#[test]
+fn pending_frees_are_retired_on_a_miss_without_reap() {
+    let opts = Opts { capacity_bytes: 4096 * MIB, ..Opts::default() };
+    let st = Stack::open(StackKind::Async, opts);
+    let (rt, s) = (&st.rt, st.stream());
+    let mut rng = XorShift::new(7);
+    let (mut peak_live, mut peak_held) = (0u64, 0u64);
+    let largest = size_class(1024 * 12 * KIB).unwrap();
+    for _step in 0..300 {
+        let seq = 64 + rng.below(960);
+        let blocks: Vec<_> = [3 * KIB, 12 * KIB, 768].iter().map(|&per| rt.allocate(seq * per, s, "act").unwrap()).collect();
+        let stats = rt.stats().unwrap();
+        peak_live = peak_live.max(stats.live_bytes);
+        peak_held = peak_held.max(stats.outstanding_bytes);
+        for b in blocks {
+            rt.deallocate(&b.id).unwrap();
+        }
+        // The GPU keeps up: every free queued so far has run.
+        rt.synchronize(s).unwrap();
+    }
+    let stats = rt.stats().unwrap();
+    let bound = 3 * peak_live + 2 * largest;
+    assert!(peak_held <= bound, "held peaked at {peak_held}, live at {peak_live} (bound {bound}): {stats:?}");
+    st.release_all();
+}
+
 /// A steady loop whose freed blocks do not fit its next requests (a
 /// forward pass's activations, then a backward pass's other sizes) keeps
 /// its whole cache: after the first step every allocation is a hit, though
