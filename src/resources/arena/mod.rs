@@ -243,7 +243,7 @@ impl Arena {
         ArenaUsage {
             live: self.live.load(Ordering::Acquire),
             peak_live: self.peak_live.load(Ordering::Relaxed),
-            hits: self.hits.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed) + self.every_region().iter().map(|r| lock(r).hits).sum::<u64>(),
             misses: self.misses.load(Ordering::Relaxed),
             recycled_pages: self.recycled.load(Ordering::Relaxed),
             lent_pages: self.lent.load(Ordering::Relaxed),
@@ -297,7 +297,6 @@ impl Arena {
         debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
         if let Some(addr) = self.hot_hit(stream, len) {
             self.count_live(len);
-            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
         let page = self.page_for(len);
@@ -400,6 +399,8 @@ impl Arena {
             let mut r = lock(&hot.region);
             let (addr, freed) = r.take(len)?;
             if r.all_mapped(addr, len) {
+                // Counted under the region's lock: no shared counter.
+                r.hits += 1;
                 return Some(addr);
             }
             r.unreserve(addr, len, freed);
