@@ -374,33 +374,6 @@ fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
 }
 
 #[test]
-fn a_stream_that_takes_freed_memory_waits_for_the_free_not_for_later_work() {
-    // Once b has taken memory of a's region, a's frees are sealed as they
-    // come: b's next take waits on the GPU for a's work up to the free, not
-    // for what a queued after it (here a hold that outlasts b's work).
-    let rt = open(0);
-    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
-    let x = rt.allocate(4 * MIB, a, "x").unwrap();
-    rt.deallocate(&x.id).unwrap();
-    let y = rt.allocate(4 * MIB, b, "y").unwrap();
-    assert_eq!(y.id.ptr, x.id.ptr, "b took a's mapped range");
-    let w = rt.allocate(4 * MIB, a, "w").unwrap();
-    rt.deallocate(&w.id).unwrap();
-    let hold = Hold::at_most(&rt, a, Duration::from_secs(3));
-    let z = rt.allocate(4 * MIB, b, "z").unwrap();
-    assert_eq!(z.id.ptr, w.id.ptr, "b took the range a freed before the hold");
-    rt.synchronize(b).unwrap();
-    assert!(hold.still_held(), "b's work waited for work a queued after the free");
-    drop(hold);
-    for block in [y, z] {
-        rt.deallocate(&block.id).unwrap();
-    }
-    rt.synchronize(a).unwrap();
-    rt.synchronize(b).unwrap();
-    check_exact(&rt, "after the takes");
-}
-
-#[test]
 fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
     // The case cuda_free_while_reading_test checks on a GPU: X freed on a,
     // an unrelated small block on d, then Y of X's size on a reuses X's

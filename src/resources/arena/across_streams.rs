@@ -5,19 +5,7 @@
 //! Contract:
 //! - Before it maps anything, a stream takes a mapped free range of
 //!   another stream's region, made to wait on the GPU for that stream's
-//!   work up to the frees that made the range free (one stream wait,
-//!   never a host wait); so for pages lent from another stream's region.
-//! - **Seals.** Once another stream has taken memory of a region, that
-//!   region's own frees are *sealed* as they come: an event recorded on
-//!   its stream right after the free (at most `SEALS_MAX` kept). A later
-//!   taker waits for the oldest seal that covers the frees it needs, not
-//!   for everything the owner queued since (an event recorded at the take
-//!   would make it queue behind the owner's later work: four streams of a
-//!   query engine took each other's memory about four times a query on
-//!   W11). Without a seal (a region not shared yet) the wait is for an
-//!   event recorded at the take. A region no stream took from for
-//!   `SHARED_SEALS` seals is sealed no more. The calls made depend only
-//!   on the calls before, never on how far the GPU got.
+//!   work (one event record and one stream wait, never a host wait).
 //! - Freed, such a block is *foreign* to its region (`region.rs`): it waits
 //!   behind an event recorded at the free and joins the free ranges once
 //!   that event has completed, or when the region's stream needs room and
@@ -27,12 +15,6 @@
 
 use super::region::Region;
 use super::{lock, Arena};
-
-/// Seals a shared region keeps at most (`Arena::seal_frees`).
-const SEALS_MAX: usize = 16;
-/// Seals after which a region no other stream took from is no longer
-/// shared.
-const SHARED_SEALS: u32 = 4096;
 use crate::device::{RawEvent, RawStream};
 
 impl Arena {
@@ -45,54 +27,6 @@ impl Arena {
                 lock(&self.spare).events.push(event);
                 None
             }
-        }
-    }
-
-    /// After a free into `r` by its own stream: while other streams take
-    /// memory of `r` (`shared`), an event recorded now covers every free so
-    /// far, so that a stream taking this memory later waits on the GPU for
-    /// `r`'s stream up to the free, not for all it queued since
-    /// (`order_after_frees`). A region no other stream took from for
-    /// `SHARED_SEALS` seals is no longer sealed.
-    pub(super) fn seal_frees(&self, r: &mut Region) {
-        if !r.shared || r.seals.back().is_some_and(|&(_, seq)| seq >= r.frees()) {
-            return;
-        }
-        r.sealed_since += 1;
-        if r.sealed_since > SHARED_SEALS {
-            r.shared = false;
-            return;
-        }
-        if r.seals.len() >= SEALS_MAX {
-            // The oldest seal goes, asked nothing (the calls made stay the
-            // same whatever the GPU's progress); its event may be recorded
-            // again at once: a wait already queued on it keeps what it
-            // captured.
-            if let Some((event, _)) = r.seals.pop_front() {
-                lock(&self.spare).events.push(event);
-            }
-        }
-        if let Some(event) = self.record_on(r.stream) {
-            r.seals.push_back((event, r.frees()));
-        }
-    }
-
-    /// Order `stream` after the frees of `r` up to number `freed` (`r`'s own
-    /// stream order covers them when `stream` is `r`'s): nothing when none
-    /// was freed, else a GPU-side wait for the oldest seal recorded after
-    /// them, else for an event recorded on `r`'s stream now (never a host
-    /// wait; the calls depend on the calls made before, not on how far the
-    /// GPU got). From then on `r`'s frees are sealed as they come
-    /// (`seal_frees`). Whether `stream` is ordered after them.
-    pub(super) fn order_after_frees(&self, r: &mut Region, freed: u64, stream: RawStream) -> bool {
-        if freed == 0 || r.stream == stream {
-            return true;
-        }
-        r.shared = true;
-        r.sealed_since = 0;
-        match r.seals.iter().find(|&&(_, seq)| seq >= freed) {
-            Some(&(event, _)) => self.device.stream_wait_event(stream, event).is_ok(),
-            None => self.fence(r.stream, stream),
         }
     }
 
@@ -180,10 +114,12 @@ impl Arena {
                 r.unreserve(addr, len, freed);
                 continue;
             }
-            // Never used by any block, or its frees complete: nothing to
-            // wait for (and no reason to tie this stream to that one's
-            // queued work); else a wait up to those frees.
-            if self.order_after_frees(&mut r, freed, stream) {
+            if freed == 0 {
+                // Never used by any block: nothing to wait for (and no
+                // reason to tie this stream to that one's queued work).
+                return Some(addr);
+            }
+            if self.fence(r.stream, stream) {
                 return Some(addr);
             }
             r.unreserve(addr, len, freed);

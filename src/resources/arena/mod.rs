@@ -454,12 +454,7 @@ impl Arena {
     /// `free`'s work in the block's region `r`.
     fn free_in(&self, r: &mut Region, ptr: u64, len: u64, stream: Option<RawStream>) {
         match stream.filter(|&s| s != r.stream) {
-            None => {
-                r.release(ptr, len);
-                if stream.is_some() {
-                    self.seal_frees(r);
-                }
-            }
+            None => r.release(ptr, len),
             Some(other) => match self.record_on(other) {
                 Some(event) => r.foreign.push((ptr, len, event, other)),
                 // No event: wait for that stream instead (a failing

@@ -311,8 +311,7 @@ impl Arena {
             self.settle_foreign(r, false, true);
             let before = r.lent.len();
             let pages = r.lend_pages(wanted);
-            let newest = r.lent[before..].iter().map(|&(_, freed, _)| freed).max().unwrap_or(0);
-            if !pages.is_empty() && !self.order_after_frees(r, newest, stream) {
+            if !pages.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
                 r.take_back_lent(before);
                 return Vec::new();
             }
@@ -395,7 +394,14 @@ impl Arena {
     /// events, an idle stream, or (with `Completion::Wait`) a synchronise.
     /// Frees still running get a seal, so a later call can tell.
     fn refresh(&self, r: &mut Region, completion: Completion) {
-        self.retire_seals(r);
+        while let Some(&(event, seq)) = r.seals.front() {
+            if self.device.event_query(event) != Ok(true) {
+                break;
+            }
+            r.done = r.done.max(seq);
+            r.seals.pop_front();
+            lock(&self.spare).events.push(event);
+        }
         if r.done == r.frees() {
             return;
         }
@@ -417,18 +423,6 @@ impl Arena {
                     Err(_) => lock(&self.spare).events.push(event),
                 }
             }
-        }
-    }
-
-    /// Completed seals of `r` leave the list, what they tell kept in `done`.
-    pub(super) fn retire_seals(&self, r: &mut Region) {
-        while let Some(&(event, seq)) = r.seals.front() {
-            if self.device.event_query(event) != Ok(true) {
-                break;
-            }
-            r.done = r.done.max(seq);
-            r.seals.pop_front();
-            lock(&self.spare).events.push(event);
         }
     }
 

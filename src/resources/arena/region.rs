@@ -57,9 +57,7 @@ pub(crate) struct Region {
     frees: u64,
     /// Frees known complete on the GPU.
     pub done: u64,
-    /// Events recorded on the stream after free number `.1`, oldest first:
-    /// how far the GPU got (`refresh`), and what another stream taking this
-    /// memory waits for (`across_streams.rs`).
+    /// Events recorded on the stream after free number `.1`, oldest first.
     pub seals: VecDeque<(RawEvent, u64)>,
     /// The latest frees not yet merged: (address, length, free number),
     /// newest last, at most `RECENT_MAX`.
@@ -71,11 +69,6 @@ pub(crate) struct Region {
     /// its free's sequence, the page). Out of the free ranges and the page
     /// table until the arena unmaps its old address.
     pub lent: Vec<(usize, u64, PhysHandle)>,
-    /// Whether other streams take memory of this region lately: its own
-    /// frees are then sealed as they come (`Arena::seal_frees`), and
-    /// `sealed_since` counts those seals since another stream last took.
-    pub shared: bool,
-    pub sealed_since: u32,
     /// Hits in the thread's hot region (`Arena::hot_hit`), counted here
     /// under the region's lock; the arena counts the others.
     pub hits: u64,
@@ -104,8 +97,6 @@ impl Region {
             recent: Vec::new(),
             foreign: Vec::new(),
             lent: Vec::new(),
-            shared: false,
-            sealed_since: 0,
             hits: 0,
         }
     }
