@@ -5,7 +5,9 @@
 //! Contract:
 //! - Before it maps anything, a stream takes a mapped free range of
 //!   another stream's region, made to wait on the GPU for that stream's
-//!   work (one event record and one stream wait, never a host wait).
+//!   work (one event record and one stream wait, never a host wait). A
+//!   region another thread holds at that moment is passed over, never
+//!   waited for.
 //! - Freed, such a block is *foreign* to its region (`region.rs`): it waits
 //!   behind an event recorded at the free and joins the free ranges once
 //!   that event has completed, or when the region's stream needs room and
@@ -14,7 +16,7 @@
 //!   unmapping it.
 
 use super::region::Region;
-use super::{lock, Arena};
+use super::{lock, try_lock, Arena};
 use crate::device::{RawEvent, RawStream};
 
 impl Arena {
@@ -86,7 +88,12 @@ impl Arena {
     /// far: its address, or `None`.
     pub(super) fn take_from_another_stream(&self, stream: RawStream, len: u64, page: u64) -> Option<u64> {
         for region in self.every_region() {
-            let mut r = lock(&region);
+            // A region another thread holds now is passed over: its owner
+            // may be mapping or unmapping pages there (driver calls of
+            // tens of microseconds a page), and waiting for that would
+            // cost more than the pages this saves (on W11's four streams,
+            // most of this call's time was that wait).
+            let Some(mut r) = try_lock(&region) else { continue };
             // A large block only where large pages are; a small one
             // anywhere (as in its own stream's regions).
             if r.stream == stream || (self.is_large(page) && r.page_bytes != page) {
