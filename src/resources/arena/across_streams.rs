@@ -126,10 +126,14 @@ impl Arena {
                 // reason to tie this stream to that one's queued work).
                 return Some(addr);
             }
-            if self.fence(r.stream, stream) {
+            // The range is out of the free ranges: the fence's driver
+            // calls need no lock (the owner's next hit may need it).
+            let owner = r.stream;
+            drop(r);
+            if self.fence(owner, stream) {
                 return Some(addr);
             }
-            r.unreserve(addr, len, freed);
+            lock(&region).unreserve(addr, len, freed);
             return None;
         }
         None

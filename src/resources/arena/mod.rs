@@ -164,7 +164,7 @@ pub struct Arena {
     /// Each stream's regions with their page size, newest last.
     streams: RwLock<FastMap<RawStream, Vec<(u64, SharedRegion)>>>,
     /// Every region by base address, with its length.
-    regions: RwLock<BTreeMap<u64, (u64, SharedRegion)>>,
+    regions: RwLock<BTreeMap<u64, (u64, u64, SharedRegion)>>,
     /// Physical pages created and not mapped anywhere (charged, held).
     spare: Mutex<Spare>,
     live: AtomicU64,
@@ -295,7 +295,7 @@ impl Arena {
 
     fn region_of(&self, ptr: u64) -> Option<Arc<Mutex<Region>>> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        let (&base, (len, r)) = regions.range(..=ptr).next_back()?;
+        let (&base, (len, _, r)) = regions.range(..=ptr).next_back()?;
         (ptr < base + len).then(|| r.clone())
     }
 
@@ -544,7 +544,7 @@ impl Arena {
         let missing = region.unmapped_in(addr, len);
         let region = Arc::new(Mutex::new(region));
         self.make_hot(stream, &region, &lock(&region));
-        self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, region.clone()));
+        self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, page, region.clone()));
         self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push((page, region.clone()));
         Ok((region, addr, freed, missing))
     }
@@ -602,7 +602,14 @@ impl Arena {
     }
 
     fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
-        self.regions.read().unwrap_or_else(|p| p.into_inner()).values().map(|(_, r)| r.clone()).collect()
+        self.regions.read().unwrap_or_else(|p| p.into_inner()).values().map(|(_, _, r)| r.clone()).collect()
+    }
+
+    /// The regions of `page`-byte pages, in address order, found without
+    /// their locks (another thread may hold one for its driver calls).
+    fn regions_of(&self, page: u64) -> Vec<Arc<Mutex<Region>>> {
+        let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        regions.values().filter(|(_, p, _)| *p == page).map(|(_, _, r)| r.clone()).collect()
     }
 
     /// `stream` is going away: every free into its regions must be known
@@ -647,14 +654,14 @@ impl Drop for Arena {
         // Close waited for every stream; unmap and release everything.
         let regions = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
         let mut released = 0;
-        for (_, (_, region)) in regions.iter() {
+        for (_, (_, _, region)) in regions.iter() {
             let mut r = lock(region);
             let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
             for page in lent {
                 let _ = self.device.vm_unmap(r.page_addr(page), r.page_bytes);
             }
         }
-        for (_, (_, region)) in regions {
+        for (_, (_, _, region)) in regions {
             let mut r = lock(&region);
             for (first, n) in runs(&r.mapped_pages()) {
                 if self.device.vm_unmap(r.page_addr(first), n as u64 * r.page_bytes).is_ok() {

@@ -224,28 +224,28 @@ impl Arena {
         if !self.over_soft_cap(count as u64 * page) {
             return false;
         }
-        let spare = lock(&self.spare).of(self.is_large(page)).len();
-        if spare + self.lendable(page, count - spare.min(count)) >= count {
-            return false;
-        }
+        // The other size first: with no regions of that size (most
+        // workloads have blocks of one size only) this visits no region.
         let other = self.other_page(page);
         let wanted = len.div_ceil(other) as usize;
-        self.lendable(other, wanted) >= wanted
+        if self.lendable(other, wanted) < wanted {
+            return false;
+        }
+        let spare = lock(&self.spare).of(self.is_large(page)).len();
+        spare + self.lendable(page, count - spare.min(count)) < count
     }
 
     /// Idle pages of `page` bytes (mapped, covered whole by free ranges)
     /// that lending could take, counted up to `max`.
     fn lendable(&self, page: u64, max: usize) -> usize {
         let mut n = 0;
-        for region in self.every_region() {
+        for region in self.regions_of(page) {
             if n >= max {
                 break;
             }
             let mut r = lock(&region);
-            if r.page_bytes == page {
-                r.settle_recent();
-                n += r.lendable(max - n);
-            }
+            r.settle_recent();
+            n += r.lendable(max - n);
         }
         n
     }
@@ -269,14 +269,11 @@ impl Arena {
     /// locked, its recent frees merged, and how many are still wanted).
     fn gather(&self, count: usize, page: u64, mut take: impl FnMut(&mut Region, usize) -> Vec<PhysHandle>) -> Vec<PhysHandle> {
         let mut got = Vec::new();
-        for region in self.every_region() {
+        for region in self.regions_of(page) {
             if got.len() >= count {
                 break;
             }
             let mut r = lock(&region);
-            if r.page_bytes != page {
-                continue;
-            }
             r.settle_recent();
             got.extend(take(&mut r, count - got.len()));
         }
