@@ -404,20 +404,34 @@ class Allocator {
 // Hand-written cross-stream ordering for the allocators that track
 // nothing: one event per host thread (lane), recorded and waited on at
 // once, so it can be reused right away.
-class HandOrdered : public Allocator {
+class LaneEvents {
  public:
-  HandOrdered(std::vector<cudaStream_t> streams, int lanes) : Allocator(std::move(streams)) {
-    events_.resize(static_cast<std::size_t>(lanes));
+  explicit LaneEvents(int lanes) : events_(static_cast<std::size_t>(lanes)) {
     for (cudaEvent_t& event : events_) cuda_ok(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   }
-  ~HandOrdered() override {
+  ~LaneEvents() {
     for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
   }
-  void hand_over(int lane, int producer, int consumer) override {
+  LaneEvents(const LaneEvents&) = delete;
+  LaneEvents& operator=(const LaneEvents&) = delete;
+  // Work queued on `consumer` from here on runs after what `producer` has.
+  void order(int lane, cudaStream_t producer, cudaStream_t consumer) {
     if (producer == consumer) return;
     cudaEvent_t event = events_[static_cast<std::size_t>(lane)];
-    cuda_ok(cudaEventRecord(event, stream(producer)), "cudaEventRecord");
-    cuda_ok(cudaStreamWaitEvent(stream(consumer), event, 0), "cudaStreamWaitEvent");
+    cuda_ok(cudaEventRecord(event, producer), "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(consumer, event, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+// The allocators that track nothing, ordered by hand with LaneEvents.
+class HandOrdered : public Allocator {
+ public:
+  HandOrdered(std::vector<cudaStream_t> streams, int lanes) : Allocator(std::move(streams)), events_(lanes) {}
+  void hand_over(int lane, int producer, int consumer) override {
+    events_.order(lane, stream(producer), stream(consumer));
   }
   void release(int lane, Buffer& buffer, int last_use) override {
     if (buffer.ptr != nullptr) {
@@ -432,7 +446,7 @@ class HandOrdered : public Allocator {
   virtual void free_on(Buffer& buffer, int stream) = 0;
 
  private:
-  std::vector<cudaEvent_t> events_;
+  LaneEvents events_;
 };
 
 // raw / raw-max: the device's default memory pool.
@@ -659,20 +673,11 @@ class Xlog : public Allocator {
 // (no prepare/finish): the allocator without the per-launch tracking.
 class XlogHand : public Xlog {
  public:
-  XlogHand(std::vector<cudaStream_t> streams, int device, int lanes) : Xlog(std::move(streams), device) {
-    events_.resize(static_cast<std::size_t>(lanes));
-    for (cudaEvent_t& event : events_) cuda_ok(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  }
-  ~XlogHand() override {
-    for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
-  }
+  XlogHand(std::vector<cudaStream_t> streams, int device, int lanes) : Xlog(std::move(streams), device), events_(lanes) {}
   void before_launch(int, const UseList&) override {}
   void after_launch(int, const UseList&) override {}
   void hand_over(int lane, int producer, int consumer) override {
-    if (producer == consumer) return;
-    cudaEvent_t event = events_[static_cast<std::size_t>(lane)];
-    cuda_ok(cudaEventRecord(event, stream(producer)), "cudaEventRecord");
-    cuda_ok(cudaStreamWaitEvent(stream(consumer), event, 0), "cudaStreamWaitEvent");
+    events_.order(lane, stream(producer), stream(consumer));
   }
   void release(int lane, Buffer& buffer, int last_use) override {
     if (buffer.stream >= 0) hand_over(lane, last_use, buffer.stream);
@@ -680,7 +685,7 @@ class XlogHand : public Xlog {
   }
 
  private:
-  std::vector<cudaEvent_t> events_;
+  LaneEvents events_;
 };
 
 // raw-max-ev: raw-max plus one event recorded after every launch (each

@@ -174,6 +174,22 @@ fn trim_returns_exactly_what_it_reports() {
     rt.deallocate(&keep_live.id).unwrap();
 }
 
+/// The largest block `activation_step` allocates.
+const LARGEST_ACTIVATION: u64 = 1024 * 12 * KIB;
+
+/// A "step" of a model with a random sequence length in [64, 1024): a few
+/// activations whose sizes scale with it, all freed at the end of the
+/// step. The stats while they were live.
+fn activation_step(rt: &Runtime, s: xlog_cuda::StreamId, rng: &mut XorShift) -> xlog_cuda::Stats {
+    let seq = 64 + rng.below(960);
+    let blocks: Vec<_> = [3 * KIB, 12 * KIB, 768].iter().map(|&per| rt.allocate(seq * per, s, "act").unwrap()).collect();
+    let stats = rt.stats().unwrap();
+    for b in blocks {
+        rt.deallocate(&b.id).unwrap();
+    }
+    stats
+}
+
 /// Sizes that keep changing: the memory xlog keeps (live + cached) stays
 /// near the live peak instead of growing with every shape ever seen. (What
 /// it gave back may still be pending while the stream catches up; the sim,
@@ -186,20 +202,13 @@ fn changing_shapes_do_not_hoard() {
     let (rt, s) = (&st.rt, st.stream());
     let mut rng = XorShift::new(11);
     let (mut peak_live, mut peak_kept) = (0u64, 0u64);
-    let largest = size_class(1024 * 12 * KIB).unwrap();
     for _step in 0..200 {
-        // A "step": a few activations whose size scales with a random
-        // sequence length, all freed at the end of the step.
-        let seq = 64 + rng.below(960);
-        let blocks: Vec<_> = [3 * KIB, 12 * KIB, 768].iter().map(|&per| rt.allocate(seq * per, s, "act").unwrap()).collect();
-        let stats = rt.stats().unwrap();
+        let stats = activation_step(rt, s, &mut rng);
         peak_live = peak_live.max(stats.live_bytes);
         peak_kept = peak_kept.max(stats.live_bytes + stats.cached_bytes);
-        for b in blocks {
-            rt.deallocate(&b.id).unwrap();
-        }
     }
     let stats = rt.stats().unwrap();
+    let largest = size_class(LARGEST_ACTIVATION).unwrap();
     // The hard cap: twice the live peak (plus the request that crossed it).
     let bound = 2 * peak_live + largest;
     assert!(peak_kept <= bound, "live + cached peaked at {peak_kept}, live at {peak_live} (bound {bound}): {stats:?}");
@@ -220,20 +229,15 @@ fn pending_frees_are_retired_on_a_miss_without_reap() {
     let (rt, s) = (&st.rt, st.stream());
     let mut rng = XorShift::new(7);
     let (mut peak_live, mut peak_held) = (0u64, 0u64);
-    let largest = size_class(1024 * 12 * KIB).unwrap();
     for _step in 0..300 {
-        let seq = 64 + rng.below(960);
-        let blocks: Vec<_> = [3 * KIB, 12 * KIB, 768].iter().map(|&per| rt.allocate(seq * per, s, "act").unwrap()).collect();
-        let stats = rt.stats().unwrap();
+        let stats = activation_step(rt, s, &mut rng);
         peak_live = peak_live.max(stats.live_bytes);
         peak_held = peak_held.max(stats.outstanding_bytes);
-        for b in blocks {
-            rt.deallocate(&b.id).unwrap();
-        }
         // The GPU keeps up: every free queued so far has run.
         rt.synchronize(s).unwrap();
     }
     let stats = rt.stats().unwrap();
+    let largest = size_class(LARGEST_ACTIVATION).unwrap();
     let bound = 3 * peak_live + 2 * largest;
     assert!(peak_held <= bound, "held peaked at {peak_held}, live at {peak_live} (bound {bound}): {stats:?}");
     st.release_all();
