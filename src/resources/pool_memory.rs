@@ -184,7 +184,9 @@ impl PoolMemory {
         }
         // Frees the driver has run are memory it reuses at once: once the
         // pending bytes pass the live ones, retire those (no host wait) so
-        // that the held bytes, and the charge, stay what the device holds.
+        // that the held bytes, and the charge, stop counting them. (The
+        // driver pool may still keep that memory reserved: this memory's
+        // charge is not the device's number; the arena's is.)
         if self.pending_bytes() > host.live_bytes() {
             let _ = self.reap(host);
         }

@@ -163,7 +163,7 @@ pub struct Arena {
     held: Arc<HeldBytes>,
     /// Each stream's regions with their page size, newest last.
     streams: RwLock<FastMap<RawStream, Vec<(u64, SharedRegion)>>>,
-    /// Every region by base address, with its length.
+    /// Every region by base address, with its length and page size.
     regions: RwLock<BTreeMap<u64, (u64, u64, SharedRegion)>>,
     /// Physical pages created and not mapped anywhere (charged, held).
     spare: Mutex<Spare>,
