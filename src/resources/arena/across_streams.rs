@@ -87,16 +87,17 @@ impl Arena {
     /// with `stream` made to wait (on the GPU) for that stream's work so
     /// far: its address, or `None`.
     pub(super) fn take_from_another_stream(&self, stream: RawStream, len: u64, page: u64) -> Option<u64> {
-        for region in self.every_region() {
+        // A large block only where large pages are; a small one anywhere
+        // (as in its own stream's regions).
+        let candidates = if self.is_large(page) { self.regions_of(page) } else { self.every_region() };
+        for region in candidates {
             // A region another thread holds now is passed over: its owner
             // may be mapping or unmapping pages there (driver calls of
             // tens of microseconds a page), and waiting for that would
             // cost more than the pages this saves (on W11's four streams,
             // most of this call's time was that wait).
             let Some(mut r) = try_lock(&region) else { continue };
-            // A large block only where large pages are; a small one
-            // anywhere (as in its own stream's regions).
-            if r.stream == stream || (self.is_large(page) && r.page_bytes != page) {
+            if r.stream == stream {
                 continue;
             }
             // A block this stream took from here and freed, of the size:
