@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use xlog_cuda::device::FaultKind;
 use xlog_cuda::{Access, Backend, Config, ResourceError, Runtime, StreamId};
 
 const KIB: u64 = 1 << 10;
@@ -584,6 +585,43 @@ fn pages_lent_to_a_refused_call_are_complete_before_another_stream_gets_them() {
     drop(hold);
     rt.synchronize(a).unwrap();
     for blk in [z, y] {
+        rt.deallocate(&blk.id).unwrap();
+    }
+    check_exact(&rt, "at the end");
+}
+
+#[test]
+fn pages_lent_to_a_call_whose_map_fails_are_complete_before_another_stream_gets_them() {
+    // Three pages of budget, all held by stream a; x and z (not adjacent)
+    // are freed while a still runs. Stream b asks for two pages: no mapped
+    // range fits, so both pages are lent to it (b waits for a on the GPU),
+    // and the second map fails. The page it did not map goes to the spare
+    // pages, which any stream takes with no fence: not before a's work is
+    // done. b then takes the page it did map for a block of its own, and
+    // stream c gets the spare page; c's work must run after a's.
+    let rt = open(3 * PAGE);
+    let (a, b, c) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let [x, y, z] = ["x", "y", "z"].map(|tag| rt.allocate(PAGE, a, tag).unwrap());
+    let hold = Hold::at_most(&rt, a, Duration::from_millis(300));
+    rt.deallocate(&x.id).unwrap();
+    rt.deallocate(&z.id).unwrap();
+    rt.sim().unwrap().inject_fault(FaultKind::Map, 2);
+    let failed = rt.allocate(2 * PAGE, b, "half mapped");
+    assert!(matches!(&failed, Err(ResourceError::Driver(m)) if m.contains("injected fault")), "{failed:?}");
+    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE, "no page was created: b's were a's idle ones, lent");
+    check_exact(&rt, "after the failed map");
+    let v = rt.allocate(PAGE, b, "v").unwrap();
+    let w = rt.allocate(PAGE, c, "w").unwrap();
+    let over = hold.over.clone();
+    let saw = Arc::new(AtomicBool::new(false));
+    let seen = saw.clone();
+    rt.enqueue_host(c, Box::new(move || seen.store(over.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    rt.synchronize(c).unwrap();
+    assert!(saw.load(Ordering::Acquire), "c's block on a lent page ran while a's work (before x's and z's frees) still ran");
+    drop(hold);
+    rt.synchronize(a).unwrap();
+    rt.synchronize(b).unwrap();
+    for blk in [v, w, y] {
         rt.deallocate(&blk.id).unwrap();
     }
     check_exact(&rt, "at the end");

@@ -52,6 +52,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use pages::Obtained;
 use region::{runs, Region};
 
 use super::budget::HeldBytes;
@@ -370,8 +371,9 @@ impl Arena {
             self.uncount_live(len, live, peak_before);
             return Ok(None);
         }
-        let mapped = self.obtain(missing.len(), page, stream, gate, may_unmap).and_then(|(handles, created)| {
-            self.map_pages(&region, &missing, handles)?;
+        let mapped = self.obtain(missing.len(), page, stream, gate, may_unmap).and_then(|pages| {
+            let created = pages.created;
+            self.map_pages(&region, &missing, pages)?;
             if let (Some(log), true) = (&self.log, created > 0) {
                 log.reserved(lock(&region).page_addr(missing[0]), created as u64 * page, stream_id);
             }
@@ -406,14 +408,10 @@ impl Arena {
             let hot = hot.borrow();
             let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream)?;
             let mut r = lock(&hot.region);
-            let (addr, freed) = r.take(len)?;
-            if r.all_mapped(addr, len) {
-                // Counted under the region's lock: no shared counter.
-                r.hits += 1;
-                return Some(addr);
-            }
-            r.unreserve(addr, len, freed);
-            None
+            let (addr, _) = r.take_hit(len)?;
+            // Counted under the region's lock: no shared counter.
+            r.hits += 1;
+            Some(addr)
         })
     }
 
@@ -488,16 +486,7 @@ impl Arena {
         // mapped, else mapped space in another fitting range.
         for region in regions() {
             let mut r = lock(region);
-            let mut hit = None;
-            if let Some((addr, freed)) = r.take(len) {
-                if r.all_mapped(addr, len) {
-                    hit = Some((addr, freed));
-                } else {
-                    r.unreserve(addr, len, freed);
-                    hit = r.take_mapped(len);
-                }
-            }
-            if let Some((addr, freed)) = hit {
+            if let Some((addr, freed)) = r.take_hit(len).or_else(|| r.take_mapped(len)) {
                 self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
@@ -549,14 +538,18 @@ impl Arena {
         Ok((region, addr, freed, missing))
     }
 
-    /// Map `handles` at the granules `pages` of `region` (those another
-    /// thread has not mapped meanwhile) and grant access; handles left over,
-    /// or not mapped because of an error, go to the spare list.
-    fn map_pages(&self, region: &Mutex<Region>, pages: &[usize], handles: Vec<PhysHandle>) -> ResourceResult<()> {
+    /// Map the obtained pages at the granules `pages` of `region` (those
+    /// another thread has not mapped meanwhile) and grant access; pages
+    /// left over, or not mapped because of an error, go to the spare list
+    /// (`spare_fenced`: lent ones after the region's stream, the one they
+    /// were obtained for).
+    fn map_pages(&self, region: &Mutex<Region>, pages: &[usize], obtained: Obtained) -> ResourceResult<()> {
         let mut r = lock(region);
         let (page_bytes, large) = (r.page_bytes, self.is_large(r.page_bytes));
-        let mut handles = handles.into_iter();
+        let fenced_on = obtained.lent.then_some(r.stream);
+        let mut handles = obtained.handles.into_iter();
         let mut newly = Vec::with_capacity(pages.len());
+        let mut unused = Vec::new();
         let mut result = Ok(());
         for &page in pages {
             if r.is_mapped(page) {
@@ -564,14 +557,14 @@ impl Arena {
             }
             let handle = handles.next().expect("one handle per missing page");
             if let Err(e) = self.device.vm_map(r.page_addr(page), page_bytes, handle) {
-                lock(&self.spare).of(large).push(handle);
+                unused.push(handle);
                 result = Err(e.into());
                 break;
             }
             r.install(page, handle);
             newly.push(page);
         }
-        lock(&self.spare).of(large).extend(handles);
+        unused.extend(handles);
         self.mapped.fetch_add(newly.len() as u64, Ordering::Relaxed);
         let peers = lock(&self.peers).clone();
         let ordinal = self.device.ordinal();
@@ -585,10 +578,12 @@ impl Arena {
                 // block placed on it: unmapped again, and spare. (Should
                 // even the unmap fail, the pages stay mapped here.)
                 if let Some(pages) = self.unmap_run(&mut r, first, count) {
-                    lock(&self.spare).of(large).extend(pages);
+                    unused.extend(pages);
                 }
             }
         }
+        drop(r);
+        self.spare_fenced(unused, large, fenced_on);
         result
     }
 

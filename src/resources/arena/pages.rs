@@ -79,6 +79,17 @@ enum Completion {
     WaitOwn(RawStream),
 }
 
+/// The pages `obtain` found for a stream.
+pub(super) struct Obtained {
+    pub(super) handles: Vec<PhysHandle>,
+    /// How many of them it created (charged to the gate).
+    pub(super) created: usize,
+    /// Some were lent: only the stream they were obtained for is ordered
+    /// after their old frees, so any that end up spare go through
+    /// `spare_fenced` with that stream.
+    pub(super) lent: bool,
+}
+
 impl Arena {
     /// `count` physical pages for `stream`: spare ones first; then, past the
     /// soft cap, lent idle ones, then recycled ones; then new ones charged
@@ -91,7 +102,7 @@ impl Arena {
         stream: RawStream,
         gate: &dyn ChargeGate,
         may_unmap: bool,
-    ) -> ResourceResult<(Vec<PhysHandle>, usize)> {
+    ) -> ResourceResult<Obtained> {
         let held_peak_before = self.held.peak();
         let large = self.is_large(page);
         // Pages from spare or recycled, and pages this call created.
@@ -148,16 +159,8 @@ impl Arena {
                     if more.is_empty() {
                         // A refusal leaves nothing behind: the pages this
                         // call created go back to the driver (and out of
-                        // the held peak), the others back to spare. Lent
-                        // ones first have their frees complete: any stream
-                        // may take a spare page with no fence, and `stream`
-                        // is the one ordered after them (a host wait, on
-                        // a refusal only; should it fail, the device has
-                        // failed too).
-                        if lent_any {
-                            let _ = self.device.synchronize_stream(stream);
-                        }
-                        lock(&self.spare).of(large).extend(got);
+                        // the held peak), the others back to spare.
+                        self.spare_fenced(got, large, lent_any.then_some(stream));
                         self.unmake(made, page, held_peak_before);
                         // The refusal names the state it leaves, not the
                         // pages made meanwhile: asked again, the gate refuses
@@ -175,16 +178,31 @@ impl Arena {
                     got.extend(more);
                 }
                 Err(e) => {
-                    let mut spare = lock(&self.spare);
-                    spare.of(large).extend(got);
-                    spare.of(large).extend(made);
+                    self.spare_fenced(got, large, lent_any.then_some(stream));
+                    lock(&self.spare).of(large).extend(made);
                     return Err(e);
                 }
             }
         }
         let created = made.len();
         got.extend(made);
-        Ok((got, created))
+        Ok(Obtained { handles: got, created, lent: lent_any })
+    }
+
+    /// Put `pages` on the spare list, where any stream may take one with
+    /// no fence. Pages lent to `fenced_on` (the one stream ordered after
+    /// their old frees) first have that stream's work complete: a host
+    /// wait, on the paths where obtained pages go unused (a refusal, a
+    /// failed map, another thread having mapped a granule meanwhile).
+    /// Should the wait fail, the device has failed too.
+    pub(super) fn spare_fenced(&self, pages: Vec<PhysHandle>, large: bool, fenced_on: Option<RawStream>) {
+        if pages.is_empty() {
+            return;
+        }
+        if let Some(stream) = fenced_on {
+            let _ = self.device.synchronize_stream(stream);
+        }
+        lock(&self.spare).of(large).extend(pages);
     }
 
     /// Give back pages `obtain` created for a request it then refused:

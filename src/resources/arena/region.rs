@@ -169,6 +169,23 @@ impl Region {
         self.free.take(len)
     }
 
+    /// `len` bytes whose granules are all mapped (a hit): a recent free of
+    /// exactly that size (mapped: its pages were never idle), else the best
+    /// fit of the merged free ranges when it is mapped whole. `None`
+    /// changes nothing but the merging.
+    pub fn take_hit(&mut self, len: u64) -> Option<(u64, u64)> {
+        if let Some(found) = self.take_recent(len) {
+            return Some(found);
+        }
+        self.settle_recent();
+        let (addr, freed) = self.free.take(len)?;
+        if self.all_mapped(addr, len) {
+            return Some((addr, freed));
+        }
+        self.unreserve(addr, len, freed);
+        None
+    }
+
     /// `take` for another stream: a recent free of exactly `len` bytes, else
     /// the best fit of the merged free ranges, the other recent frees left
     /// as they are (they are this stream's same-size reuse).
