@@ -264,6 +264,16 @@ impl CacheShard {
         self.misses += 1;
     }
 
+    /// Count a request served elsewhere (the arena): a hit when it took
+    /// memory already mapped, else a miss.
+    pub fn note(&mut self, hit: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+
     /// The largest block here (coldest among equals), not taken.
     pub fn largest(&self) -> Option<(RawStream, CachedBlock)> {
         let mut best: Option<(RawStream, CachedBlock)> = None;

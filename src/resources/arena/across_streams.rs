@@ -16,7 +16,7 @@
 //!   unmapping it.
 
 use super::region::Region;
-use super::{lock, try_lock, Arena};
+use super::{lock, Arena};
 use crate::device::{RawEvent, RawStream};
 
 impl Arena {
@@ -96,7 +96,7 @@ impl Arena {
             // tens of microseconds a page), and waiting for that would
             // cost more than the pages this saves (on W11's four streams,
             // most of this call's time was that wait).
-            let Some(mut r) = try_lock(&region) else { continue };
+            let Some(mut r) = region.try_lock() else { continue };
             if r.stream == stream {
                 continue;
             }
@@ -134,7 +134,7 @@ impl Arena {
             if self.fence(owner, stream) {
                 return Some(addr);
             }
-            lock(&region).unreserve(addr, len, freed);
+            region.lock().unreserve(addr, len, freed);
             return None;
         }
         None

@@ -13,6 +13,10 @@
 //!   the best fit is not mapped, mapped space at either end of one of the
 //!   next smallest fitting ranges is taken instead (`take_mapped`): a
 //!   repeating workload then finds the layout it left and maps nothing.
+//!   The block a stream freed last waits, parked, at its region's door
+//!   (`cell.rs`): an allocation of its size on that stream takes it back
+//!   with no lock; anyone who locks the region moves it in first. The
+//!   caller counts hits and misses (`Placed::mapped`).
 //! - **Two page sizes.** Blocks of `LARGE_BLOCK_PAGES` pages or more
 //!   (256 MiB on Hopper) are *large*: they are carved from regions of
 //!   their own, mapped in pages of `LARGE_PAGE_PAGES` pages (16 MiB), so a
@@ -44,6 +48,7 @@
 //! state for its message).
 
 mod across_streams;
+mod cell;
 mod pages;
 mod ranges;
 mod region;
@@ -52,6 +57,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use cell::RegionCell;
 use pages::Obtained;
 use region::{runs, Region};
 
@@ -94,16 +100,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `lock` unless another thread holds it now (`None`).
-fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
-
-type SharedRegion = Arc<Mutex<Region>>;
+type SharedRegion = Arc<RegionCell>;
 
 /// Each arena's identity, for the per-thread region cache.
 static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
@@ -130,14 +127,21 @@ thread_local! {
 type Carved = (SharedRegion, u64, u64, Vec<usize>);
 
 
+/// Where `Arena::allocate` put a block.
+#[derive(Copy, Clone, Debug)]
+pub struct Placed {
+    pub addr: u64,
+    /// Pages were mapped for it (a miss); else it fit in memory already
+    /// mapped (a hit). The pool counts both, under its table shard's lock.
+    pub mapped: bool,
+}
+
 /// What the arena counts, for the pool's `usage`.
 #[derive(Copy, Clone, Debug, Default)]
 pub struct ArenaUsage {
     /// Bytes of live blocks (rounded).
     pub live: u64,
     pub peak_live: u64,
-    pub hits: u64,
-    pub misses: u64,
     /// Pages unmapped from one place and mapped in another.
     pub recycled_pages: u64,
     /// Idle pages mapped a second time where they were needed before their
@@ -170,8 +174,6 @@ pub struct Arena {
     spare: Mutex<Spare>,
     live: AtomicU64,
     peak_live: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
     recycled: AtomicU64,
     lent: AtomicU64,
     /// Bytes of the old addresses of lent pages still mapped.
@@ -228,8 +230,6 @@ impl Arena {
             spare: Mutex::default(),
             live: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             lent: AtomicU64::new(0),
             lent_now: AtomicU64::new(0),
@@ -253,8 +253,6 @@ impl Arena {
         ArenaUsage {
             live: self.live.load(Ordering::Acquire),
             peak_live: self.peak_live.load(Ordering::Relaxed),
-            hits: self.hits.load(Ordering::Relaxed) + self.every_region().iter().map(|r| lock(r).hits).sum::<u64>(),
-            misses: self.misses.load(Ordering::Relaxed),
             recycled_pages: self.recycled.load(Ordering::Relaxed),
             lent_pages: self.lent.load(Ordering::Relaxed),
             pages_mapped: self.mapped.load(Ordering::Relaxed),
@@ -294,24 +292,24 @@ impl Arena {
         }
     }
 
-    fn region_of(&self, ptr: u64) -> Option<Arc<Mutex<Region>>> {
+    fn region_of(&self, ptr: u64) -> Option<SharedRegion> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         let (&base, (len, _, r)) = regions.range(..=ptr).next_back()?;
         (ptr < base + len).then(|| r.clone())
     }
 
-    /// A block of `len` bytes (a multiple of `BLOCK_ALIGN`) on `stream`:
-    /// its address. `may_unmap` is false while a capture is active.
-    pub fn allocate(&self, len: u64, stream: StreamRef, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<u64> {
+    /// A block of `len` bytes (a multiple of `BLOCK_ALIGN`) on `stream`.
+    /// `may_unmap` is false while a capture is active.
+    pub fn allocate(&self, len: u64, stream: StreamRef, gate: &dyn ChargeGate, may_unmap: bool) -> ResourceResult<Placed> {
         let (stream_id, stream) = (stream.id.0, stream.raw);
         debug_assert!(len > 0 && len % BLOCK_ALIGN == 0);
         if let Some(addr) = self.hot_hit(stream, len) {
             self.count_live(len);
-            return Ok(addr);
+            return Ok(Placed { addr, mapped: false });
         }
         let page = self.page_for(len);
         let other = self.other_page(page);
-        let in_other = || -> ResourceResult<u64> {
+        let in_other = || -> ResourceResult<Placed> {
             let placed = self.place(len, other, stream_id, stream, gate, may_unmap, true)?;
             Ok(placed.expect("a block placed as a fallback is placed or refused"))
         };
@@ -344,17 +342,16 @@ impl Arena {
         gate: &dyn ChargeGate,
         may_unmap: bool,
         fallback: bool,
-    ) -> ResourceResult<Option<u64>> {
+    ) -> ResourceResult<Option<Placed>> {
         let mut carved = self.carve(stream, len, page);
         if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
             // A miss here: a mapped range of another stream first.
             if let Some(addr) = self.take_from_another_stream(stream, len, page) {
                 if let Some((region, addr, freed, _)) = carved {
-                    lock(&region).unreserve(addr, len, freed);
+                    region.lock().unreserve(addr, len, freed);
                 }
                 self.count_live(len);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(addr));
+                return Ok(Some(Placed { addr, mapped: false }));
             }
         }
         let (region, addr, freed, missing) = match carved.take() {
@@ -363,11 +360,10 @@ impl Arena {
         };
         let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some(addr));
+            return Ok(Some(Placed { addr, mapped: false }));
         }
         if !fallback && may_unmap && self.other_size_serves(page, missing.len(), len) {
-            lock(&region).unreserve(addr, len, freed);
+            region.lock().unreserve(addr, len, freed);
             self.uncount_live(len, live, peak_before);
             return Ok(None);
         }
@@ -375,19 +371,18 @@ impl Arena {
             let created = pages.created;
             self.map_pages(&region, &missing, pages)?;
             if let (Some(log), true) = (&self.log, created > 0) {
-                log.reserved(lock(&region).page_addr(missing[0]), created as u64 * page, stream_id);
+                log.reserved(region.lock().page_addr(missing[0]), created as u64 * page, stream_id);
             }
             Ok(())
         });
         if let Err(e) = mapped {
-            lock(&region).unreserve(addr, len, freed);
+            region.lock().unreserve(addr, len, freed);
             self.uncount_live(len, live, peak_before);
             return Err(e);
         }
         // A miss is an allocation the driver's mapping served (a refused
         // one is no allocation: the stats count it as failed, not missed).
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(addr))
+        Ok(Some(Placed { addr, mapped: true }))
     }
 
     /// Undo `count_live` for a block that was not placed after all: its
@@ -398,8 +393,10 @@ impl Arena {
         let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// A hit in the region this thread used last for `stream`: a mapped
-    /// range of `len` bytes, or `None` (nothing changed).
+    /// A hit in the region this thread used last for `stream`: the block
+    /// parked there if it is of the size (no lock, `cell.rs`), else a
+    /// mapped range of `len` bytes under the lock; `None` (nothing
+    /// changed) when there is none.
     fn hot_hit(&self, stream: RawStream, len: u64) -> Option<u64> {
         if len >= self.large_block_bytes {
             return None;
@@ -407,11 +404,7 @@ impl Arena {
         HOT_REGION.with(|hot| {
             let hot = hot.borrow();
             let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream)?;
-            let mut r = lock(&hot.region);
-            let (addr, _) = r.take_hit(len)?;
-            // Counted under the region's lock: no shared counter.
-            r.hits += 1;
-            Some(addr)
+            hot.region.take_parked(len).or_else(|| hot.region.lock().take_hit(len).map(|(addr, _)| addr))
         })
     }
 
@@ -443,17 +436,20 @@ impl Arena {
     /// stream); `None`: no work uses it any more (a released capture's).
     pub fn free(&self, ptr: u64, len: u64, stream: Option<RawStream>) {
         // The thread's hot region when it holds `ptr` (no shared map, no
-        // reference count), else the arena's map.
+        // reference count), else the arena's map. A free by the region's
+        // own stream is parked there when the slot is empty (no lock).
         let freed_hot = HOT_REGION.with(|hot| match hot.borrow().as_ref() {
             Some(h) if h.arena == self.id && ptr >= h.base && ptr < h.base + h.len => {
-                self.free_in(&mut lock(&h.region), ptr, len, stream);
+                if stream != Some(h.stream) || !h.region.park(ptr, len) {
+                    self.free_in(&mut h.region.lock(), ptr, len, stream);
+                }
                 true
             }
             _ => false,
         });
         if !freed_hot {
             let region = self.region_of(ptr).expect("an arena block's region outlives the block");
-            self.free_in(&mut lock(&region), ptr, len, stream);
+            self.free_in(&mut region.lock(), ptr, len, stream);
         }
         self.live.fetch_sub(len, Ordering::AcqRel);
     }
@@ -485,7 +481,7 @@ impl Arena {
         // A hit first: a recent free of the size, the best fit if it is
         // mapped, else mapped space in another fitting range.
         for region in regions() {
-            let mut r = lock(region);
+            let mut r = region.lock();
             if let Some((addr, freed)) = r.take_hit(len).or_else(|| r.take_mapped(len)) {
                 self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
@@ -495,7 +491,7 @@ impl Arena {
         // layout with large pages holds what one without them would).
         if !self.is_large(page) {
             for (_, region) in all.iter().filter(|(p, _)| self.is_large(*p)) {
-                let mut r = lock(region);
+                let mut r = region.lock();
                 r.settle_recent();
                 if let Some((addr, freed)) = r.take_mapped(len) {
                     return Some((region.clone(), addr, freed, Vec::new()));
@@ -505,7 +501,7 @@ impl Arena {
         // Then with the recent frees merged (they may coalesce into room):
         // the best fit, mapped or not.
         for region in regions() {
-            let mut r = lock(region);
+            let mut r = region.lock();
             r.settle_recent();
             self.settle_foreign(&mut r, false, true);
             if let Some((addr, freed)) = r.take_mapped(len) {
@@ -531,8 +527,8 @@ impl Arena {
         let mut region = Region::new(stream, base, bytes, page);
         let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
         let missing = region.unmapped_in(addr, len);
-        let region = Arc::new(Mutex::new(region));
-        self.make_hot(stream, &region, &lock(&region));
+        let region = Arc::new(RegionCell::new(region));
+        self.make_hot(stream, &region, &region.lock());
         self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, page, region.clone()));
         self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push((page, region.clone()));
         Ok((region, addr, freed, missing))
@@ -543,8 +539,8 @@ impl Arena {
     /// left over, or not mapped because of an error, go to the spare list
     /// (`spare_fenced`: lent ones after the region's stream, the one they
     /// were obtained for).
-    fn map_pages(&self, region: &Mutex<Region>, pages: &[usize], obtained: Obtained) -> ResourceResult<()> {
-        let mut r = lock(region);
+    fn map_pages(&self, region: &RegionCell, pages: &[usize], obtained: Obtained) -> ResourceResult<()> {
+        let mut r = region.lock();
         let (page_bytes, large) = (r.page_bytes, self.is_large(r.page_bytes));
         let fenced_on = obtained.lent.then_some(r.stream);
         let mut handles = obtained.handles.into_iter();
@@ -596,13 +592,13 @@ impl Arena {
         Some((first..first + n).map(|p| r.uninstall(p)).collect())
     }
 
-    fn every_region(&self) -> Vec<Arc<Mutex<Region>>> {
+    fn every_region(&self) -> Vec<SharedRegion> {
         self.regions.read().unwrap_or_else(|p| p.into_inner()).values().map(|(_, _, r)| r.clone()).collect()
     }
 
     /// The regions of `page`-byte pages, in address order, found without
     /// their locks (another thread may hold one for its driver calls).
-    fn regions_of(&self, page: u64) -> Vec<Arc<Mutex<Region>>> {
+    fn regions_of(&self, page: u64) -> Vec<SharedRegion> {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         regions.values().filter(|(_, p, _)| *p == page).map(|(_, _, r)| r.clone()).collect()
     }
@@ -617,7 +613,7 @@ impl Arena {
         }
         self.device.synchronize_stream(stream)?;
         for (_, region) in regions {
-            let mut r = lock(&region);
+            let mut r = region.lock();
             r.all_done();
             let seals: Vec<RawEvent> = r.seals.drain(..).map(|(e, _)| e).collect();
             lock(&self.spare).events.extend(seals);
@@ -635,7 +631,7 @@ impl Arena {
             peers.push(ordinal);
         }
         for region in self.every_region() {
-            let r = lock(&region);
+            let r = region.lock();
             for (first, n) in runs(&r.mapped_pages()) {
                 self.device.vm_set_access(r.page_addr(first), n as u64 * r.page_bytes, ordinal)?;
             }
@@ -650,14 +646,14 @@ impl Drop for Arena {
         let regions = std::mem::take(&mut *self.regions.write().unwrap_or_else(|p| p.into_inner()));
         let mut released = 0;
         for (_, (_, _, region)) in regions.iter() {
-            let mut r = lock(region);
+            let mut r = region.lock();
             let lent: Vec<usize> = r.lent.drain(..).map(|(page, _, _)| page).collect();
             for page in lent {
                 let _ = self.device.vm_unmap(r.page_addr(page), r.page_bytes);
             }
         }
         for (_, (_, _, region)) in regions {
-            let mut r = lock(&region);
+            let mut r = region.lock();
             for (first, n) in runs(&r.mapped_pages()) {
                 if self.device.vm_unmap(r.page_addr(first), n as u64 * r.page_bytes).is_ok() {
                     for p in first..first + n {

@@ -261,7 +261,7 @@ impl Arena {
             if n >= max {
                 break;
             }
-            let mut r = lock(&region);
+            let mut r = region.lock();
             r.settle_recent();
             n += r.lendable(max - n);
         }
@@ -291,7 +291,7 @@ impl Arena {
             if got.len() >= count {
                 break;
             }
-            let mut r = lock(&region);
+            let mut r = region.lock();
             r.settle_recent();
             got.extend(take(&mut r, count - got.len()));
         }
@@ -402,7 +402,7 @@ impl Arena {
 
     /// Whether an old address of some region still maps `handle`.
     fn still_lent(&self, handle: PhysHandle) -> bool {
-        self.every_region().iter().any(|region| lock(region).lent.iter().any(|&(_, _, h)| h == handle))
+        self.every_region().iter().any(|region| region.lock().lent.iter().any(|&(_, _, h)| h == handle))
     }
 
     /// Learn how far the GPU got through `region`'s frees: completed seal
@@ -466,7 +466,7 @@ impl Arena {
             // one still maps cannot be released (recycling below visits
             // only the regions it needs).
             for region in self.every_region() {
-                let mut r = lock(&region);
+                let mut r = region.lock();
                 self.refresh(&mut r, completion);
                 self.unmap_lent(&mut r);
             }

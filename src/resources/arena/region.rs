@@ -69,9 +69,6 @@ pub(crate) struct Region {
     /// its free's sequence, the page). Out of the free ranges and the page
     /// table until the arena unmaps its old address.
     pub lent: Vec<(usize, u64, PhysHandle)>,
-    /// Hits in the thread's hot region (`Arena::hot_hit`), counted here
-    /// under the region's lock; the arena counts the others.
-    pub hits: u64,
 }
 
 /// Frees kept unmerged for same-size reuse.
@@ -97,7 +94,6 @@ impl Region {
             recent: Vec::new(),
             foreign: Vec::new(),
             lent: Vec::new(),
-            hits: 0,
         }
     }
 

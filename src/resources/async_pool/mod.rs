@@ -249,7 +249,11 @@ impl AsyncPool {
             Some(arena) => {
                 let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
                 let may_unmap = !self.captures.any_active();
-                (arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?, len)
+                let placed = arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?;
+                // Hits and misses counted with the record, under one lock.
+                let mut shard = self.shard(stream.id);
+                shard.cache.note(!placed.mapped);
+                return Ok(self.register_in(&mut shard, placed.addr, bytes, len, stream, tag));
             }
             None => {
                 if self.options.cache {
@@ -385,15 +389,13 @@ impl DeviceMemoryResource for AsyncPool {
         // would be seen twice: cached is capped by what held leaves.)
         let held = self.held.now();
         let pending = self.memory.pending_bytes().min(held);
-        let (mut hits, mut misses, mut peak_live) = (cache.hits, cache.misses, 0);
+        let (hits, misses, mut peak_live) = (cache.hits, cache.misses, 0);
         let (mut pages_mapped, mut pages_unmapped) = (0, 0);
         let cached = match &self.arena {
             // Everything held that no live block uses: free space of mapped
             // pages, spare pages and the captures' free memory.
             Some(arena) => {
                 let a = arena.usage();
-                hits += a.hits;
-                misses += a.misses;
                 peak_live = a.peak_live;
                 (pages_mapped, pages_unmapped) = (a.pages_mapped, a.pages_unmapped);
                 held - pending - self.live_now().min(held - pending)
