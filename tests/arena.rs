@@ -522,6 +522,16 @@ impl Hold {
     fn still_held(&self) -> bool {
         !self.over.load(Ordering::Acquire)
     }
+
+    /// Whether work queued on `stream` now runs only after the held
+    /// stream's callback is over (waits for `stream` on the host).
+    fn over_before_work_on(&self, rt: &Runtime, stream: StreamId) -> bool {
+        let (over, saw) = (self.over.clone(), Arc::new(AtomicBool::new(false)));
+        let seen = saw.clone();
+        rt.enqueue_host(stream, Box::new(move || seen.store(over.load(Ordering::Acquire), Ordering::Release))).unwrap();
+        rt.synchronize(stream).unwrap();
+        saw.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Hold {
@@ -576,12 +586,7 @@ fn pages_lent_to_a_refused_call_are_complete_before_another_stream_gets_them() {
     assert!(matches!(refused, Err(ResourceError::OutOfBudget { .. })), "{refused:?}");
     check_exact(&rt, "after the refusal");
     let z = rt.allocate(PAGE, c, "z").unwrap();
-    let over = hold.over.clone();
-    let saw = Arc::new(AtomicBool::new(false));
-    let seen = saw.clone();
-    rt.enqueue_host(c, Box::new(move || seen.store(over.load(Ordering::Acquire), Ordering::Release))).unwrap();
-    rt.synchronize(c).unwrap();
-    assert!(saw.load(Ordering::Acquire), "c's block on x's page ran while a's work (before x's free) still ran");
+    assert!(hold.over_before_work_on(&rt, c), "c's block on x's page ran while a's work (before x's free) still ran");
     drop(hold);
     rt.synchronize(a).unwrap();
     for blk in [z, y] {
@@ -612,12 +617,7 @@ fn pages_lent_to_a_call_whose_map_fails_are_complete_before_another_stream_gets_
     check_exact(&rt, "after the failed map");
     let v = rt.allocate(PAGE, b, "v").unwrap();
     let w = rt.allocate(PAGE, c, "w").unwrap();
-    let over = hold.over.clone();
-    let saw = Arc::new(AtomicBool::new(false));
-    let seen = saw.clone();
-    rt.enqueue_host(c, Box::new(move || seen.store(over.load(Ordering::Acquire), Ordering::Release))).unwrap();
-    rt.synchronize(c).unwrap();
-    assert!(saw.load(Ordering::Acquire), "c's block on a lent page ran while a's work (before x's and z's frees) still ran");
+    assert!(hold.over_before_work_on(&rt, c), "c's block on a lent page ran while a's work (before x's and z's frees) still ran");
     drop(hold);
     rt.synchronize(a).unwrap();
     rt.synchronize(b).unwrap();
