@@ -61,12 +61,16 @@ fn register_process_barrier() -> bool {
 
 /// A full memory barrier on every CPU that runs a thread of this process,
 /// before it returns (a CPU that runs none has passed a context switch,
-/// itself a barrier); `false` if it could not be made.
+/// itself a barrier); `false` if it could not be made. A child of `fork`
+/// inherits the registration flag but not the registration: it registers
+/// again.
 fn process_barrier() -> bool {
     #[cfg(target_os = "linux")]
     {
         use rustix::thread::{membarrier, MembarrierCommand};
         membarrier(MembarrierCommand::PrivateExpedited).is_ok()
+            || (membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+                && membarrier(MembarrierCommand::PrivateExpedited).is_ok())
     }
     #[cfg(not(target_os = "linux"))]
     {
