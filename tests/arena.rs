@@ -316,27 +316,6 @@ fn the_device_never_holds_more_than_the_budget_under_four_threads() {
 }
 
 #[test]
-fn the_live_peak_never_passes_the_held_peak_on_four_threads() {
-    // Blocks that need pages count for the live peak only once they have
-    // them: a block still getting its pages, while other threads free and
-    // lend, is not yet memory the device holds. Four threads, sizes that
-    // change, no budget; the stats' live peak is never above the held peak.
-    for seed in 0..6 {
-        let rt = open(0);
-        four_threads(&rt, u64::MAX, 700 + seed, 300, 6, |rng| 64 * KIB + rng.below(24 * MIB));
-        let st = rt.stats().unwrap();
-        assert!(st.peak_live_bytes > 0);
-        assert!(
-            st.peak_live_bytes <= st.peak_outstanding_bytes,
-            "seed {seed}: live peak {} above the held peak {}",
-            st.peak_live_bytes,
-            st.peak_outstanding_bytes
-        );
-        check_exact(&rt, "after the threads");
-    }
-}
-
-#[test]
 fn idle_pages_of_one_stream_serve_another_so_phases_share_memory() {
     // Two streams that take turns (a query engine's stages, say): each
     // peaks at about 40 MiB in its turn. Without moving idle pages the

@@ -172,16 +172,7 @@ pub struct Arena {
     regions: RwLock<BTreeMap<u64, (u64, u64, SharedRegion)>>,
     /// Physical pages created and not mapped anywhere (charged, held).
     spare: Mutex<Spare>,
-    /// Bytes of live blocks, and of blocks whose pages are being obtained
-    /// (`placing`).
     live: AtomicU64,
-    placing: AtomicU64,
-    /// The peak of `live` (the soft cap's measure: a block that needs
-    /// pages counts before it has them).
-    peak_claimed: AtomicU64,
-    /// The peak of the live bytes of placed blocks (`live - placing`): the
-    /// stats' live peak. With several threads, `peak_claimed` can pass
-    /// every held value by a block still getting its pages.
     peak_live: AtomicU64,
     recycled: AtomicU64,
     lent: AtomicU64,
@@ -238,8 +229,6 @@ impl Arena {
             regions: RwLock::default(),
             spare: Mutex::default(),
             live: AtomicU64::new(0),
-            placing: AtomicU64::new(0),
-            peak_claimed: AtomicU64::new(0),
             peak_live: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             lent: AtomicU64::new(0),
@@ -272,9 +261,7 @@ impl Arena {
     }
 
     pub fn reset_peak(&self) {
-        let live = self.live.load(Ordering::Acquire);
-        self.peak_claimed.store(live, Ordering::Relaxed);
-        self.peak_live.store(live.saturating_sub(self.placing.load(Ordering::Acquire)), Ordering::Relaxed);
+        self.peak_live.store(self.live.load(Ordering::Acquire), Ordering::Relaxed);
     }
 
     /// Whether `ptr` lies in one of the arena's regions.
@@ -371,11 +358,10 @@ impl Arena {
             Some(found) => found,
             None => self.carve_in_new_region(stream, len, page)?,
         };
+        let (live, peak_before) = self.count_live(len);
         if missing.is_empty() {
-            self.count_live(len);
             return Ok(Some(Placed { addr, mapped: false }));
         }
-        let (live, peak_before) = self.claim_live(len);
         if !fallback && may_unmap && self.other_size_serves(page, missing.len(), len) {
             region.lock().unreserve(addr, len, freed);
             self.uncount_live(len, live, peak_before);
@@ -394,19 +380,17 @@ impl Arena {
             self.uncount_live(len, live, peak_before);
             return Err(e);
         }
-        self.placed(len);
         // A miss is an allocation the driver's mapping served (a refused
         // one is no allocation: the stats count it as failed, not missed).
         Ok(Some(Placed { addr, mapped: true }))
     }
 
-    /// Undo `claim_live` for a block that was not placed after all: its
-    /// bytes leave the live total and the claimed peak (unless another
-    /// allocation has raised it since).
+    /// Undo `count_live` for a block that was not placed after all: its
+    /// bytes leave the live total and the peak (unless another allocation
+    /// has raised it since).
     fn uncount_live(&self, len: u64, live: u64, peak_before: u64) {
-        self.placing.fetch_sub(len, Ordering::AcqRel);
         self.live.fetch_sub(len, Ordering::AcqRel);
-        let _ = self.peak_claimed.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.peak_live.compare_exchange(live, peak_before, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// A hit in the region this thread used last for `stream`: the block
@@ -435,40 +419,16 @@ impl Arena {
         });
     }
 
-    /// A block of `len` bytes placed in memory already mapped: live.
-    fn count_live(&self, len: u64) {
+    /// `len` more live bytes: the live total and the peak before it.
+    fn count_live(&self, len: u64) -> (u64, u64) {
         let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-        self.raise_peaks(live);
-    }
-
-    /// A block of `len` bytes about to get its missing pages: live for
-    /// the soft cap (`peak_claimed`), not yet for the stats' peak. The
-    /// live total and the claimed peak before it, for `uncount_live`; the
-    /// caller ends with `placed` or `uncount_live`.
-    fn claim_live(&self, len: u64) -> (u64, u64) {
-        self.placing.fetch_add(len, Ordering::AcqRel);
-        let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
-        (live, self.peak_claimed.fetch_max(live, Ordering::Relaxed))
-    }
-
-    /// The block claimed by `claim_live` has its pages.
-    fn placed(&self, len: u64) {
-        self.placing.fetch_sub(len, Ordering::AcqRel);
-        self.raise_peaks(self.live.load(Ordering::Acquire));
-    }
-
-    /// Raise both peaks to `live` (what the live total just became).
-    #[inline]
-    fn raise_peaks(&self, live: u64) {
-        // Reads first: in a steady loop no peak is passed, and a plain
-        // load costs less than a read-modify-write.
-        if live > self.peak_claimed.load(Ordering::Relaxed) {
-            self.peak_claimed.fetch_max(live, Ordering::Relaxed);
+        // A read first: in a steady loop the peak is not passed, and a
+        // plain load costs less than a read-modify-write.
+        let peak = self.peak_live.load(Ordering::Relaxed);
+        if live <= peak {
+            return (live, peak);
         }
-        let placed = live.saturating_sub(self.placing.load(Ordering::Acquire));
-        if placed > self.peak_live.load(Ordering::Relaxed) {
-            self.peak_live.fetch_max(placed, Ordering::Relaxed);
-        }
+        (live, self.peak_live.fetch_max(live, Ordering::Relaxed))
     }
 
     /// The memory of a block freed on `stream`, its allocation stream

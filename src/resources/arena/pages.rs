@@ -226,10 +226,9 @@ impl Arena {
         self.held.now() + bytes > self.soft_cap()
     }
 
-    /// The live peak (with the blocks getting their pages now) plus the
-    /// slack, in whole pages.
+    /// The live peak plus the slack, in whole pages.
     fn soft_cap(&self) -> u64 {
-        let peak_pages = self.peak_claimed.load(Ordering::Relaxed).div_ceil(self.page_bytes);
+        let peak_pages = self.peak_live.load(Ordering::Relaxed).div_ceil(self.page_bytes);
         (peak_pages + (peak_pages / SLACK_DIV).max(MIN_SLACK_PAGES)) * self.page_bytes
     }
 
