@@ -420,6 +420,14 @@ impl Arena {
     }
 
     /// `len` more live bytes: the live total and the peak before it.
+    ///
+    /// A block that needs pages is counted here, at its request, before
+    /// they are mapped: the live peak (the stats' and the soft cap's) is
+    /// the peak of requested bytes, what an allocator that never waits
+    /// would see. Counting it once placed was tried: on the GPU, where its
+    /// maps take hundreds of microseconds while other threads free, W11's
+    /// live peak then read 10-20% lower (BENCHMARKS.md, "ninth pass"); so
+    /// the live peak may pass the held peak by what was requested then.
     fn count_live(&self, len: u64) -> (u64, u64) {
         let live = self.live.fetch_add(len, Ordering::AcqRel) + len;
         // A read first: in a steady loop the peak is not passed, and a
