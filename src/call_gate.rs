@@ -43,7 +43,6 @@ use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, AtomicUsize, Orde
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-
 /// Whether the process barrier is available: asked for once per process
 /// (membarrier's private expedited command needs a registration first).
 fn register_process_barrier() -> bool {
