@@ -192,7 +192,7 @@ impl PoolMemory {
         }
         let ptr = self.allocate_new(host, class, stream, gate)?;
         if self.cache {
-            host.with_cache(host.home(stream), |c| c.note_miss());
+            host.with_cache(host.home(stream), |c| c.note(false));
         }
         Ok((ptr, class))
     }

@@ -259,13 +259,9 @@ impl CacheShard {
         self.hits = self.hits.saturating_sub(1);
     }
 
-    /// Count a request that no cache could serve.
-    pub fn note_miss(&mut self) {
-        self.misses += 1;
-    }
-
-    /// Count a request served elsewhere (the arena): a hit when it took
-    /// memory already mapped, else a miss.
+    /// Count a request served outside `take_own`/`take_any`: a hit (the
+    /// arena placed it in memory already mapped), else a miss (no cache
+    /// could serve it).
     pub fn note(&mut self, hit: bool) {
         if hit {
             self.hits += 1;
@@ -388,7 +384,7 @@ mod tests {
         assert_eq!(c.take_own(7, 4096).map(|b| b.ptr), Some(0x2000), "warmest of the class");
         assert_eq!(c.take_own(7, 4096).map(|b| b.ptr), Some(0x1000));
         assert_eq!(c.take_own(7, 4096), None, "8 KiB is more than 9/8 of 4 KiB");
-        c.note_miss();
+        c.note(false);
         assert_eq!(c.take_own(8, 8192), None, "another stream's block is not taken by take_own");
         let t = c.totals();
         assert_eq!((t.bytes, t.blocks, t.hits, t.misses), (8192, 1, 2, 1));

@@ -33,6 +33,7 @@ use super::BLOCK_ALIGN;
 
 /// Bits of the packed length (in `BLOCK_ALIGN` units): blocks up to 128 GiB.
 const LEN_BITS: u32 = 28;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
 /// Bits of the packed offset: regions up to 32 TiB.
 const OFFSET_BITS: u32 = 64 - LEN_BITS;
 
@@ -55,7 +56,7 @@ impl RegionCell {
     }
 
     fn unpack(&self, word: u64) -> (u64, u64) {
-        (self.base + (word >> LEN_BITS) * BLOCK_ALIGN, (word & ((1 << LEN_BITS) - 1)) * BLOCK_ALIGN)
+        (self.base + (word >> LEN_BITS) * BLOCK_ALIGN, (word & LEN_MASK) * BLOCK_ALIGN)
     }
 
     /// Park a block its stream just freed; `false` (nothing changed) when
@@ -69,12 +70,12 @@ impl RegionCell {
         self.parked.compare_exchange(0, word, Ordering::Release, Ordering::Relaxed).is_ok()
     }
 
-    /// The parked block if it is exactly `len` bytes: its address, taken
-    /// out of the slot.
+    /// The parked block if it is exactly `len` bytes (a multiple of
+    /// `BLOCK_ALIGN`): its address, taken out of the slot.
     #[inline]
     pub fn take_parked(&self, len: u64) -> Option<u64> {
         let word = self.parked.load(Ordering::Relaxed);
-        if word == 0 || word & ((1 << LEN_BITS) - 1) != len / BLOCK_ALIGN || len % BLOCK_ALIGN != 0 {
+        if word == 0 || word & LEN_MASK != len / BLOCK_ALIGN {
             return None;
         }
         self.parked.compare_exchange(word, 0, Ordering::Acquire, Ordering::Relaxed).ok()?;

@@ -154,32 +154,32 @@ impl Region {
     /// recent free merged in first. Returns the address and the free
     /// sequence of where it came from.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
+        self.take_recent(len).or_else(|| self.take_merged(len))
+    }
+
+    /// `take` when the block must be mapped whole (a hit): a recent free
+    /// (mapped: its pages were never idle) as it is, the best fit only if
+    /// all its granules are mapped. `None` changes nothing but the merging.
+    pub fn take_hit(&mut self, len: u64) -> Option<(u64, u64)> {
         if let Some(found) = self.take_recent(len) {
             return Some(found);
         }
+        let (addr, freed) = self.take_merged(len)?;
+        if self.all_mapped(addr, len) {
+            return Some((addr, freed));
+        }
+        self.unreserve(addr, len, freed);
+        None
+    }
+
+    /// The best fit of the free ranges, every recent free merged in first.
+    fn take_merged(&mut self, len: u64) -> Option<(u64, u64)> {
         // Best fit over space that is not all there would carve larger
         // ranges while the holes that fit sit unmerged, and the layout
         // would drift from step to step (measured on recorded traces:
         // 1.6x the remapping of merging here first).
         self.settle_recent();
         self.free.take(len)
-    }
-
-    /// `len` bytes whose granules are all mapped (a hit): a recent free of
-    /// exactly that size (mapped: its pages were never idle), else the best
-    /// fit of the merged free ranges when it is mapped whole. `None`
-    /// changes nothing but the merging.
-    pub fn take_hit(&mut self, len: u64) -> Option<(u64, u64)> {
-        if let Some(found) = self.take_recent(len) {
-            return Some(found);
-        }
-        self.settle_recent();
-        let (addr, freed) = self.free.take(len)?;
-        if self.all_mapped(addr, len) {
-            return Some((addr, freed));
-        }
-        self.unreserve(addr, len, freed);
-        None
     }
 
     /// `take` for another stream: a recent free of exactly `len` bytes, else

@@ -245,27 +245,23 @@ impl AsyncPool {
         if capture != 0 {
             return self.allocate_in_capture(bytes, class, stream, tag, gate, capture);
         }
-        let (ptr, held) = match &self.arena {
-            Some(arena) => {
-                let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
-                let may_unmap = !self.captures.any_active();
-                let placed = arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?;
-                // Hits and misses counted with the record, under one lock.
-                let mut shard = self.shard(stream.id);
-                shard.cache.note(!placed.mapped);
-                return Ok(self.register_in(&mut shard, placed.addr, bytes, len, stream, tag));
+        if let Some(arena) = &self.arena {
+            let Some(len) = Arena::block_bytes(bytes) else { return Err(too_big(bytes, gate)) };
+            let may_unmap = !self.captures.any_active();
+            let placed = arena.allocate(len, stream, gate, may_unmap).map_err(naming_request(bytes))?;
+            // Hits and misses counted with the record, under one lock.
+            let mut shard = self.shard(stream.id);
+            shard.cache.note(!placed.mapped);
+            return Ok(self.register_in(&mut shard, placed.addr, bytes, len, stream, tag));
+        }
+        if self.options.cache {
+            // The hot path: one lock for the cache and the block record.
+            let mut shard = self.shard(stream.id);
+            if let Some(block) = shard.cache.take_own(stream.raw, class) {
+                return Ok(self.register_in(&mut shard, block.ptr, bytes, block.bytes, stream, tag));
             }
-            None => {
-                if self.options.cache {
-                    // The hot path: one lock for the cache and the block record.
-                    let mut shard = self.shard(stream.id);
-                    if let Some(block) = shard.cache.take_own(stream.raw, class) {
-                        return Ok(self.register_in(&mut shard, block.ptr, bytes, block.bytes, stream, tag));
-                    }
-                }
-                self.memory.allocate_miss(self, class, stream, gate).map_err(naming_request(bytes))?
-            }
-        };
+        }
+        let (ptr, held) = self.memory.allocate_miss(self, class, stream, gate).map_err(naming_request(bytes))?;
         Ok(self.register_in(&mut self.shard(stream.id), ptr, bytes, held, stream, tag))
     }
 
