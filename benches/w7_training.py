@@ -31,7 +31,14 @@ Models (random weights, built from their configs; no download):
             Steps: --gen-kv-steps / --gen-kv-warmup (it is the slow one)
 
 The changing shapes come from seeded generators: every allocator sees the
-same sequence.
+same sequence. `--shapes-warm` warms up on the timed steps' own shapes: the
+plan of the timed steps runs twice, the first pass untimed (in place of
+`--warmup` for the models whose shapes change). The first step of each new
+shape costs the framework far more than any allocator does (kernel
+selection and loading: BERT's steps took 204-220 ms the first time a length
+came and 46 ms the next, with either allocator, on an H100), so a run of a
+few new shapes measures that; with the shapes warm, the timed pass measures
+the allocator's steady state of changing sizes.
 
 Per run: warm-up steps, then timed steps, each bracketed by
 torch.cuda.synchronize(); the median step time. Memory:
@@ -73,7 +80,7 @@ error, never the end of the whole benchmark. Exit status 0 when it ran
     XLOG_CUDA_LIBRARY=/path/libxlog_cuda.so python3 benches/w7_training.py --out OUT
         [--models resnet50,gpt2,gpt2_dyn,mlm_dyn,gen_kv]
         [--allocators caching,async,expandable,xlog,xlog_pool]
-        [--steps 30] [--warmup 5] [--gen-kv-steps 10] [--gen-kv-warmup 2]
+        [--steps 30] [--warmup 5] [--gen-kv-steps 10] [--gen-kv-warmup 2] [--shapes-warm]
         [--repeat 1] [--timeout 240] [--time-budget 0] [--no-prestart]
         [--no-w8] [--w8-models gpt2_dyn,mlm_dyn,gen_kv] [--w8-allocators xlog]
         [--w8-repeat 1]
@@ -193,6 +200,17 @@ def step_plan(model: str, n: int) -> Optional[List[Any]]:
     if model == "gen_kv":
         return gen_plan(n)
     return None
+
+
+def run_plan(model: str, warmup: int, steps: int, shapes_warm: bool) -> Tuple[int, Optional[List[Any]]]:
+    """(warm-up steps, the plan of every step) of a run: `warmup` steps of
+    their own shapes then `steps` timed ones; with `shapes_warm` (a model
+    whose shapes change) the timed steps' plan twice, the first pass the
+    warm-up."""
+    if shapes_warm and model in DYN_MODELS:
+        timed = step_plan(model, steps)
+        return steps, timed + timed
+    return warmup, step_plan(model, warmup + steps)
 
 
 def steps_of(model: str, steps: int, warmup: int, gen_steps: int, gen_warmup: int) -> Tuple[int, int]:
@@ -820,7 +838,7 @@ def run_child(spec: Dict[str, Any], wait_go: Optional[Callable[[], bool]] = None
         res["setup_s"] = time.perf_counter() - go
 
         warmup, steps = spec["warmup"], spec["steps"]
-        plan = step_plan(spec["model"], warmup + steps)
+        warmup, plan = run_plan(spec["model"], warmup, steps, bool(spec.get("shapes_warm")))
         nvml.start(threshold=None if budget is None else baseline + budget)
         model, opt, step = build_workload(torch, spec["model"], plan)
         oom_types: Tuple[type, ...] = tuple(
@@ -1078,6 +1096,7 @@ def driver_meta(args) -> Dict[str, Any]:
         "gen_kv_steps": args.gen_kv_steps,
         "gen_kv_warmup": args.gen_kv_warmup,
         "repeat": args.repeat,
+        "shapes_warm": args.shapes_warm,
     }
     try:  # NVML only: the driver must not hold a CUDA context
         import pynvml
@@ -1096,7 +1115,8 @@ def driver_meta(args) -> Dict[str, Any]:
 
 def make_spec(args, model: str, allocator: str, mode: str, repeat: int, **extra: Any) -> Dict[str, Any]:
     steps, warmup = steps_of(model, args.steps, args.warmup, args.gen_kv_steps, args.gen_kv_warmup)
-    spec = {"model": model, "allocator": allocator, "mode": mode, "repeat": repeat, "steps": steps, "warmup": warmup}
+    spec = {"model": model, "allocator": allocator, "mode": mode, "repeat": repeat, "steps": steps, "warmup": warmup,
+            "shapes_warm": args.shapes_warm}
     spec.update(extra)
     return spec
 
@@ -1342,6 +1362,8 @@ def parse_args(argv: Optional[List[str]] = None):
     ap.add_argument("--allocators", default=",".join(ALLOCATORS), help=f"comma-separated, from {ALLOCATORS}")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (default 5)")
+    ap.add_argument("--shapes-warm", action="store_true",
+                    help="warm up on the timed steps' shapes: one untimed pass over them first (models whose shapes change)")
     ap.add_argument("--gen-kv-steps", type=int, default=10, help="timed steps of gen_kv (default 10)")
     ap.add_argument("--gen-kv-warmup", type=int, default=2, help="warm-up steps of gen_kv (default 2)")
     ap.add_argument("--repeat", type=int, default=1, help="repeats of every W7 run (default 1)")

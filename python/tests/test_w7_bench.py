@@ -177,6 +177,15 @@ def test_changing_shapes_are_seeded_and_in_range(w7):
     assert all(1 <= b <= 16 and 16 <= p <= 256 and 64 <= n <= 256 for b, p, n in gen)
 
 
+def test_shapes_warm_runs_the_timed_plan_twice_the_first_pass_untimed(w7):
+    warmup, plan = w7.run_plan("mlm_dyn", 4, 8, shapes_warm=True)
+    timed = w7.step_plan("mlm_dyn", 8)
+    assert warmup == 8 and plan == timed + timed and len(set(timed)) > 1
+    assert w7.run_plan("mlm_dyn", 4, 8, shapes_warm=False) == (4, w7.step_plan("mlm_dyn", 12))
+    # A model of one shape keeps its own warm-up.
+    assert w7.run_plan("gpt2", 4, 8, shapes_warm=True) == (4, None)
+
+
 def test_child_environments(w7, monkeypatch):
     monkeypatch.setenv("XLOG_BUDGET_BYTES", "1GiB")  # a stray setting must not reach the runs
     monkeypatch.setenv("XLOG_MEMORY", "pool")
