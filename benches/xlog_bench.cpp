@@ -790,6 +790,39 @@ double w1_once(Peer& peer, uint64_t bytes, int pairs) {
   return us;
 }
 
+// W1's ratio of `a` to `b` measured in turns: both peers' sessions open at
+// once, then `turn` pairs of one, `turn` of the other, and so on for at
+// least cfg.w1_min_us; the ratio of their total times. The host's speed
+// drifts by a third over seconds on the GPU machines (the samples of two
+// peers a second apart move together), so two medians taken at different
+// moments carry that drift into their ratio; turns of a few hundred
+// microseconds see the same host.
+double w1_turns(Peer& a, Peer& b, uint64_t bytes, int turn) {
+  Session sa(a, 1), sb(b, 1);
+  Handle h;
+  auto run = [&](Peer& peer, Lane& lane, int n) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      if (peer.allocate(lane, bytes, &h) != AllocResult::Ok) throw BenchError("refused: " + t_refusal);
+      peer.deallocate(lane, h);
+      peer.tick(lane);
+    }
+    peer.synchronize(lane);
+    return micros_since(t0);
+  };
+  run(a, sa.lane(0), std::max(64, turn));  // warm-up of both
+  run(b, sb.lane(0), std::max(64, turn));
+  double ta = 0, tb = 0;
+  auto t0 = Clock::now();
+  do {
+    ta += run(a, sa.lane(0), turn);
+    tb += run(b, sb.lane(0), turn);
+  } while (micros_since(t0) < 2 * cfg.w1_min_us);
+  sa.finish();
+  sb.finish();
+  return ta / tb;
+}
+
 void workload_w1(Registry& reg) {
   std::vector<Peer*> peers;
   for (auto& p : reg.peers) peers.push_back(p.get());
@@ -797,6 +830,13 @@ void workload_w1(Registry& reg) {
     note("W1 %s", size_label(bytes).c_str());
     auto result = interleave(peers, cfg.repeats, [&](Peer& p) { return w1_once(p, bytes, cfg.w1_pairs); });
     report("W1", size_label(bytes), "us_per_pair", peers, result);
+    Peer* x = reg.find("xlog");
+    Peer* raw = reg.find("raw");
+    if (x && raw && result.at("xlog").error.empty() && result.at("raw").error.empty()) {
+      std::vector<double> ratios;
+      for (int r = 0; r < cfg.repeats; ++r) ratios.push_back(w1_turns(*x, *raw, bytes, 500));
+      out.row("W1", "xlog", size_label(bytes), "ratio_to_raw_in_turns", format("%.4f", median(ratios)), "");
+    }
     // Direct is compared with cudaMalloc, its synchronous counterpart.
     auto d = result.find("xlog-direct");
     auto c = result.find("cudaMalloc");
