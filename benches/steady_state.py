@@ -16,7 +16,7 @@ what the previous repeat left live, so every repeat frees what the one
 before carried.
 
 Why: on the GPU a miss in a fixed-shape loop maps hundreds of pages (an
-823 MB logits block is 197 of the arena's 4 MiB pages), each costing about
+823 MB logits block is 50 of the arena's 16 MiB large pages), each costing about
 the same driver time whatever its size, so pages mapped per step in the
 steady state is what the step time pays for; the lag-free and lagged footprint
 replays (check_traces.py) see only the peak. The sim's streams run

@@ -15,7 +15,7 @@ Each process (a child of this driver, XLOG_BUDGET_BYTES = budget / 2):
          allocate/free on one stream, synchronized every step): no PyTorch.
 
 Live bytes never exceed half x --fill (default 0.7): the workload fits its
-half with room for rounding (4 MiB pages) and fragmentation.
+half with room for rounding (2 MiB pages) and fragmentation.
 
 Measurement (NVML in the driver, which holds no CUDA context): the device's
 used memory before any child ("idle"); then the children start one after

@@ -1,6 +1,6 @@
 // The arena's physics through the C ABI (DESIGN.md "Physical memory";
 // src/resources/arena/mod.rs has the contract): device memory is held in
-// 4 MiB pages mapped as needed, the budget is charged exactly the pages
+// 2 MiB pages mapped as needed, the budget is charged exactly the pages
 // held, freed memory stays mapped (idle) and serves later blocks without a
 // driver call, and a refusal comes only once no idle page is left.
 //

@@ -223,7 +223,7 @@ TEST(CApiRuntime, OpenBackendStatsClose) {
 }
 
 TEST(CApiRuntime, SimOpensAreIndependent) {
-  // Budgets of whole pages, so that the arena (4 MiB pages) fits in them too.
+  // Budgets of whole pages, so that the arena (2 MiB pages) fits in them too.
   xlog_config cfg = SimConfig();
   cfg.budget_bytes = 2 * kPage;
   xlog_runtime* a = OpenSim(cfg);

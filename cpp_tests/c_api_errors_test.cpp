@@ -800,7 +800,7 @@ TEST_F(CApiErrors, HugeAllocationWithoutBudgetIsOutOfMemory) {
   ExpectStatsUnchangedByRefusal(before, StatsOf(rt_), failed);
 }
 
-// A budget of whole pages (the arena charges 4 MiB pages): every number
+// A budget of whole pages (the arena charges 2 MiB pages): every number
 // below is the same under either memory.
 constexpr std::uint64_t kBudget = 2 * kPage;
 

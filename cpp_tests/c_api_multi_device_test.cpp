@@ -68,7 +68,7 @@ class TwoDevices : public ::testing::Test {
   }
   void Pair() { XLOG_ASSERT_OK(xlog_enable_peer_access(d0_, d1_)); }
 
-  // Whole pages (the arena charges 4 MiB pages), so that the numbers are
+  // Whole pages (the arena charges 2 MiB pages), so that the numbers are
   // the same under either memory.
   std::uint64_t budget0_ = kPage;
   std::uint64_t budget1_ = 4 * kPage;

@@ -154,10 +154,10 @@ inline xlog_config SimConfig() {
 // themselves; the others hold under either.
 inline bool DefaultMemoryIsPool() { return SimConfig().memory == XLOG_MEMORY_POOL; }
 
-// The arena maps device memory in pages of this size (two of the sim's
+// The arena maps device memory in pages of this size (one of the sim's
 // 2 MiB granules, Hopper's); a budget below one page refuses every arena
 // allocation.
-constexpr std::uint64_t kPage = std::uint64_t{4} << 20;
+constexpr std::uint64_t kPage = std::uint64_t{2} << 20;
 
 // Bytes the runtime holds for `live` live bytes while everything fits in
 // `pages` arena pages and the pool keeps no freed block: the pool holds

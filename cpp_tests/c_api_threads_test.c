@@ -7,7 +7,7 @@
  * that the runtime's block table, budget and event pool are all contended.
  * Each thread holds up to 4 blocks of up to 512 KiB, about as much as
  * the budget plus what is pending, so OUT_OF_BUDGET must happen and is the
- * only error allowed. The budget is whole 4 MiB pages, so the program runs
+ * only error allowed. The budget is whole 2 MiB pages, so the program runs
  * the same under either memory (XLOG_MEMORY: the arena, the default, or
  * the pool; ctest runs both).
  *

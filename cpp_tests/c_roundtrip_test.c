@@ -69,7 +69,7 @@ int main(void) {
   /* A size the allocator hands out as it is (10 KiB: a multiple of its
      512-byte steps), so device bytes equal requested bytes below. */
   const size_t bytes = 10240;
-  /* A budget of two 4 MiB pages: the arena (the default memory) charges
+  /* A budget of four 2 MiB pages: the arena (the default memory) charges
      the pages it maps, the pool (XLOG_MEMORY=pool) its blocks. `held` is
      what the one block makes the runtime hold, under either. */
   const uint64_t budget = 8u * 1024u * 1024u;
@@ -89,7 +89,7 @@ int main(void) {
   cfg.backend = XLOG_BACKEND_SIM;
   cfg.budget_bytes = budget;
   pool = cfg.memory == XLOG_MEMORY_POOL;
-  held = pool ? bytes : 4u * 1024u * 1024u;
+  held = pool ? bytes : 2u * 1024u * 1024u;
   CHECK_STATUS(XLOG_OK, xlog_runtime_open(0, &cfg, &rt));
   CHECK(rt != NULL);
   CHECK_STATUS(XLOG_OK, xlog_runtime_backend(rt, &backend));

@@ -189,13 +189,13 @@ xlog_config config(uint64_t budget, bool wait_on_pressure) {
   cfg.sim_capacity_bytes = 64ull << 20;
   cfg.wait_on_pressure = wait_on_pressure ? 1 : 0;
   // cfg.memory stays xlog_config_init's (XLOG_MEMORY, else the arena):
-  // ctest runs this program under both memories. Budgets are whole 4 MiB
+  // ctest runs this program under both memories. Budgets are whole 2 MiB
   // pages (what the arena maps and charges), byte counts are read from the
   // runtime's own stats.
   return cfg;
 }
 
-constexpr uint64_t kPage = 4ull << 20;
+constexpr uint64_t kPage = 2ull << 20;
 
 xlog_runtime* open_runtime(uint64_t budget = 0, bool wait_on_pressure = false) {
   const xlog_config cfg = config(budget, wait_on_pressure);

@@ -183,7 +183,7 @@ void budget_refusal_is_bad_alloc() {
 
 void threads_share_one_resource() {
   // Four streams at once: under the arena (the default memory) each stream
-  // maps 4 MiB pages of its own, and a stream whose first page is being
+  // maps 2 MiB pages of its own, and a stream whose first page is being
   // created on another thread (charged, not yet mapped) cannot take it. A
   // budget of a page per stream and a page to spare keeps this test about
   // the resource's shared map, not about refusals under concurrent page

@@ -18,7 +18,7 @@
 //     refused with its numbers (XLOG_ERR_OUT_OF_BUDGET); no block changes
 //     (cached memory may be given back first, as before any refusal).
 //   held versus live    the peak of the blocks' bytes against the peak of the
-//     device memory xlog held (the arena maps whole 4 MiB pages).
+//     device memory xlog held (the arena maps whole 2 MiB pages).
 //   the memory log      written to XLOG_LOG_PATH, else --log PATH, else
 //     xlog-demo-log.csv in the working directory; the demo prints the
 //     command that turns it into the HTML report (scripts/demo runs it).
@@ -492,13 +492,13 @@ std::string bytes_text(std::uint64_t bytes) {
   return text;
 }
 
-constexpr std::uint64_t kPageBytes = 4 * kMiB;  // the arena's page: two 2 MiB VM granules (Hopper's, and the sim's)
+constexpr std::uint64_t kPageBytes = 2 * kMiB;  // the arena's page: one 2 MiB VM granule (Hopper's, and the sim's)
 
 std::string held_text(std::uint64_t bytes) {
   std::string text = bytes_text(bytes);
   if (bytes != 0 && bytes % kPageBytes == 0) {
     const std::uint64_t pages = bytes / kPageBytes;
-    text += " (" + std::to_string(pages) + (pages == 1 ? " page" : " pages") + " of 4 MiB)";
+    text += " (" + std::to_string(pages) + (pages == 1 ? " page" : " pages") + " of 2 MiB)";
   }
   return text;
 }
@@ -589,11 +589,11 @@ void print_story(const xlog::Runtime& rt, int peer_device, DataPath path, const 
               held_text(p.peak_outstanding_bytes).c_str());
   const std::uint64_t live_pages = (p.peak_live_bytes + kPageBytes - 1) / kPageBytes;
   if (p.peak_outstanding_bytes <= live_pages * kPageBytes) {
-    std::printf("  Held is more than live because the arena maps whole 4 MiB pages: %s of blocks fit in %" PRIu64
+    std::printf("  Held is more than live because the arena maps whole 2 MiB pages: %s of blocks fit in %" PRIu64
                 "\n  page%s, and freed blocks' pages stay mapped (cached) for the next allocation.\n",
                 bytes_text(p.peak_live_bytes).c_str(), live_pages, live_pages == 1 ? "" : "s");
   } else {
-    std::printf("  Held is more than live because the arena maps whole 4 MiB pages (%s of blocks needs %" PRIu64
+    std::printf("  Held is more than live because the arena maps whole 2 MiB pages (%s of blocks needs %" PRIu64
                 "),\n  and freed blocks' pages stay mapped (cached) while queued work still reads them.\n",
                 bytes_text(p.peak_live_bytes).c_str(), live_pages);
   }

@@ -25,8 +25,8 @@ use xlog_cuda::{Access, Backend, Config, DeviceBlock, ResourceError, Runtime, St
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-/// The arena's page: two of the sim's 2 MiB granules (`PAGE_GRANULES`).
-const PAGE: u64 = 4 * MIB;
+/// The arena's page: one of the sim's 2 MiB granules (`PAGE_GRANULES`).
+const PAGE: u64 = 2 * MIB;
 
 struct Rng(u64);
 

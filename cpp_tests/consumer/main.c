@@ -37,12 +37,12 @@ int main(void) {
   xlog_config cfg;
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
-  cfg.budget_bytes = 8u << 20; /* two 4 MiB pages */
+  cfg.budget_bytes = 8u << 20; /* four 2 MiB pages */
   cfg.cache = 1;
   /* What one 4096-byte block makes the runtime hold: the arena (the
-     default) maps a whole 4 MiB page, the pool (XLOG_MEMORY=pool) holds
+     default) maps a whole 2 MiB page, the pool (XLOG_MEMORY=pool) holds
      the block itself. */
-  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (4u << 20);
+  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (2u << 20);
 
   xlog_runtime *rt = NULL;
   if (!ok(xlog_runtime_open(0, &cfg, &rt), "xlog_runtime_open")) return 1;

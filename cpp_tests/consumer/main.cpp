@@ -21,11 +21,11 @@ void expect(bool condition, const char* what) {
 
 int main() {
   try {
-    constexpr std::uint64_t kBudget = 8 << 20;  // two 4 MiB pages
+    constexpr std::uint64_t kBudget = 8 << 20;  // four 2 MiB pages
     const xlog::Config config = xlog::Config().backend(XLOG_BACKEND_SIM).budget_bytes(kBudget).cache(true);
     // What one 1024-byte block makes the runtime hold: the arena (the
-    // default) maps a 4 MiB page, the pool (XLOG_MEMORY=pool) holds the block.
-    const std::uint64_t held = config.raw().memory == XLOG_MEMORY_POOL ? 1024 : 4 << 20;
+    // default) maps a 2 MiB page, the pool (XLOG_MEMORY=pool) holds the block.
+    const std::uint64_t held = config.raw().memory == XLOG_MEMORY_POOL ? 1024 : 2 << 20;
     xlog::Runtime rt{config};
     expect(rt.backend() == XLOG_BACKEND_SIM, "backend is sim");
     {

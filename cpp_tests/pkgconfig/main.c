@@ -9,11 +9,11 @@ int main(void) {
   xlog_config cfg;
   xlog_config_init(&cfg);
   cfg.backend = XLOG_BACKEND_SIM;
-  cfg.budget_bytes = 8u << 20; /* two 4 MiB pages */
+  cfg.budget_bytes = 8u << 20; /* four 2 MiB pages */
   cfg.cache = 1; /* the default, whatever XLOG_CACHE says */
   /* What the 4096-byte block makes the runtime hold: the arena (the
-     default) maps a 4 MiB page, the pool (XLOG_MEMORY=pool) the block. */
-  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (4u << 20);
+     default) maps a 2 MiB page, the pool (XLOG_MEMORY=pool) the block. */
+  const uint64_t held = cfg.memory == XLOG_MEMORY_POOL ? 4096u : (2u << 20);
   xlog_runtime *rt = NULL;
   xlog_stream s = 0;
   xlog_block b;

@@ -39,7 +39,7 @@ XLOG_ENV = (
 # pending frees, reap, byte-exact cached counts) carries
 # @pytest.mark.pool_memory: it runs with XLOG_MEMORY=pool whatever the
 # environment says (subprocesses included).
-PAGE = 4 << 20  # the arena maps and charges device memory in 4 MiB pages (two 2 MiB granules)
+PAGE = 2 << 20  # the arena maps and charges device memory in 2 MiB pages (one granule, Hopper's and the sim's)
 
 
 def pytest_configure(config):

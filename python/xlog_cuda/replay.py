@@ -34,7 +34,7 @@ nothing of the XLOG_* environment applies).
   open, and a capacity above the host's memory is refused. The default,
   `auto`, is 1 unless the capacity needed does not fit, then the smallest
   power of two that does; the report says which. A scaled replay keeps
-  xlog's 512-byte block rounding and 4 MiB pages unscaled, so small blocks
+  xlog's 512-byte block rounding and 2 MiB pages unscaled, so small blocks
   and small traces look a little worse than they are.
 - The sim capacity is 2x the trace's live peak plus 64 MiB a stream,
   rounded up to a GiB (at least 1 GiB, at least the budget), unless

@@ -20,7 +20,7 @@
 //! - **Two page sizes.** Blocks of `LARGE_BLOCK_PAGES` pages or more
 //!   (256 MiB on Hopper) are *large*: they are carved from regions of
 //!   their own, mapped in pages of `LARGE_PAGE_PAGES` pages (16 MiB), so a
-//!   large block that moves costs a quarter of the driver calls. Pages
+//!   large block that moves costs an eighth of the driver calls. Pages
 //!   are lent and recycled only between regions of their size; a small
 //!   block that would map takes mapped room in its stream's large regions
 //!   first (a hit), so what large blocks leave serves small ones. Past
@@ -35,8 +35,8 @@
 //! - **Physical pages** (`pages.rs`): the device holds exactly the pages
 //!   the arena created and has not released, and the budget is charged a
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
-//!   device granules (4 MiB on Hopper), or a large page. A miss's pages come from spare
-//!   ones, else (past the live peak plus 1/64) idle pages lent or
+//!   device granules (2 MiB on Hopper), or a large page. A miss's pages come from spare
+//!   ones, else (past the live peak plus 1/32) idle pages lent or
 //!   recycled, else new ones; trim and pressure give idle pages back.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
@@ -69,21 +69,27 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult, StreamRef};
 
 /// Every block's size is a multiple of this (and so is its address).
 pub(crate) const BLOCK_ALIGN: u64 = 512;
-/// A physical page is this many of the device's mapping granules (2 MiB on
-/// Hopper): 4 MiB. Every driver call on a page (`cuMemCreate`, `cuMemMap`,
-/// `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) costs about the same
-/// whatever its size, up to hundreds of MiB (measured on an H100: about
-/// 26 µs to map and grant a page, 16 µs to unmap it, 10 µs each to
-/// create and release it). Two granules halve the calls any remapping
-/// needs, at the price of at most one more granule held at the edges of
-/// the free ranges: every recorded trace stays within 1.09x its live peak
-/// on sim (four granules would not: the four-stream W11 trace holds 1.15x).
-/// BENCHMARKS.md, "Physical memory, fourth pass".
-pub(crate) const PAGE_GRANULES: u64 = 2;
+/// A physical page is this many of the device's mapping granules: one
+/// (2 MiB on Hopper), the least the device maps. Every driver call on a
+/// page (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`,
+/// `cuMemRelease`) costs about the same whatever its size (on an H100
+/// about 26 µs to map and grant a page, 16 µs to unmap it, 10 µs each to
+/// create and release it), so two granules a page halve the calls, and
+/// the arena used them until the tenth pass. What they cost was memory
+/// at the edges of free ranges, a page partly live on each side, in every
+/// stream's regions: an engine on four streams with a live peak of about
+/// 50 MiB held 1.27-1.39x it on the GPU (one granule: 1.09-1.15x), and
+/// the four-stream W11 pipeline on sim passed 1.10x in one run of ten
+/// (one granule: at most 1.076x). The calls that count are those of a
+/// steady state, and those are mostly large pages (below), which keep
+/// their size; the doubled calls fall on the first steps, and taking
+/// the same steps with no remapping at all measured no faster on the
+/// GPU. BENCHMARKS.md, "Physical memory, tenth pass".
+pub(crate) const PAGE_GRANULES: u64 = 1;
 /// Blocks of at least this many pages (256 MiB on Hopper) are *large*:
 /// they are carved from regions of their own whose physical pages are
 /// `LARGE_PAGE_PAGES` pages each (16 MiB), so mapping, lending or
-/// recycling them takes a quarter of the driver calls. Large blocks are
+/// recycling them takes an eighth of the driver calls. Large blocks are
 /// where a model at its memory limit moves pages from step to step
 /// (GPT-2's logits and their gradients: 84% of the pages it remapped),
 /// and small blocks take the mapped room they leave, so the split costs
@@ -93,8 +99,8 @@ pub(crate) const PAGE_GRANULES: u64 = 2;
 /// thresholds split blocks that a layout shares between sizes (a growing
 /// KV cache's 64-128 MiB blocks then hold 1.14x). BENCHMARKS.md, "Physical
 /// memory, seventh pass".
-pub(crate) const LARGE_BLOCK_PAGES: u64 = 64;
-pub(crate) const LARGE_PAGE_PAGES: u64 = 4;
+pub(crate) const LARGE_BLOCK_PAGES: u64 = 128;
+pub(crate) const LARGE_PAGE_PAGES: u64 = 8;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -8,9 +8,9 @@
 //!   and uncharged when it is released. Nothing else xlog does on this
 //!   path holds device memory, so the charge is the device's number.
 //! - **Pages.** A physical page is `PAGE_GRANULES` of the device's mapping
-//!   granules (4 MiB on Hopper), or `LARGE_PAGE_PAGES` of those (16 MiB) in
+//!   granules (2 MiB on Hopper), or `LARGE_PAGE_PAGES` of those (16 MiB) in
 //!   the regions of large blocks: each driver call costs per page, not per
-//!   byte, so the page is as large as the footprint bound allows. Spare
+//!   byte, so large blocks, where a steady state remaps, get large pages. Spare
 //!   pages are kept by size; a miss obtains pages of its region's size,
 //!   lent or recycled from regions of that size only. Past the soft cap,
 //!   with none of its size to lend or recycle, idle pages of the other
@@ -23,7 +23,7 @@
 //!   has run past their frees (a host wait, on a refusal only), since any
 //!   stream takes a spare page with no fence.
 //! - **Lending.** A page no live block overlaps is idle. Before the arena
-//!   creates a page while it holds more than its live peak plus 1/64 (at
+//!   creates a page while it holds more than its live peak plus 1/32 (at
 //!   least one page), and before any refusal, it *lends* idle pages,
 //!   longest idle first: each is mapped a second time where it is needed
 //!   (GMLake's stitching, in page units), while its old address stays
@@ -61,9 +61,16 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult};
 /// ResNet-50 step at 1/256 still mapped 13 pages a step after 80 repeats
 /// and crept to 1.044x its live peak (1.034x on the GPU after 13 steps); at
 /// 1/64 it maps none from the second repeat, at 1.012x (0.995x expandable
-/// segments' device peak on the GPU). BENCHMARKS.md, "Physical memory,
-/// fifth pass".
-const SLACK_DIV: u64 = 64;
+/// segments' device peak on the GPU; BENCHMARKS.md, "Physical memory,
+/// fifth pass"). Pages of one granule leave less memory at the edges of
+/// the free ranges, so less room for a layout to settle in: at 1/64 the
+/// recorded GPT-2 run crept to 1.039x its live peak, lending 28 pages a
+/// step; at 1/32 it holds 1.021x and lends 22 (what two-granule pages
+/// did at 1/64), and every other recorded trace stays within 0.005 of
+/// what it held at 1/64 (mlm_dyn 1.017x against 1.012x; 1/16 would cost
+/// more: W11's trace 1.062x against 1.040x). "Physical memory, tenth
+/// pass".
+const SLACK_DIV: u64 = 32;
 const MIN_SLACK_PAGES: u64 = 1;
 
 /// How sure recycling must be that an idle page's frees are complete.
