@@ -42,7 +42,7 @@ set(_story
   "Held versus live"
   "Peak live [^\n]*: the most the engine's blocks added up to"
   "Peak held [^\n]*: the device memory xlog mapped"
-  "the arena maps whole 4 MiB pages"
+  "the arena maps whole 2 MiB pages"
   "xlog holds 0 bytes"
   "Memory log: [^\n]+ rows from this run"
   "HTML memory report: python3 -m xlog_cuda.report [^\n]+ -o [^\n]+[.]html"

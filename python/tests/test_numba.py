@@ -30,7 +30,7 @@ SCENARIO = textwrap.dedent(
     import xlog_cuda, xlog_cuda.interop as xi, xlog_cuda.numba as xn
 
     DEV = int(os.environ["DEV"])
-    BUDGET = 4 << 20  # one 4 MiB page (the arena's unit); the callers set it
+    BUDGET = 4 << 20  # two 2 MiB pages (the arena's unit); the callers set it
     SIZE = 2400 << 10  # PyTorch's block; twice it does not fit beside `p`
     fake = getattr(numba, "FAKE", False)
     if fake:
