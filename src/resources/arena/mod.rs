@@ -79,8 +79,8 @@ pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// at the edges of free ranges, a page partly live on each side, in every
 /// stream's regions: an engine on four streams with a live peak of about
 /// 50 MiB held 1.27-1.39x it on the GPU (one granule: 1.09-1.15x), and
-/// the four-stream W11 pipeline on sim passed 1.10x in one run of ten
-/// (one granule: at most 1.076x). The calls that count are those of a
+/// the four-stream W11 pipeline on sim passed 1.10x in 2-4 runs of 24
+/// (one granule: at most 1.076x in four sets of 24). The calls that count are those of a
 /// steady state, and those are mostly large pages (below), which keep
 /// their size; the doubled calls fall on the first steps, and taking
 /// the same steps with no remapping at all measured no faster on the
