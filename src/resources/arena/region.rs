@@ -53,6 +53,11 @@ pub(crate) struct Region {
     pub free: FreeRanges,
     /// The physical page mapped at each granule; `None` where unmapped.
     pages: Vec<Option<PhysHandle>>,
+    /// One past the highest granule ever mapped: no page is mapped from
+    /// here on, so scans for mapped pages stop here (a region reserves
+    /// the whole device, tens of thousands of granules, and its last free
+    /// range, mostly never mapped, reaches to its end).
+    mapped_end: usize,
     /// Frees into this region so far: each gets the next number.
     frees: u64,
     /// Frees known complete on the GPU.
@@ -88,6 +93,7 @@ impl Region {
             page_bytes,
             free,
             pages,
+            mapped_end: 0,
             frees: 0,
             done: 0,
             seals: VecDeque::new(),
@@ -125,6 +131,7 @@ impl Region {
     pub fn install(&mut self, page: usize, handle: PhysHandle) {
         debug_assert!(self.pages[page].is_none());
         self.pages[page] = Some(handle);
+        self.mapped_end = self.mapped_end.max(page + 1);
     }
 
     /// The handle of an unmapped page taken out of the table.
@@ -240,7 +247,7 @@ impl Region {
     fn mapped_pages_within(&self, start: u64, len: u64) -> impl Iterator<Item = usize> + '_ {
         let first = (start - self.base).div_ceil(self.page_bytes) as usize;
         let end = ((start + len - self.base) / self.page_bytes) as usize;
-        (first..end).filter(|&p| self.pages[p].is_some())
+        (first..end.min(self.mapped_end)).filter(|&p| self.pages[p].is_some())
     }
 
     /// Mapped pages that free ranges cover whole and whose frees are
@@ -325,7 +332,7 @@ impl Region {
 
     /// Every mapped page, in address order (close).
     pub fn mapped_pages(&self) -> Vec<usize> {
-        (0..self.pages.len()).filter(|&p| self.pages[p].is_some()).collect()
+        (0..self.mapped_end).filter(|&p| self.pages[p].is_some()).collect()
     }
 }
 
@@ -413,6 +420,32 @@ mod tests {
         r.unreserve(0, G, 1);
         assert_eq!(free(&r), vec![(0, 4 * G)], "given back, it is free address space again");
         assert_eq!(r.unmapped_in(0, 2 * G), vec![0], "and unmapped");
+    }
+
+    #[test]
+    fn scans_for_mapped_pages_reach_the_highest_granule_ever_mapped() {
+        let mut r = Region::new(1, 0, 64 * G, G);
+        let (a, _) = r.take(G).unwrap();
+        r.install(0, 100);
+        // A block at the far end of the region: its granule is found by
+        // every scan, however far past the others it lies.
+        let far = 62 * G;
+        r.free.withdraw(far, 2 * G).unwrap();
+        for p in r.unmapped_in(far, 2 * G) {
+            r.install(p, p as u64 + 100);
+        }
+        assert_eq!(r.mapped_pages(), vec![0, 62, 63]);
+        r.release(a, G);
+        r.release(far, 2 * G);
+        r.settle_recent();
+        r.all_done();
+        assert_eq!(r.idle_pages(10), vec![0, 62, 63]);
+        assert_eq!(r.lendable(10), 3);
+        // Unmapped again, the scans find nothing (the end stays where it was).
+        for p in [0, 62, 63] {
+            r.uninstall(p);
+        }
+        assert!(r.idle_pages(10).is_empty() && r.mapped_pages().is_empty());
     }
 
     #[test]
