@@ -763,26 +763,31 @@ void report(const std::string& workload, const std::string& param, const std::st
 // W1: allocate+free pairs
 // ---------------------------------------------------------------------------
 
+// `n` allocate+free pairs of `bytes` on `lane`, then a synchronize: the
+// microseconds they took. tick() once a pair: xlog reaps every 64 pairs.
+double time_pairs(Peer& peer, Lane& lane, uint64_t bytes, int n) {
+  Handle h;
+  auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    if (peer.allocate(lane, bytes, &h) != AllocResult::Ok) throw BenchError("refused: " + t_refusal);
+    peer.deallocate(lane, h);
+    peer.tick(lane);
+  }
+  peer.synchronize(lane);
+  return micros_since(t0);
+}
+
 double w1_once(Peer& peer, uint64_t bytes, int pairs) {
   Session session(peer, 1);
   Lane& lane = session.lane(0);
-  Handle h;
-  auto run = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      if (peer.allocate(lane, bytes, &h) != AllocResult::Ok) throw BenchError("refused: " + t_refusal);
-      peer.deallocate(lane, h);
-      peer.tick(lane);  // once per pair: xlog reaps every 64 pairs
-    }
-    peer.synchronize(lane);
-  };
-  run(std::max(64, pairs / 10));  // warm-up: pools, event caches, code
+  time_pairs(peer, lane, bytes, std::max(64, pairs / 10));  // warm-up: pools, event caches, code
   // At least `pairs` pairs and at least cfg.w1_min_us of them: a pair of
   // the fast peers is a fraction of a microsecond, and a sample of a
   // millisecond moves by a tenth with one interruption of the thread.
   auto t0 = Clock::now();
   long done = 0;
   do {
-    run(pairs);
+    time_pairs(peer, lane, bytes, pairs);
     done += pairs;
   } while (micros_since(t0) < cfg.w1_min_us);
   double us = micros_since(t0) / done;
@@ -799,24 +804,13 @@ double w1_once(Peer& peer, uint64_t bytes, int pairs) {
 // microseconds see the same host.
 double w1_turns(Peer& a, Peer& b, uint64_t bytes, int turn) {
   Session sa(a, 1), sb(b, 1);
-  Handle h;
-  auto run = [&](Peer& peer, Lane& lane, int n) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      if (peer.allocate(lane, bytes, &h) != AllocResult::Ok) throw BenchError("refused: " + t_refusal);
-      peer.deallocate(lane, h);
-      peer.tick(lane);
-    }
-    peer.synchronize(lane);
-    return micros_since(t0);
-  };
-  run(a, sa.lane(0), std::max(64, turn));  // warm-up of both
-  run(b, sb.lane(0), std::max(64, turn));
+  time_pairs(a, sa.lane(0), bytes, std::max(64, turn));  // warm-up of both
+  time_pairs(b, sb.lane(0), bytes, std::max(64, turn));
   double ta = 0, tb = 0;
   auto t0 = Clock::now();
   do {
-    ta += run(a, sa.lane(0), turn);
-    tb += run(b, sb.lane(0), turn);
+    ta += time_pairs(a, sa.lane(0), bytes, turn);
+    tb += time_pairs(b, sb.lane(0), bytes, turn);
   } while (micros_since(t0) < 2 * cfg.w1_min_us);
   sa.finish();
   sb.finish();
