@@ -71,7 +71,9 @@ then waits to be told to go (--no-prestart turns this off); nothing touches
 CUDA before that. --time-budget skips the runs that would end past it (a
 skipped run is a row saying so).
 
-Output (--out DIR): results.json (every run, the aggregates, the targets),
+Output (--out DIR): results.json (every run, the aggregates, the targets;
+an xlog run also has, per step, its allocations, misses and pages mapped
+and unmapped: `xlog_per_step`),
 results.md (the tables) and runs/ (each run's result and log), with the
 device, date and versions. A run that fails or times out is a row with its
 error, never the end of the whole benchmark. Exit status 0 when it ran
@@ -848,6 +850,10 @@ def run_child(spec: Dict[str, Any], wait_go: Optional[Callable[[], bool]] = None
         losses: List[float] = []
         failed, first_error = 0, None
         reserved_max = 0
+        # xlog's counters after each step: what a step's time paid for in
+        # driver calls (pages mapped and unmapped) and misses.
+        per_step: List[Dict[str, int]] = []
+        last = xt.stats(0) if xt is not None else None
         for i in range(warmup + steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -870,7 +876,11 @@ def run_child(spec: Dict[str, Any], wait_go: Optional[Callable[[], bool]] = None
                 if i == 0 or i == warmup + steps - 1:
                     losses.append(float(loss))
             if xt is not None:
-                reserved_max = max(reserved_max, xt.stats(0).reserved_bytes)
+                now = xt.stats(0)
+                reserved_max = max(reserved_max, now.reserved_bytes)
+                per_step.append({k: getattr(now, k) - getattr(last, k)
+                                 for k in ("allocations", "cache_misses", "pages_mapped", "pages_unmapped")})
+                last = now
         peak = nvml.stop()
         torch.cuda.synchronize()
         end_used = nvml.used()
@@ -890,6 +900,8 @@ def run_child(spec: Dict[str, Any], wait_go: Optional[Callable[[], bool]] = None
             nvml_samples=nvml.samples,
             losses=losses,
         )
+        if per_step:
+            res["xlog_per_step"] = per_step
         if plan is not None:
             res["plan"] = plan
         if budget is not None:

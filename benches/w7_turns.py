@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""W7 step time in turns: two allocators, one process each, taking the
+same steps one after the other.
+
+    XLOG_CUDA_LIBRARY=/path/libxlog_cuda.so python3 benches/w7_turns.py --out OUT
+        [--models gpt2_dyn,mlm_dyn] [--allocators caching,xlog] [--steps 10]
+        [--warmup 5] [--passes 3] [--timeout 600]
+
+    python3 benches/w7_turns.py --self-test    # the pure-Python parts, no GPU
+
+Why. The GPU machine's host runs at a speed that moves by up to a factor
+of two from one process to the next and within one (a pure-Python loop
+timed at 96-223 ms in the same image, pinned to a core or not; BENCHMARKS.md,
+"Physical memory, eleventh pass"), and a W7 step of a model with changing
+shapes is often host-bound. Separate processes, one allocator after the
+other (`w7_training.py`), then compare host speeds as much as allocators:
+three or four repeats left step-time ratios between 0.85 and 1.25 for
+either allocator against itself. Here both processes are built and warmed
+first; then each timed step runs in one process, then the same step in the
+other (the order alternating from step to step), so the two see the same
+host within a fraction of a second.
+
+How. For each model, one child process per allocator (the environment of
+`w7_training.child_env`): imports, `xlog_cuda.torch.enable()` for xlog,
+the model and optimizer of `w7_training.build_workload`, then for a model
+whose shapes change the timed plan once untimed (`--shapes-warm` in W7's
+terms), for a fixed-shape model `--warmup` steps. Then `--passes` passes
+over the `--steps` timed steps, in turns; a child runs a step only when
+told, synchronises, and answers with its wall time. Both children hold
+their memory at once (the GPU must hold both models), so this measures
+time only: device peaks come from `w7_training.py`'s separate processes.
+
+Output: per model, the per-step times of each allocator, the ratio of the
+totals (every timed step of every pass) against the first allocator, the
+median of the per-step ratios, and each pass's ratio of totals (their
+spread); results.json and results.md in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import w7_training as W  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# The child: one model, one allocator, steps on demand
+# ---------------------------------------------------------------------------
+
+
+def child_main(spec: Dict[str, Any]) -> int:
+    """Build and warm the workload, print `ready`, then run `step I` lines
+    from stdin (answering `ms T`) until `end` (answering `stats {json}`)."""
+    out = sys.stdout
+    if spec.get("cpus"):
+        # Every child on the same cores: the host's cores run at speeds
+        # that differ, and a process keeps to the cores it started on.
+        os.sched_setaffinity(0, spec["cpus"])
+    W.preimport(spec)
+    xt = None
+    if spec["allocator"] in W.XLOG_ALLOCATORS:
+        import xlog_cuda.torch as xt  # noqa: F811
+
+        xt.enable(backend="cuda")
+    import torch
+
+    torch.manual_seed(0)
+    torch.cuda.init()
+    W.warm_up_cuda(torch)
+    timed = W.step_plan(spec["model"], spec["steps"])
+    if timed is not None:
+        warm, plan = len(timed), timed + timed
+    else:
+        warm, plan = spec["warmup"], None
+    _, _, step = W.build_workload(torch, spec["model"], plan)
+    for i in range(warm):
+        step(i)
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "end":
+            break
+        # The i-th timed step: the plan's second pass, every pass alike.
+        i = warm + int(words[1])
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        step(i)
+        end.record()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        # wall, host (until the step is enqueued), GPU (between the events)
+        out.write(f"ms {1e3 * (t2 - t0):.4f} {1e3 * (t1 - t0):.4f} {start.elapsed_time(end):.4f}\n")
+        out.flush()
+    stats: Dict[str, Any] = {"pid": os.getpid(), "torch": torch.__version__}
+    if xt is not None:
+        st = xt.stats(0)
+        stats.update(pages_mapped=st.pages_mapped, pages_unmapped=st.pages_unmapped, cache_misses=st.cache_misses,
+                     allocations=st.allocations, failed_allocations=st.failed_allocations)
+    out.write("stats " + json.dumps(stats) + "\n")
+    out.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------
+
+
+class Turn:
+    """One child process, spoken to line by line."""
+
+    def __init__(self, spec: Dict[str, Any], log_path: str, timeout: float):
+        self.spec = spec
+        self.timeout = timeout
+        self.log = open(log_path, "w")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+        self.proc = subprocess.Popen(cmd, env=W.child_env(spec["allocator"]), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+
+    def expect(self, word: str) -> str:
+        """The rest of the next stdout line starting with `word`."""
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.spec['allocator']} child ended (see {self.log.name})")
+            if line.startswith(word):
+                return line[len(word):].strip()
+
+    def step(self, i: int) -> List[float]:
+        """Run timed step `i`: [wall, host, GPU] ms."""
+        self.proc.stdin.write(f"step {i}\n")
+        self.proc.stdin.flush()
+        return [float(x) for x in self.expect("ms").split()]
+
+    def finish(self) -> Dict[str, Any]:
+        self.proc.stdin.write("end\n")
+        self.proc.stdin.flush()
+        stats = json.loads(self.expect("stats"))
+        self.proc.wait(timeout=60)
+        self.log.close()
+        return stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+def turn_order(n_alloc: int, k: int) -> List[int]:
+    """Which allocator goes first at the k-th turn: rotated each turn, so
+    each goes first as often as the others (and none always follows the
+    same one)."""
+    return [(k + j) % n_alloc for j in range(n_alloc)]
+
+
+def summarize(times: Dict[str, List[List[float]]], base: str) -> Dict[str, Dict[str, Any]]:
+    """Per allocator: its total over every pass and step, the ratio of
+    totals and the median of per-step ratios against `base`, and each
+    pass's ratio of totals. `times[a][p][s]` is allocator a's time for
+    step s of pass p (ms)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    ref = times[base]
+    ref_total = sum(sum(p) for p in ref)
+    for a, passes in times.items():
+        total = sum(sum(p) for p in passes)
+        per_step = [t / r for p, rp in zip(passes, ref) for t, r in zip(p, rp) if r > 0]
+        per_pass = [sum(p) / sum(rp) for p, rp in zip(passes, ref) if sum(rp) > 0]
+        out[a] = {
+            "total_ms": total,
+            "median_step_ms": statistics.median([t for p in passes for t in p]),
+            "ratio_of_totals": total / ref_total if ref_total > 0 else None,
+            "median_step_ratio": statistics.median(per_step) if per_step else None,
+            "pass_ratios": per_pass,
+        }
+    return out
+
+
+def run_model(args, model: str, out_dir: str) -> Dict[str, Any]:
+    steps = args.steps
+    allocs = args.allocators
+    children: Dict[str, Turn] = {}
+    res: Dict[str, Any] = {"model": model, "allocators": allocs, "steps": steps, "passes": args.passes}
+    try:
+        for a in allocs:
+            spec = {"model": model, "allocator": a, "mode": "w7", "repeat": 0, "steps": steps, "warmup": args.warmup,
+                    "shapes_warm": True, "cpus": args.cpus}
+            children[a] = Turn(spec, os.path.join(out_dir, f"{model}-{a}.log"), args.timeout)
+        for a in allocs:  # built and warmed one at a time would be fairer to the first; they race, both untimed
+            children[a].expect("ready")
+        # raw[a][p][s] = [wall, host, GPU] of allocator a, pass p, step s
+        raw: Dict[str, List[List[List[float]]]] = {a: [] for a in allocs}
+        k = 0
+        for _ in range(args.passes):
+            for a in allocs:
+                raw[a].append([])
+            if args.unit == "pass":
+                # A whole pass each, in turns: only a pass's first step
+                # follows the other process's work.
+                for j in turn_order(len(allocs), k):
+                    a = allocs[j]
+                    raw[a][-1].extend(children[a].step(s) for s in range(steps))
+                k += 1
+                continue
+            for s in range(steps):
+                for j in turn_order(len(allocs), k):
+                    a = allocs[j]
+                    raw[a][-1].append(children[a].step(s))
+                k += 1
+        times = {a: [[t[0] for t in p] for p in passes] for a, passes in raw.items()}
+        res["times_ms"] = times
+        res["host_ms"] = {a: [[t[1] for t in p] for p in passes] for a, passes in raw.items()}
+        res["gpu_ms"] = {a: [[t[2] for t in p] for p in passes] for a, passes in raw.items()}
+        res["summary"] = summarize(times, allocs[0])
+        for a in allocs:
+            res["summary"][a]["median_host_ms"] = statistics.median(x for p in res["host_ms"][a] for x in p)
+            res["summary"][a]["median_gpu_ms"] = statistics.median(x for p in res["gpu_ms"][a] for x in p)
+        res["child_stats"] = {a: children.pop(a).finish() for a in list(allocs)}
+        res["ok"] = True
+    except Exception as e:  # noqa: BLE001 - reported, the next model still runs
+        res["ok"] = False
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        for c in children.values():
+            c.kill()
+    return res
+
+
+def format_markdown(report: Dict[str, Any]) -> str:
+    meta = report["meta"]
+    lines = [
+        "# W7 in turns: step time, allocators taking the same steps one after the other",
+        "",
+        f"- device: {meta.get('device')} (driver {meta.get('driver')})",
+        f"- date: {meta['date']}; library: {meta['library']}",
+        f"- {meta['steps']} timed steps a pass, {meta['passes']} passes, in turns of one {meta['unit']} "
+        f"(the order rotated every turn); ratios against the first allocator; children pinned to cores "
+        f"{meta.get('cpus') or 'none'}",
+        "",
+        "| model | allocator | median step ms | host ms | GPU ms | ratio of totals | median per-step ratio | per-pass ratios |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in report["models"]:
+        if not r.get("ok"):
+            lines.append(f"| {r['model']} | ERROR | {r.get('error')} | | | | | |")
+            continue
+        for a, s in r["summary"].items():
+            passes = ", ".join(f"{x:.3f}" for x in s["pass_ratios"])
+            lines.append(f"| {r['model']} | {a} | {s['median_step_ms']:.2f} | {s['median_host_ms']:.2f} | "
+                         f"{s['median_gpu_ms']:.2f} | {s['ratio_of_totals']:.3f} | "
+                         f"{s['median_step_ratio']:.3f} | {passes} |")
+    return "\n".join(lines) + "\n"
+
+
+def drive(args) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    meta = {k: v for k, v in W.driver_meta(argparse.Namespace(
+        steps=args.steps, warmup=args.warmup, gen_kv_steps=0, gen_kv_warmup=0, repeat=1, shapes_warm=True)).items()
+        if k in ("date", "device", "driver", "library", "python")}
+    meta.update(steps=args.steps, passes=args.passes, unit=args.unit, cpus=args.cpus)
+    meta["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report: Dict[str, Any] = {"meta": meta, "models": []}
+    for model in args.models:
+        t0 = time.monotonic()
+        r = run_model(args, model, args.out)
+        r["seconds"] = time.monotonic() - t0
+        report["models"].append(r)
+        if r.get("ok"):
+            print(f"w7_turns: {model}: " + ", ".join(
+                f"{a} {s['ratio_of_totals']:.3f} (passes {', '.join(f'{x:.3f}' for x in s['pass_ratios'])})"
+                for a, s in r["summary"].items()) + f" ({r['seconds']:.0f} s)", flush=True)
+        else:
+            print(f"w7_turns: {model}: ERROR {r.get('error')}", flush=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    text = format_markdown(report)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    print("\n" + text, flush=True)
+    return 0
+
+
+def self_test() -> int:
+    assert turn_order(2, 0) == [0, 1] and turn_order(2, 1) == [1, 0] and turn_order(3, 4) == [1, 2, 0]
+    times = {"caching": [[10.0, 20.0], [10.0, 30.0]], "xlog": [[11.0, 18.0], [9.0, 33.0]]}
+    s = summarize(times, "caching")
+    assert s["caching"]["ratio_of_totals"] == 1.0 and s["caching"]["pass_ratios"] == [1.0, 1.0]
+    assert abs(s["xlog"]["ratio_of_totals"] - 71.0 / 70.0) < 1e-12
+    assert s["xlog"]["pass_ratios"] == [29.0 / 30.0, 42.0 / 40.0]
+    # per-step ratios 1.1, 0.9, 0.9, 1.1: median 1.0
+    assert abs(s["xlog"]["median_step_ratio"] - 1.0) < 1e-12
+    assert s["xlog"]["median_step_ms"] == 14.5
+    print("w7_turns self-test: ok")
+    return 0
+
+
+def parse_args(argv: Optional[Sequence[str]] = None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="w7-turns-out")
+    p.add_argument("--models", default="gpt2_dyn,mlm_dyn", type=lambda s: [m for m in s.split(",") if m])
+    p.add_argument("--allocators", default="caching,xlog", type=lambda s: [a for a in s.split(",") if a])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps of a fixed-shape model")
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--unit", choices=("step", "pass"), default="step",
+                   help="what one turn is: one step (default) or a whole pass of --steps steps")
+    p.add_argument("--cpus", default=[], type=lambda s: [int(c) for c in s.split(",") if c],
+                   help="pin every child to these cores (e.g. 2,3); default: no pinning")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--self-test", action="store_true")
+    args = p.parse_args(argv)
+    for m in args.models:
+        if m not in W.MODELS:
+            p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
+    for a in args.allocators:
+        if a not in W.TORCH_ALLOC_CONF and a not in W.XLOG_ALLOCATORS:
+            p.error(f"unknown allocator {a!r}")
+    if len(args.allocators) < 2 or args.steps < 1 or args.passes < 1:
+        p.error("two allocators or more, --steps and --passes at least 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.self_test:
+        return self_test()
+    if args.child:
+        return child_main(json.loads(args.child))
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
