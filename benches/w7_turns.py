@@ -4,7 +4,7 @@ same steps one after the other.
 
     XLOG_CUDA_LIBRARY=/path/libxlog_cuda.so python3 benches/w7_turns.py --out OUT
         [--models gpt2_dyn,mlm_dyn] [--allocators caching,xlog] [--steps 10]
-        [--warmup 5] [--passes 3] [--timeout 600]
+        [--warmup 5] [--passes 3] [--unit step|pass] [--cpus 4,5] [--timeout 600]
 
     python3 benches/w7_turns.py --self-test    # the pure-Python parts, no GPU
 
@@ -29,6 +29,10 @@ over the `--steps` timed steps, in turns; a child runs a step only when
 told, synchronises, and answers with its wall time. Both children hold
 their memory at once (the GPU must hold both models), so this measures
 time only: device peaks come from `w7_training.py`'s separate processes.
+
+An allocator may carry settings for its own child's environment,
+`+NAME=VALUE` after its name (`xlog+EXP_SLACK=2`: an experiment build's
+knob), so two configurations of one allocator can take turns.
 
 Output: per model, the per-step times of each allocator, the ratio of the
 totals (every timed step of every pass) against the first allocator, the
@@ -122,15 +126,31 @@ def child_main(spec: Dict[str, Any]) -> int:
 # ---------------------------------------------------------------------------
 
 
+def split_label(label: str) -> "tuple[str, Dict[str, str]]":
+    """An allocator label: its name, then any `+NAME=VALUE` environment
+    settings of that child alone (an experiment build's knobs, e.g.
+    `xlog+EXP_SLACK=2`)."""
+    name, *extra = label.split("+")
+    env = {}
+    for item in extra:
+        key, eq, value = item.partition("=")
+        if not key or not eq:
+            raise ValueError(f"allocator {label!r}: {item!r} is not NAME=VALUE")
+        env[key] = value
+    return name, env
+
+
 class Turn:
     """One child process, spoken to line by line."""
 
-    def __init__(self, spec: Dict[str, Any], log_path: str, timeout: float):
+    def __init__(self, spec: Dict[str, Any], label: str, log_path: str, timeout: float):
         self.spec = spec
         self.timeout = timeout
         self.log = open(log_path, "w")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-        self.proc = subprocess.Popen(cmd, env=W.child_env(spec["allocator"]), stdin=subprocess.PIPE,
+        env = W.child_env(spec["allocator"])
+        env.update(split_label(label)[1])
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
 
     def expect(self, word: str) -> str:
@@ -198,10 +218,10 @@ def run_model(args, model: str, out_dir: str) -> Dict[str, Any]:
     children: Dict[str, Turn] = {}
     res: Dict[str, Any] = {"model": model, "allocators": allocs, "steps": steps, "passes": args.passes}
     try:
-        for a in allocs:
-            spec = {"model": model, "allocator": a, "mode": "w7", "repeat": 0, "steps": steps, "warmup": args.warmup,
-                    "shapes_warm": True, "cpus": args.cpus}
-            children[a] = Turn(spec, os.path.join(out_dir, f"{model}-{a}.log"), args.timeout)
+        for i, a in enumerate(allocs):
+            spec = {"model": model, "allocator": split_label(a)[0], "mode": "w7", "repeat": 0, "steps": steps,
+                    "warmup": args.warmup, "shapes_warm": True, "cpus": args.cpus}
+            children[a] = Turn(spec, a, os.path.join(out_dir, f"{model}-{i}-{split_label(a)[0]}.log"), args.timeout)
         for a in allocs:  # built and warmed one at a time would be fairer to the first; they race, both untimed
             children[a].expect("ready")
         # raw[a][p][s] = [wall, host, GPU] of allocator a, pass p, step s
@@ -306,6 +326,7 @@ def self_test() -> int:
     # per-step ratios 1.1, 0.9, 0.9, 1.1: median 1.0
     assert abs(s["xlog"]["median_step_ratio"] - 1.0) < 1e-12
     assert s["xlog"]["median_step_ms"] == 14.5
+    assert split_label("xlog") == ("xlog", {}) and split_label("xlog+A=1+B=x=y") == ("xlog", {"A": "1", "B": "x=y"})
     print("w7_turns self-test: ok")
     return 0
 
@@ -330,8 +351,14 @@ def parse_args(argv: Optional[Sequence[str]] = None):
         if m not in W.MODELS:
             p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
     for a in args.allocators:
-        if a not in W.TORCH_ALLOC_CONF and a not in W.XLOG_ALLOCATORS:
+        try:
+            name, _ = split_label(a)
+        except ValueError as e:
+            p.error(str(e))
+        if name not in W.TORCH_ALLOC_CONF and name not in W.XLOG_ALLOCATORS:
             p.error(f"unknown allocator {a!r}")
+    if len(set(args.allocators)) != len(args.allocators):
+        p.error("an allocator named twice")
     if len(args.allocators) < 2 or args.steps < 1 or args.passes < 1:
         p.error("two allocators or more, --steps and --passes at least 1")
     return args
