@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 
 def main() -> int:
@@ -53,21 +52,13 @@ def main() -> int:
     _, _, step = w7.build_workload(torch, args.model, plan)
     host, gpu, wall = [], [], []
     for i in range(args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        start.record()
-        step(i)
-        end.record()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
+        w, h, g = w7.timed_step(torch, step, i)
         if args.per_step:
-            print(f"step {i:3d}: host {(t1 - t0) * 1e3:7.2f}  gpu {start.elapsed_time(end):7.2f}  wall {(t2 - t0) * 1e3:7.2f} ms")
+            print(f"step {i:3d}: host {h:7.2f}  gpu {g:7.2f}  wall {w:7.2f} ms")
         if i >= args.skip:
-            host.append((t1 - t0) * 1e3)
-            wall.append((t2 - t0) * 1e3)
-            gpu.append(start.elapsed_time(end))
+            host.append(h)
+            wall.append(w)
+            gpu.append(g)
     med = statistics.median
     print(f"{args.model:9s} {args.allocator:10s} wall {med(wall):6.2f} ms  host-enqueue {med(host):6.2f} ms  "
           f"gpu(events) {med(gpu):6.2f} ms")

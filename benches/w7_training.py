@@ -757,6 +757,23 @@ def allocator_holding(torch, xt) -> Tuple[int, str]:
         return 0, "none"
 
 
+def timed_step(torch, step: Callable[[int], Any], i: int) -> Tuple[float, float, float]:
+    """Run `step(i)` between two synchronisations: (wall, host, GPU) ms,
+    host being the time until the step is enqueued and GPU the time
+    between CUDA events recorded at both ends. A step whose host time is
+    close to its wall time is host-bound."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    start.record()
+    step(i)
+    end.record()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return 1e3 * (t2 - t0), 1e3 * (t1 - t0), start.elapsed_time(end)
+
+
 def warm_up_cuda(torch) -> None:
     """A warm-up allocation and the math handles (cuBLAS, cuBLASLt), so the
     baseline includes them (GPU_NOTES.md)."""

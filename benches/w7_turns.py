@@ -98,18 +98,8 @@ def child_main(spec: Dict[str, Any]) -> int:
         if words[0] == "end":
             break
         # The i-th timed step: the plan's second pass, every pass alike.
-        i = warm + int(words[1])
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        start.record()
-        step(i)
-        end.record()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        # wall, host (until the step is enqueued), GPU (between the events)
-        out.write(f"ms {1e3 * (t2 - t0):.4f} {1e3 * (t1 - t0):.4f} {start.elapsed_time(end):.4f}\n")
+        wall, host, gpu = W.timed_step(torch, step, warm + int(words[1]))
+        out.write(f"ms {wall:.4f} {host:.4f} {gpu:.4f}\n")
         out.flush()
     stats: Dict[str, Any] = {"pid": os.getpid(), "torch": torch.__version__}
     if xt is not None:
