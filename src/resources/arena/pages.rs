@@ -72,9 +72,9 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult};
 /// pass". The cap trades step time for memory: GPT-2's layout lends 21
 /// large pages a step at 1/32 and 1/16, and none from 1/8, where it holds
 /// 1.074x its live peak (mlm_dyn 1.078x, gpt2_dyn 1.076x). On the GPU
-/// the lending cost GPT-2 about 5% of its step (host-bound: each page
-/// granted costs about 33 µs), and 1.074x would put its device peak
-/// about 3% above the caching allocator's. "Eleventh pass".
+/// GPT-2's grants of those pages cost 1 ms of a host-bound step (each
+/// page granted about 33 µs or more), and 1.074x would put its device
+/// peak about 3% above the caching allocator's. "Eleventh pass".
 const SLACK_DIV: u64 = 32;
 const MIN_SLACK_PAGES: u64 = 1;
 
