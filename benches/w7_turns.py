@@ -49,6 +49,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -64,7 +65,8 @@ import w7_training as W  # noqa: E402
 
 def child_main(spec: Dict[str, Any]) -> int:
     """Build and warm the workload, print `ready`, then run `step I` lines
-    from stdin (answering `ms T`) until `end` (answering `stats {json}`)."""
+    from stdin (answering `ms WALL HOST GPU`) until `end` (answering
+    `stats {json}`)."""
     out = sys.stdout
     if spec.get("cpus"):
         # Every child on the same cores: the host's cores run at speeds
@@ -131,24 +133,36 @@ def split_label(label: str) -> "tuple[str, Dict[str, str]]":
 
 
 class Turn:
-    """One child process, spoken to line by line."""
+    """One child process, spoken to line by line. A watchdog kills it
+    `timeout` seconds after it started, so a hung step ends the model's
+    run with an error instead of the benchmark."""
 
     def __init__(self, spec: Dict[str, Any], label: str, log_path: str, timeout: float):
         self.spec = spec
         self.timeout = timeout
+        self.expired = False
         self.log = open(log_path, "w")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
         env = W.child_env(spec["allocator"])
         env.update(split_label(label)[1])
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        self.watchdog = threading.Timer(timeout, self._expire)
+        self.watchdog.daemon = True
+        self.watchdog.start()
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def expect(self, word: str) -> str:
         """The rest of the next stdout line starting with `word`."""
         while True:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"{self.spec['allocator']} child ended (see {self.log.name})")
+                why = f"timed out after {self.timeout:.0f} s" if self.expired else "ended"
+                raise RuntimeError(f"{self.spec['allocator']} child {why} (see {self.log.name})")
             if line.startswith(word):
                 return line[len(word):].strip()
 
@@ -163,10 +177,12 @@ class Turn:
         self.proc.stdin.flush()
         stats = json.loads(self.expect("stats"))
         self.proc.wait(timeout=60)
+        self.watchdog.cancel()
         self.log.close()
         return stats
 
     def kill(self) -> None:
+        self.watchdog.cancel()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -333,7 +349,7 @@ def parse_args(argv: Optional[Sequence[str]] = None):
                    help="what one turn is: one step (default) or a whole pass of --steps steps")
     p.add_argument("--cpus", default=[], type=lambda s: [int(c) for c in s.split(",") if c],
                    help="pin every child to these cores (e.g. 2,3); default: no pinning")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a child may live (each model's run)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)
