@@ -253,14 +253,14 @@ struct KindSummary {
     sites: Vec<String>,
 }
 
-/// Sweep every fault kind over `workload`. With `exact`, the workload
-/// makes the same number of calls of each kind whatever fails, so the sweep
-/// must end right after the last one.
+/// Sweep every fault kind over `workload`. For the kinds `exact` names,
+/// the workload makes the same number of calls of that kind whatever fails,
+/// so the sweep must end right after the last one.
 fn sweep_workload(
     kind: StackKind,
     opts: &HarnessOpts,
     workload: &[Op],
-    exact: bool,
+    exact: &dyn Fn(FaultKind) -> bool,
     what: &str,
 ) -> (Tally, Vec<(FaultKind, KindSummary)>) {
     // The workload itself, with nothing armed, agrees with the model.
@@ -274,7 +274,7 @@ fn sweep_workload(
             let r = run(kind, opts, workload, Some((fault, n)))
                 .unwrap_or_else(|e| panic!("[{kind}] {what}: {fault:?} armed at call {n}:\n{e}\nworkload: {workload:?}"));
             if !r.fired_in_workload {
-                if exact {
+                if exact(fault) {
                     assert_eq!(r.calls, Some(n - 1), "[{kind}] {what}: {fault:?}: the sweep must end right after the last call");
                 }
                 s.calls = n - 1;
@@ -308,7 +308,7 @@ fn sweep_workload(
 }
 
 fn sweep(kind: StackKind, backend: Backend) -> Vec<(FaultKind, KindSummary)> {
-    let (reference, out) = sweep_workload(kind, &opts(kind, backend), &workload(), true, "fixed workload");
+    let (reference, out) = sweep_workload(kind, &opts(kind, backend), &workload(), &|_| true, "fixed workload");
     for what in ["out of budget", "stale or double free", "pool exhausted", "launch", "reap (bytes)"] {
         let applies = match what {
             "out of budget" => kind.has_budget(),
@@ -435,9 +435,14 @@ fn probe_finds_an_armed_fault() {
 
 /// The same sweep over random sequences of the model test (fixed seeds):
 /// every fault position of every kind in each. Without a budget the number
-/// of device calls does not depend on timing, so the sweep must end exactly
-/// after the last call; with one, whether an allocation under pressure
-/// reaps (and seals pending frees) depends on how far the streams got.
+/// of allocations, frees and stream creations does not depend on timing,
+/// so the sweep must end exactly after the last call; with one, whether an
+/// allocation under pressure reaps (and seals pending frees) depends on how
+/// far the streams got. Event records depend on it with or without a
+/// budget: the arena seals a region's frees with an event only while its
+/// stream is still running them (`pages.rs`, `refresh`), so one random
+/// workload made 6 event records in some runs and 7 in others (seed
+/// 0xfa170020, with the tests running in parallel).
 fn random_workload_sweep(kind: StackKind, sequences: u64) {
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -460,7 +465,8 @@ fn random_workload_sweep(kind: StackKind, sequences: u64) {
             .current();
         let what = format!("random workload seed {seed:#x}");
         let opts = HarnessOpts { backend, ..HarnessOpts::for_stack(kind) };
-        let (_, summary) = sweep_workload(kind, &opts, &ops, !kind.has_budget(), &what);
+        let exact = |fault: FaultKind| !kind.has_budget() && fault != FaultKind::EventRecord;
+        let (_, summary) = sweep_workload(kind, &opts, &ops, &exact, &what);
         for (_, s) in &summary {
             runs += s.calls + 1;
             surfaced += s.surfaced;
