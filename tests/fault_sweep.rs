@@ -439,10 +439,12 @@ fn probe_finds_an_armed_fault() {
 /// so the sweep must end exactly after the last call; with one, whether an
 /// allocation under pressure reaps (and seals pending frees) depends on how
 /// far the streams got. Event records depend on it with or without a
-/// budget: the arena seals a region's frees with an event only while its
-/// stream is still running them (`pages.rs`, `refresh`), so one random
-/// workload made 6 event records in some runs and 7 in others (seed
-/// 0xfa170020, with the tests running in parallel).
+/// budget: the arena records an event to seal a region's frees only while
+/// its stream is still running them (`pages.rs`, `refresh`), and takes
+/// another stream's memory behind an event only when it finds that
+/// region's lock free (`across_streams.rs`). One random workload made 6
+/// event records in some runs and 7 in others (seed 0xfa170020, with the
+/// tests running in parallel).
 fn random_workload_sweep(kind: StackKind, sequences: u64) {
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
