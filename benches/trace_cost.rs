@@ -6,6 +6,9 @@
 //!   zcat benches/traces/h100-w7-mlm_dyn.csv.gz > /tmp/t.csv
 //!   cargo bench --bench trace_cost -- /tmp/t.csv [repeats] [arena|pool] [scale]
 //!
+//! Defaults: 5 repeats, the arena, sizes divided by 8 (the sim backs its
+//! device with host memory).
+//!
 //! W1 times one size allocated and freed in a loop, the hot path; a
 //! training step allocates ~1,500 blocks of hundreds of sizes, and that
 //! path's cost per call is what a host-bound step pays. Prints ns per
@@ -19,7 +22,7 @@ use xlog_cuda::{Backend, Config, Runtime, StreamId};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let path = args.first().expect("usage: trace_cost TRACE.csv [repeats] [arena|pool]");
+    let path = args.first().expect("usage: trace_cost TRACE.csv [repeats] [arena|pool] [scale]");
     let repeats: usize = args.get(1).map_or(5, |r| r.parse().expect("repeats"));
     let memory = args.get(2).map_or("arena", |m| m.as_str());
     // Sizes divided by this (the sim backs its device with host memory).

@@ -225,10 +225,12 @@ def run_model(args, model: str, out_dir: str) -> Dict[str, Any]:
     res: Dict[str, Any] = {"model": model, "allocators": allocs, "steps": steps, "passes": args.passes}
     try:
         for i, a in enumerate(allocs):
-            spec = {"model": model, "allocator": split_label(a)[0], "mode": "w7", "repeat": 0, "steps": steps,
+            name = split_label(a)[0]
+            spec = {"model": model, "allocator": name, "mode": "w7", "repeat": 0, "steps": steps,
                     "warmup": args.warmup, "shapes_warm": True, "cpus": args.cpus}
-            children[a] = Turn(spec, a, os.path.join(out_dir, f"{model}-{i}-{split_label(a)[0]}.log"), args.timeout)
-        for a in allocs:  # built and warmed one at a time would be fairer to the first; they race, both untimed
+            children[a] = Turn(spec, a, os.path.join(out_dir, f"{model}-{i}-{name}.log"), args.timeout)
+        # The children build and warm up at the same time (untimed).
+        for a in allocs:
             children[a].expect("ready")
         # raw[a][p][s] = [wall, host, GPU] of allocator a, pass p, step s
         raw: Dict[str, List[List[List[float]]]] = {a: [] for a in allocs}

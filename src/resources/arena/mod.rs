@@ -70,25 +70,22 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult, StreamRef};
 /// Every block's size is a multiple of this (and so is its address).
 pub(crate) const BLOCK_ALIGN: u64 = 512;
 /// A physical page is this many of the device's mapping granules: one
-/// (2 MiB on Hopper), the least the device maps. Every driver call on a
-/// page (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`,
-/// `cuMemRelease`) costs about the same whatever its size: on an H100,
-/// granting access costs about 33 µs per page in the range granted and
-/// unmapping about 21 µs, for 2 MiB and 16 MiB pages alike, mapping 1-2
-/// µs (BENCHMARKS.md, "eleventh pass"). So two granules a page halve the
-/// calls, and the arena used them until the tenth pass. What they cost was memory
-/// at the edges of free ranges, a page partly live on each side, in every
-/// stream's regions: an engine on four streams with a live peak of about
-/// 50 MiB held 1.27-1.39x it on the GPU (one granule: 1.09-1.15x), and
-/// the four-stream W11 pipeline on sim passed 1.10x in 2-4 runs of 24
-/// (one granule: at most 1.076x in four sets of 24). The calls that count are those of a
-/// steady state, and those are mostly large pages (below), which keep
-/// their size, and the doubled calls fall on the first steps
-/// (BENCHMARKS.md, "Physical memory, tenth pass"). The steady state's
-/// calls do cost a host-bound step its time: GPT-2 with its 21 large
-/// pages lent a step ran 1.070x the caching allocator's step, in turns,
-/// and 1.019x with a soft cap wide enough to lend none ("eleventh pass";
-/// the cap's trade is in `pages.rs`).
+/// (2 MiB on Hopper), the least the device maps. Driver calls cost per
+/// page whatever its size (on an H100, granting access about 33 µs a page
+/// and unmapping about 21 µs, for 2 MiB and 16 MiB pages alike; mapping
+/// 1-2 µs: BENCHMARKS.md, "eleventh pass"), so pages of two granules, which
+/// the arena used until the tenth pass, halve the calls. What they cost
+/// was memory at the edges of free ranges, a page partly live on each
+/// side, in every stream's regions: an engine on four streams with a live
+/// peak of about 50 MiB held 1.27-1.39x it on the GPU (one granule:
+/// 1.09-1.15x), and the four-stream W11 pipeline on sim passed 1.10x in
+/// 2-4 runs of 24 (one granule: at most 1.076x in four sets of 24). The
+/// doubled calls fall on the first steps; a steady state's calls are
+/// mostly large pages (below), which keep their size ("tenth pass").
+/// Those do cost a host-bound step its time: GPT-2, lending 21 large
+/// pages a step, ran 1.070x the caching allocator's step in turns, and
+/// 1.019x with a soft cap wide enough to lend none ("eleventh pass"; the
+/// cap's trade is in `pages.rs`).
 pub(crate) const PAGE_GRANULES: u64 = 1;
 /// Blocks of at least this many pages (256 MiB on Hopper) are *large*:
 /// they are carved from regions of their own whose physical pages are
