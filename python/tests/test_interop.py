@@ -25,14 +25,18 @@ def test_torch_hooks_share_one_runtime(lib, capfd):
     assert xi.live_blocks(dev) == 0
     p = lib.xlog_torch_malloc(4096, dev, None)
     assert p and p % 256 == 0
-    q = lib.xlog_torch_malloc(0, dev, None)  # frameworks expect a real pointer
+    # 0 bytes: NULL and no block, as PyTorch's own allocator answers (a
+    # real pointer would make PyTorch copy an empty storage on resize_).
+    assert lib.xlog_torch_malloc(0, dev, None) is None
+    assert xi.live_blocks(dev) == 1
+    lib.xlog_torch_free(None, 0, dev, None)  # what PyTorch never calls; harmless
+    q = lib.xlog_torch_malloc(1, dev, None)
     assert q and q != p
     assert xi.live_blocks(dev) == 2
 
     with xi.runtime(dev) as rt:
         assert rt.backend == "sim"
         st = rt.stats()
-        # The 0-byte request holds a real (rounded up) block too.
         assert (st.live_blocks, st.budget_limit) == (2, 4 << 20)
         assert 4096 + 1 <= st.live_bytes <= 4096 + 4096
         # The hooks' stream ids come from the same runtime.
@@ -49,7 +53,7 @@ def test_torch_hooks_share_one_runtime(lib, capfd):
     assert "out of budget" in xc.last_error() and "requested 4194304" in xc.last_error()
 
     lib.xlog_torch_free(p, 4096, dev, None)
-    lib.xlog_torch_free(q, 0, dev, None)
+    lib.xlog_torch_free(q, 1, dev, None)
     assert xi.live_blocks(dev) == 0
     # The freed blocks wait in the cache, charged, until trimmed.
     with xi.runtime(dev) as rt:

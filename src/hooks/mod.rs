@@ -269,7 +269,8 @@ pub(crate) fn allocate(
     framework: Framework,
 ) -> Result<u64, ResourceError> {
     with_hooks(thread, device, true, || unreachable!("opened on first use"), |h| {
-        // Frameworks expect a usable, distinct pointer even for 0 bytes.
+        // CuPy expects a usable, distinct pointer even for 0 bytes
+        // (PyTorch's hook answers 0 bytes with NULL before this).
         let block = h.runtime.allocate_on_native((size as u64).max(1), stream, framework.tag())?;
         h.blocks.insert_keeping(HookBlock { id: block.id, used_on: Vec::new() }, Some(&thread.reserved));
         Ok(block.id.ptr)
