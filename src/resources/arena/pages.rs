@@ -27,7 +27,8 @@
 //!   least one page), and before any refusal, it *lends* idle pages,
 //!   longest idle first: each is mapped a second time where it is needed
 //!   (GMLake's stitching, in page units), while its old address stays
-//!   mapped and out of use (`region.rs`). The new block's work is ordered
+//!   mapped, out of use until the page comes back to it (a page lent
+//!   within its region, `region.rs`). The new block's work is ordered
 //!   after the frees that made the page idle by the stream itself (the
 //!   page's region is the stream's own) or by a GPU-side wait on an event
 //!   of the page's stream: no host wait, even while the GPU still runs
@@ -69,12 +70,13 @@ use crate::resource::{ChargeGate, ResourceError, ResourceResult};
 /// did at 1/64), and every other recorded trace stays within 0.005 of
 /// what it held at 1/64 (mlm_dyn 1.017x against 1.012x; 1/16 would cost
 /// more: W11's trace 1.062x against 1.040x). "Physical memory, tenth
-/// pass". The cap trades step time for memory: GPT-2's layout lends 21
-/// large pages a step at 1/32 and 1/16, and none from 1/8, where it holds
-/// 1.074x its live peak (mlm_dyn 1.078x, gpt2_dyn 1.076x). On the GPU
-/// GPT-2's grants of those pages cost 1 ms of a host-bound step (each
-/// page granted about 33 µs or more), and 1.074x would put its device
-/// peak about 3% above the caching allocator's. "Eleventh pass".
+/// pass". A cap that makes a layout lend no longer costs a repeating step
+/// its time: GPT-2's layout lent 21 large pages a step at 1/32 and 1/16
+/// (none from 1/8, where it held 1.074x its live peak, and mlm_dyn
+/// 1.078x), each granted again every step on the GPU (about 1 ms of the
+/// step, "eleventh pass"); pages lent within a region now come back to
+/// their old address with no driver call, and the step maps nothing from
+/// its fourth repeat, at 1.027x ("twelfth pass").
 const SLACK_DIV: u64 = 32;
 const MIN_SLACK_PAGES: u64 = 1;
 
@@ -112,6 +114,7 @@ impl Arena {
         count: usize,
         page: u64,
         stream: RawStream,
+        to: u64,
         gate: &dyn ChargeGate,
         may_unmap: bool,
     ) -> ResourceResult<Obtained> {
@@ -129,7 +132,7 @@ impl Arena {
         // their frees (on the GPU), so they may not go spare as they are.
         let mut lent_any = false;
         if got.len() < count && may_unmap && self.over_soft_cap((count - got.len()) as u64 * page) {
-            let lent = self.lend(count - got.len(), page, stream);
+            let lent = self.lend(count - got.len(), page, stream, to);
             lent_any |= !lent.is_empty();
             got.extend(lent);
             if got.len() < count {
@@ -154,7 +157,7 @@ impl Arena {
                 Ok(handle) => made.push(handle),
                 Err(refused @ (ResourceError::OutOfBudget { .. } | ResourceError::OutOfMemory { .. })) if may_unmap => {
                     let missing = count - got.len() - made.len();
-                    let mut more = self.lend(missing, page, stream);
+                    let mut more = self.lend(missing, page, stream, to);
                     lent_any |= !more.is_empty();
                     if more.is_empty() {
                         more = self.recycle(missing, page, Completion::Query);
@@ -330,14 +333,14 @@ impl Arena {
     /// not their frees are complete: `stream` is made to wait on the GPU
     /// for the work of every other stream whose pages it gets (the stream's
     /// own order covers its own). A region whose fence fails lends nothing.
-    fn lend(&self, count: usize, page: u64, stream: RawStream) -> Vec<PhysHandle> {
+    fn lend(&self, count: usize, page: u64, stream: RawStream, to: u64) -> Vec<PhysHandle> {
         let got = self.gather(count, page, |r, wanted| {
             // Blocks other streams took from here and freed join the free
             // ranges behind a GPU-side wait of this region's stream, so the
             // fence below covers them too.
             self.settle_foreign(r, false, true);
             let before = r.lent.len();
-            let pages = r.lend_pages(wanted);
+            let pages = r.lend_pages(wanted, r.base == to && self.is_large(page));
             if !pages.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
                 r.take_back_lent(before);
                 return Vec::new();
@@ -389,8 +392,8 @@ impl Arena {
         }
         // One unmap per run of adjacent granules: a lent block's pages go
         // together.
-        done.sort_unstable_by_key(|&(page, _, _)| page);
-        let pages: Vec<usize> = done.iter().map(|&(page, _, _)| page).collect();
+        done.sort_unstable_by_key(|l| l.page);
+        let pages: Vec<usize> = done.iter().map(|l| l.page).collect();
         let mut at = 0;
         for (first, n) in runs(&pages) {
             let run = &done[at..at + n];
@@ -399,14 +402,14 @@ impl Arena {
             if self.device.vm_unmap(addr, bytes).is_ok() {
                 self.lent_now.fetch_sub(bytes, Ordering::Relaxed);
                 self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
-                for &(page, freed, _) in run {
-                    r.unreserve(r.page_addr(page), r.page_bytes, freed);
+                for l in run.iter().filter(|l| !l.free) {
+                    r.unreserve(r.page_addr(l.page), r.page_bytes, l.freed);
                 }
             } else {
                 // Still mapped: keep them out of use (and their pages out of
                 // a release) until a later try.
-                for &(page, freed, handle) in run {
-                    r.lent_again(page, freed, handle);
+                for &l in run {
+                    r.lent_again(l);
                 }
             }
         }
@@ -414,7 +417,7 @@ impl Arena {
 
     /// Whether an old address of some region still maps `handle`.
     fn still_lent(&self, handle: PhysHandle) -> bool {
-        self.every_region().iter().any(|region| region.lock().lent.iter().any(|&(_, _, h)| h == handle))
+        self.every_region().iter().any(|region| region.lock().lent.iter().any(|l| l.handle == handle))
     }
 
     /// Learn how far the GPU got through `region`'s frees: completed seal

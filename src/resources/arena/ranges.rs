@@ -98,6 +98,13 @@ impl FreeRanges {
         Some(span.freed)
     }
 
+    /// The `freed` of the free range that covers `[addr, addr + len)`
+    /// whole, if one does.
+    pub fn covering(&self, addr: u64, len: u64) -> Option<u64> {
+        let (&start, span) = self.by_addr.range(..=addr).next_back()?;
+        (start + span.len >= addr + len).then_some(span.freed)
+    }
+
     /// The ranges of at least `len` bytes, smallest first: (start, length).
     pub fn fitting(&self, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.by_size.range((len, 0)..).map(|&(size, addr)| (addr, size))

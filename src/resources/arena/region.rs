@@ -29,11 +29,18 @@
 //! - An idle page may be *lent*, whether or not its frees are known
 //!   complete: its physical page is mapped a second time elsewhere (the
 //!   arena orders the new use after this stream's work), and its granule
-//!   here leaves the free ranges and the page table (`lent`), still mapped
-//!   but never handed out, until the arena unmaps it after those frees are
-//!   complete (`lent_done`); the granule is then free address space
-//!   again. So memory the GPU is still finishing with serves a new block at
-//!   once, with no new physical page, no host wait and no unmap.
+//!   here leaves the page table (`lent`), still mapped but never handed
+//!   out as it is, until the arena unmaps it after those frees are
+//!   complete (`lent_done`). So memory the GPU is still finishing with
+//!   serves a new block at once, with no new physical page, no host wait
+//!   and no unmap. A page lent to another region takes its granule out of
+//!   the free ranges until then. A page lent within the region leaves its
+//!   granule free: a block later carved over it takes the page back
+//!   (`move_back`, no driver call) while the page's new place is idle (its
+//!   granule there becomes the lent one), else the arena unmaps the old
+//!   address first. A step that lends the same pages to and fro (the
+//!   fixed-shape GPT-2 step, 21 large pages a step) so settles with both
+//!   places mapped and maps nothing more.
 //! - The region does no driver call itself: the arena maps, unmaps and
 //!   queries, holding the region's lock.
 
@@ -42,6 +49,7 @@ use std::ops::Range;
 
 use super::ranges::FreeRanges;
 use crate::device::{PhysHandle, RawEvent, RawStream};
+use crate::fast_hash::FastMap;
 
 pub(crate) struct Region {
     pub stream: RawStream,
@@ -53,6 +61,9 @@ pub(crate) struct Region {
     pub free: FreeRanges,
     /// The physical page mapped at each granule; `None` where unmapped.
     pages: Vec<Option<PhysHandle>>,
+    /// The granule each installed page is at (`pages` inverted), so the
+    /// old address of a lent page finds where the page is now.
+    at: FastMap<PhysHandle, usize>,
     /// One past the highest granule ever mapped: no page is mapped from
     /// here on, so scans for mapped pages stop here (a region reserves
     /// the whole device, tens of thousands of granules, and its last free
@@ -70,10 +81,24 @@ pub(crate) struct Region {
     /// Blocks another stream took from here and freed: (address, length,
     /// an event recorded on that stream after the free, that stream).
     pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
-    /// Granules whose page was lent while still mapped here: (granule,
-    /// its free's sequence, the page). Out of the free ranges and the page
-    /// table until the arena unmaps its old address.
-    pub lent: Vec<(usize, u64, PhysHandle)>,
+    /// Granules whose page was lent while still mapped here, out of the
+    /// page table until the arena unmaps the old address or the page comes
+    /// back (`move_back`).
+    pub lent: Vec<Lent>,
+}
+
+/// The old address of a lent page.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lent {
+    pub page: usize,
+    /// The sequence of the free that made it idle.
+    pub freed: u64,
+    pub handle: PhysHandle,
+    /// Whether the granule stayed in the free ranges: the page was lent
+    /// within this region, so it may come back (`move_back`). A page lent
+    /// to another region takes its granule out of them until the old
+    /// address is unmapped.
+    pub free: bool,
 }
 
 /// Frees kept unmerged for same-size reuse.
@@ -93,6 +118,7 @@ impl Region {
             page_bytes,
             free,
             pages,
+            at: FastMap::default(),
             mapped_end: 0,
             frees: 0,
             done: 0,
@@ -131,12 +157,15 @@ impl Region {
     pub fn install(&mut self, page: usize, handle: PhysHandle) {
         debug_assert!(self.pages[page].is_none());
         self.pages[page] = Some(handle);
+        self.at.insert(handle, page);
         self.mapped_end = self.mapped_end.max(page + 1);
     }
 
     /// The handle of an unmapped page taken out of the table.
     pub fn uninstall(&mut self, page: usize) -> PhysHandle {
-        self.pages[page].take().expect("a mapped page")
+        let handle = self.pages[page].take().expect("a mapped page");
+        self.at.remove(&handle);
+        handle
     }
 
     /// A block's memory back, as the next free.
@@ -278,10 +307,12 @@ impl Region {
         n
     }
 
-    /// Lend up to `max` idle pages, longest idle first: each leaves the
-    /// free ranges and the page table, and is listed in `lent` until the
-    /// arena unmaps its old address. The pages.
-    pub fn lend_pages(&mut self, max: usize) -> Vec<PhysHandle> {
+    /// Lend up to `max` idle pages, longest idle first, to this region
+    /// (`here`) or another: each leaves the page table and is listed in
+    /// `lent` until the arena unmaps its old address or (lent here) the
+    /// page comes back (`move_back`); a page lent elsewhere also takes its
+    /// granule out of the free ranges. The pages.
+    pub fn lend_pages(&mut self, max: usize, here: bool) -> Vec<PhysHandle> {
         // The longest-idle space first: in a workload that repeats, what
         // was freed last is what the next step allocates again.
         let mut ranges: Vec<(u64, super::ranges::Span)> = self.free.iter().collect();
@@ -295,20 +326,92 @@ impl Region {
         }
         let mut out = Vec::with_capacity(candidates.len());
         for page in candidates {
-            let freed = self.free.withdraw(self.page_addr(page), self.page_bytes).expect("an idle page is free whole");
+            let addr = self.page_addr(page);
+            let freed = if here { self.free.covering(addr, self.page_bytes) } else { self.free.withdraw(addr, self.page_bytes) };
+            let freed = freed.expect("an idle page is free whole");
             let handle = self.uninstall(page);
-            self.lent.push((page, freed, handle));
+            self.lent.push(Lent { page, freed, handle, free: here });
             out.push(handle);
         }
         out
     }
 
-    /// Lent granules whose frees are now complete, taken off the list:
-    /// (granule, sequence, page). The caller unmaps each, then gives it
-    /// back with `unreserve` (free address space, nothing mapped).
-    pub fn lent_done(&mut self) -> Vec<(usize, u64, PhysHandle)> {
+    /// `take`, with lent pages moved back into the block where they can
+    /// (`move_back`): the address, the free sequence, the granules still
+    /// to map, and which of those are old addresses of lent pages in use
+    /// elsewhere (the caller unmaps them first). With `withhold`, such an
+    /// old address instead leaves the free ranges (until the arena unmaps
+    /// it) and the search goes on.
+    pub fn take_moving_back(&mut self, len: u64, withhold: bool) -> Option<(u64, u64, Vec<usize>, Vec<usize>)> {
+        loop {
+            let (addr, freed) = self.take(len)?;
+            let missing = self.unmapped_in(addr, len);
+            if self.lent.is_empty() {
+                return Some((addr, freed, missing, Vec::new()));
+            }
+            let mut still = Vec::with_capacity(missing.len());
+            let mut in_use = Vec::new();
+            for page in missing {
+                match self.move_back(page) {
+                    Some(true) => {}
+                    Some(false) => {
+                        in_use.push(page);
+                        still.push(page);
+                    }
+                    None => still.push(page),
+                }
+            }
+            if in_use.is_empty() || !withhold {
+                return Some((addr, freed, still, in_use));
+            }
+            self.unreserve(addr, len, freed);
+            for page in in_use {
+                self.withhold(page);
+            }
+        }
+    }
+
+    /// `page`, a granule of a block just carved, is the old address of a
+    /// lent page (`None`: it is not). When that page's granule here is
+    /// idle, the page moves back with no driver call (both addresses map
+    /// it): this granule is installed again and the other one becomes the
+    /// lent one (`Some(true)`). Otherwise the page is in use (`Some(false)`).
+    /// So a layout that lends the same pages back and forth from step to
+    /// step maps nothing once both places are mapped.
+    fn move_back(&mut self, page: usize) -> Option<bool> {
+        let i = self.lent.iter().position(|l| l.page == page)?;
+        let handle = self.lent[i].handle;
+        let Some(&now) = self.at.get(&handle) else { return Some(false) };
+        let Some(freed) = self.free.covering(self.page_addr(now), self.page_bytes) else { return Some(false) };
+        self.lent.swap_remove(i);
+        self.uninstall(now);
+        self.lent.push(Lent { page: now, freed, handle, free: true });
+        self.install(page, handle);
+        Some(true)
+    }
+
+    /// The old address of a lent page is unmapped: off the list (its
+    /// granule stays where it is, free or carved).
+    pub fn forget_lent(&mut self, page: usize) {
+        self.lent.retain(|l| l.page != page);
+    }
+
+    /// The lent granule `page`, free, leaves the free ranges until its old
+    /// address is unmapped (its page is in use elsewhere).
+    fn withhold(&mut self, page: usize) {
+        let addr = self.page_addr(page);
+        if let Some(l) = self.lent.iter_mut().find(|l| l.page == page && l.free) {
+            self.free.withdraw(addr, self.page_bytes).expect("a lent granule kept free is free");
+            l.free = false;
+        }
+    }
+
+    /// Lent granules whose frees are now complete, taken off the list. The
+    /// caller unmaps each, then gives back with `unreserve` those not
+    /// `free` (free address space, nothing mapped).
+    pub fn lent_done(&mut self) -> Vec<Lent> {
         let done = self.done;
-        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|&(_, freed, _)| freed <= done);
+        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|l| l.freed <= done);
         self.lent = running;
         finished
     }
@@ -317,17 +420,25 @@ impl Region {
     /// of `lent` (the arena could not fence them): mapped and free here
     /// again, as they were.
     pub fn take_back_lent(&mut self, keep: usize) {
-        for (page, freed, handle) in self.lent.split_off(keep) {
-            self.install(page, handle);
-            let addr = self.page_addr(page);
-            self.free.insert(addr, self.page_bytes, freed);
+        for l in self.lent.split_off(keep) {
+            self.install(l.page, l.handle);
+            if !l.free {
+                let addr = self.page_addr(l.page);
+                self.free.insert(addr, self.page_bytes, l.freed);
+            }
         }
     }
 
     /// A lent granule `lent_done` returned whose old address could not be
     /// unmapped: back on the list.
-    pub fn lent_again(&mut self, page: usize, freed: u64, handle: PhysHandle) {
-        self.lent.push((page, freed, handle));
+    pub fn lent_again(&mut self, lent: Lent) {
+        self.lent.push(lent);
+    }
+
+    /// The page installed at granule `page`, if any.
+    #[cfg(test)]
+    pub fn handle_at(&self, page: usize) -> Option<PhysHandle> {
+        self.pages[page]
     }
 
     /// Every mapped page, in address order (close).
@@ -400,7 +511,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lent_page_leaves_the_free_ranges_until_its_frees_are_done() {
+    fn a_page_lent_to_another_region_leaves_the_free_ranges_until_its_frees_are_done() {
         let mut r = Region::new(1, 0, 4 * G, G);
         let (a, _) = r.take(2 * G).unwrap();
         for p in r.unmapped_in(a, 2 * G) {
@@ -409,17 +520,69 @@ mod tests {
         r.release(a, 2 * G);
         r.settle_recent();
         assert!(r.idle_pages(4).is_empty(), "not complete: recycling cannot take them");
-        assert_eq!(r.lend_pages(1), vec![100], "lending can");
+        assert_eq!(r.lend_pages(1, false), vec![100], "lending can");
         assert!(!r.is_mapped(0) && r.is_mapped(1));
         let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
         assert_eq!(free(&r), vec![(G, 3 * G)], "the lent granule is out of the free ranges");
         assert!(r.lent_done().is_empty(), "its free is still running");
         r.all_done();
-        assert_eq!(r.lent_done(), vec![(0, 1, 100)]);
+        assert_eq!(r.lent_done(), vec![Lent { page: 0, freed: 1, handle: 100, free: false }]);
         assert!(r.lent.is_empty());
         r.unreserve(0, G, 1);
         assert_eq!(free(&r), vec![(0, 4 * G)], "given back, it is free address space again");
         assert_eq!(r.unmapped_in(0, 2 * G), vec![0], "and unmapped");
+    }
+
+    /// A region with granules `0..n` mapped (page `100 + p` at granule
+    /// `p`) and free.
+    fn mapped_and_free(n: usize) -> Region {
+        let mut r = Region::new(1, 0, 16 * G, G);
+        let (a, _) = r.take(n as u64 * G).unwrap();
+        for p in r.unmapped_in(a, n as u64 * G) {
+            r.install(p, p as u64 + 100);
+        }
+        r.release(a, n as u64 * G);
+        r.settle_recent();
+        r
+    }
+
+    #[test]
+    fn a_page_lent_within_its_region_moves_back_when_the_old_place_is_carved_again() {
+        let mut r = mapped_and_free(2);
+        // Granule 0's page lent to granule 4 of this region (as the arena
+        // maps it there: installed).
+        assert_eq!(r.lend_pages(1, true), vec![100]);
+        let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
+        assert_eq!(free(&r), vec![(0, 16 * G)], "the old address stays free");
+        r.free.withdraw(4 * G, G).unwrap();
+        r.install(4, 100);
+        // A block at granule 4 is live: granule 0 cannot have its page.
+        let (a, _, missing, in_use) = r.take_moving_back(2 * G, false).unwrap();
+        assert_eq!((a, missing, in_use), (0, vec![0], vec![0]), "the old address is in the way, its page in use");
+        r.unreserve(a, 2 * G, 1);
+        let (a, _, missing, in_use) = r.take_moving_back(2 * G, true).unwrap();
+        assert_eq!((a, missing, in_use), (G, vec![2], Vec::<usize>::new()), "withheld, the search goes on past it");
+        assert!(!free(&r).iter().any(|&(s, _)| s == 0), "granule 0 left the free ranges");
+        r.unreserve(a, 2 * G, 1);
+        r.forget_lent(0);
+        r.unreserve(0, G, 1);
+        // Lent again and freed at granule 4: the page moves back at once.
+        let mut r = mapped_and_free(2);
+        r.lend_pages(1, true);
+        r.free.withdraw(4 * G, G).unwrap();
+        r.install(4, 100);
+        r.unreserve(4 * G, G, 2);
+        let (a, _, missing, in_use) = r.take_moving_back(2 * G, false).unwrap();
+        assert_eq!((a, missing, in_use), (0, Vec::<usize>::new(), Vec::<usize>::new()), "nothing to map");
+        assert!(r.is_mapped(0) && r.is_mapped(1) && !r.is_mapped(4), "the page is at granule 0 again");
+        assert_eq!(r.lent, vec![Lent { page: 4, freed: 2, handle: 100, free: true }], "granule 4 is its old address now");
+        // And forth again: a block over granule 4 takes it back.
+        r.release(0, 2 * G);
+        r.settle_recent();
+        r.free.withdraw(G, 3 * G).unwrap();
+        let (a, _, missing, _) = r.take_moving_back(2 * G, false).unwrap();
+        assert_eq!((a, missing), (4 * G, vec![5]), "granule 0 is idle: its page moves to 4, 5 is still to map");
+        assert!(r.is_mapped(4) && !r.is_mapped(0));
     }
 
     #[test]
