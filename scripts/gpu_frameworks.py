@@ -427,11 +427,19 @@ def scenario_shared(r: Result, workdir: str) -> None:
     want = sum(t.untyped_storage().nbytes() for t in ts) + sum(c.nbytes for c in cs)
     now, blocks = snap()
     r.metrics["requested_bytes"] = want
+    # live_bytes counts device bytes: each request rounded up to the
+    # allocator's block size (512 B in the arena).
+    ptrs = {t.data_ptr() for t in ts} | {c.data.ptr for c in cs}
+    mine = [b for b in xt.live_blocks(0) if b.ptr in ptrs]
+    device_bytes = sum(b.device_bytes for b in mine)
     r.check(
-        "live_bytes = what PyTorch and CuPy hold",
-        now.live_bytes - base.live_bytes == want,
-        f"delta {now.live_bytes - base.live_bytes} B, requested {want} B "
-        f"(torch {[t.untyped_storage().nbytes() for t in ts]}, cupy {[c.nbytes for c in cs]})",
+        "live_bytes = the device bytes of what PyTorch and CuPy hold",
+        len(mine) == 4
+        and sum(b.size for b in mine) == want
+        and all(b.size <= b.device_bytes < b.size + 4096 for b in mine)
+        and now.live_bytes - base.live_bytes == device_bytes,
+        f"delta {now.live_bytes - base.live_bytes} B, device bytes of the {len(mine)} blocks {device_bytes} B, "
+        f"requested {want} B (torch {[t.untyped_storage().nbytes() for t in ts]}, cupy {[c.nbytes for c in cs]})",
     )
     r.check(
         "live blocks = tensors + arrays",
@@ -439,14 +447,15 @@ def scenario_shared(r: Result, workdir: str) -> None:
         f"stats delta {now.live_blocks - base.live_blocks}, xlog_interop_live_blocks delta {blocks - base_blocks}",
     )
 
-    # A 0-element tensor: does PyTorch call the allocator for 0 bytes? (The
-    # hooks give 0 bytes a 1-byte block.)
+    # A 0-element tensor: PyTorch's 0-byte request gets NULL and no block,
+    # as from its own allocator (a real pointer made its storage resize
+    # copy for nothing).
     z = torch.empty(0, device="cuda")
     zs, zb = snap()
-    r.info(
-        "0-element tensor",
-        f"{zs.live_blocks - now.live_blocks} block(s), {zs.live_bytes - now.live_bytes} B "
-        "(1 block / 1 B: PyTorch asked for 0 bytes and the hook rounded to 1; 0: PyTorch did not ask)",
+    r.check(
+        "0-element tensor: no block",
+        zs.live_blocks == now.live_blocks and zs.live_bytes == now.live_bytes and z.data_ptr() == 0,
+        f"{zs.live_blocks - now.live_blocks} block(s), {zs.live_bytes - now.live_bytes} B, data_ptr {z.data_ptr():#x}",
     )
     del z
 

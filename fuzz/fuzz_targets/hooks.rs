@@ -342,6 +342,14 @@ impl Harness {
         } else {
             xlog_torch_malloc(size, ordinal, native as *mut c_void)
         } as u64;
+        if !cupy && size == 0 {
+            // PyTorch's 0 bytes: NULL, as from its own allocator, with no
+            // block, no stream import and the hooks not even opened.
+            if p != 0 {
+                self.fail(format!("xlog_torch_malloc(0) returned {p:#x}, not NULL"));
+            }
+            return;
+        }
         self.devs[d].open();
         let dev = &self.devs[d];
         let bytes = (size as u64).max(1);
