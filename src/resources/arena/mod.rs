@@ -670,7 +670,12 @@ impl Arena {
         }
         for region in self.every_region() {
             let r = region.lock();
-            for (first, n) in runs(&r.mapped_pages()) {
+            // The old addresses of lent pages too: still mapped, and a
+            // page lent within its region may come back to one.
+            let mut pages = r.mapped_pages();
+            pages.extend(r.lent.iter().map(|l| l.page));
+            pages.sort_unstable();
+            for (first, n) in runs(&pages) {
                 self.device.vm_set_access(r.page_addr(first), n as u64 * r.page_bytes, ordinal)?;
             }
         }
@@ -796,5 +801,36 @@ mod tests {
         assert_eq!(maps[6..], [0; 6], "pages mapped per step: {maps:?}");
         let held = arena.held.peak() as f64 / u.peak_live as f64;
         assert!(held <= 1.04, "held {held:.3}x the live peak");
+    }
+
+    #[test]
+    fn a_peer_granted_while_pages_are_lent_reaches_their_old_addresses() {
+        let sim = SimDevice::new(0, 16 << 30).unwrap();
+        let raw = sim.create_stream().unwrap();
+        let device: Arc<dyn Device> = sim.clone();
+        let arena = Arena::new(device, Arc::new(HeldBytes::new(None)), false).unwrap();
+        let s = StreamRef { id: StreamId(1), raw };
+        // Every address the arena maps, installed or the old address of a
+        // lent page (where the page may come back), is the peer's too.
+        let check = |when: &str| {
+            let mut lent = 0;
+            for region in arena.every_region() {
+                let r = region.lock();
+                lent += r.lent.len();
+                for p in r.mapped_pages().into_iter().chain(r.lent.iter().map(|l| l.page)) {
+                    assert_eq!(sim.access_of(r.page_addr(p)), vec![0, 1], "{when}: granule {p} of region {:#x}", r.base);
+                }
+            }
+            lent
+        };
+        for _ in 0..2 {
+            step(&arena, s);
+        }
+        arena.grant_peer(1).unwrap();
+        assert!(check("granted") > 0, "old addresses of lent pages existed when the peer came");
+        for i in 0..4 {
+            step(&arena, s);
+            check(&format!("step {i} after"));
+        }
     }
 }
