@@ -794,10 +794,20 @@ impl Harness {
         let target = self.target(handle);
         let id = self.pick_stream(inp, target);
         let rec = target.and_then(|i| self.stream_live_in(i, id));
-        let expected = if rec.is_some() { OK } else { INVALID };
+        // An imported stream is retired first (its pending frees sealed
+        // with an event, its cached blocks freed): a fault of either kind
+        // fails the release, and the stream stays imported.
+        let expected = match rec {
+            Some(s) if !self.streams[s].pooled => OK | self.rts[self.streams[s].rt].driver_if(&[Fault::Free, Fault::EventRecord]),
+            Some(_) => OK,
+            None => INVALID,
+        };
         self.trace(format!("xlog_stream_release({handle:#x}, {id}) target {target:?}"));
         let st = xlog_stream_release(handle as *mut xlog_runtime, id);
         self.check("xlog_stream_release", st, expected);
+        if st != XLOG_OK {
+            return;
+        }
         if let Some(s) = rec {
             let (rt, pooled, key) = (self.streams[s].rt, self.streams[s].pooled, self.streams[s].native_key);
             self.streams[s].live = false;
