@@ -781,18 +781,23 @@ mod tests {
         free(a2, 392);
     }
 
-    #[test]
-    fn pages_lent_within_a_region_come_back_so_a_repeating_layout_settles() {
+    /// An arena on a sim device (16 GiB) and one stream of it.
+    fn sim_arena() -> (Arc<SimDevice>, Arena, StreamRef) {
         let sim = SimDevice::new(0, 16 << 30).unwrap();
         let raw = sim.create_stream().unwrap();
         let device: Arc<dyn Device> = sim.clone();
         let arena = Arena::new(device, Arc::new(HeldBytes::new(None)), false).unwrap();
-        let s = StreamRef { id: StreamId(1), raw };
+        (sim, arena, StreamRef { id: StreamId(1), raw })
+    }
+
+    #[test]
+    fn pages_lent_within_a_region_come_back_so_a_repeating_layout_settles() {
+        let (sim, arena, s) = sim_arena();
         let mut maps = Vec::new();
         for _ in 0..12 {
             let before = arena.usage().pages_mapped;
             step(&arena, s);
-            sim.synchronize_stream(raw).unwrap();
+            sim.synchronize_stream(s.raw).unwrap();
             arena.audit();
             maps.push(arena.usage().pages_mapped - before);
         }
@@ -805,11 +810,7 @@ mod tests {
 
     #[test]
     fn a_peer_granted_while_pages_are_lent_reaches_their_old_addresses() {
-        let sim = SimDevice::new(0, 16 << 30).unwrap();
-        let raw = sim.create_stream().unwrap();
-        let device: Arc<dyn Device> = sim.clone();
-        let arena = Arena::new(device, Arc::new(HeldBytes::new(None)), false).unwrap();
-        let s = StreamRef { id: StreamId(1), raw };
+        let (sim, arena, s) = sim_arena();
         // Every address the arena maps, installed or the old address of a
         // lent page (where the page may come back), is the peer's too.
         let check = |when: &str| {
