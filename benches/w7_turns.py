@@ -30,6 +30,12 @@ told, synchronises, and answers with its wall time. Both children hold
 their memory at once (the GPU must hold both models), so this measures
 time only: device peaks come from `w7_training.py`'s separate processes.
 
+`caching_pluggable` is a control: PyTorch's own caching allocator reached
+through `CUDAPluggableAllocator`, the interface xlog plugs into (a
+forwarding library built at the child's start with PyTorch's
+cpp_extension, cached). Against `caching` it gives what the interface
+alone costs a step; against xlog, what xlog costs beyond it.
+
 An allocator may carry settings for its own child's environment,
 `+NAME=VALUE` after its name (`xlog+EXP_SLACK=2`: an experiment build's
 knob), so two configurations of one allocator can take turns.
@@ -62,6 +68,54 @@ import w7_training as W  # noqa: E402
 # The child: one model, one allocator, steps on demand
 # ---------------------------------------------------------------------------
 
+#: Allocators of this script's own, beside W7's.
+CONTROL_ALLOCATORS = ("caching_pluggable",)
+
+# The control's forwarding library: PyTorch's native caching allocator
+# (taken before the switch and initialised after it, since PyTorch then
+# initialises only the current one) behind the plain functions
+# CUDAPluggableAllocator calls.
+_FORWARD_SOURCE = r'''
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <sys/types.h>
+
+static c10::cuda::CUDACachingAllocator::CUDAAllocator* g_native = nullptr;
+
+extern "C" __attribute__((visibility("default"))) void* w7_forward_malloc(ssize_t size, int device, cudaStream_t stream) {
+  return g_native->raw_alloc_with_stream(static_cast<size_t>(size), stream);
+}
+
+extern "C" __attribute__((visibility("default"))) void w7_forward_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+  g_native->raw_delete(ptr);
+}
+
+int64_t w7_forward_take_native() {
+  g_native = c10::cuda::CUDACachingAllocator::get();
+  return reinterpret_cast<int64_t>(g_native);
+}
+
+void w7_forward_init_native() {
+  g_native->init(c10::cuda::device_count());
+}
+'''
+
+
+def use_caching_through_pluggable(torch) -> None:
+    """Make PyTorch's allocator its own caching allocator behind
+    CUDAPluggableAllocator (before CUDA is initialised)."""
+    from torch.utils.cpp_extension import load_inline
+
+    mod = load_inline(name="w7_forward_alloc", cpp_sources=_FORWARD_SOURCE,
+                      functions=["w7_forward_take_native", "w7_forward_init_native"], with_cuda=True, verbose=False)
+    if not mod.w7_forward_take_native():
+        raise RuntimeError("no native caching allocator to forward to")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(mod.__file__, "w7_forward_malloc", "w7_forward_free")
+    # The swap refuses an allocator already initialised: the native one is
+    # initialised after it (PyTorch initialises only the current one).
+    torch.cuda.memory.change_current_allocator(alloc)
+    mod.w7_forward_init_native()
+
 
 def child_main(spec: Dict[str, Any]) -> int:
     """Build and warm the workload, print `ready`, then run `step I` lines
@@ -80,6 +134,8 @@ def child_main(spec: Dict[str, Any]) -> int:
         xt.enable(backend="cuda")
     import torch
 
+    if spec["allocator"] == "caching_pluggable":
+        use_caching_through_pluggable(torch)
     torch.manual_seed(0)
     torch.cuda.init()
     W.warm_up_cuda(torch)
@@ -363,7 +419,7 @@ def parse_args(argv: Optional[Sequence[str]] = None):
             name, _ = split_label(a)
         except ValueError as e:
             p.error(str(e))
-        if name not in W.TORCH_ALLOC_CONF and name not in W.XLOG_ALLOCATORS:
+        if name not in W.TORCH_ALLOC_CONF and name not in W.XLOG_ALLOCATORS and name not in CONTROL_ALLOCATORS:
             p.error(f"unknown allocator {a!r}")
     if len(set(args.allocators)) != len(args.allocators):
         p.error("an allocator named twice")
