@@ -49,6 +49,11 @@ impl RegionCell {
         RegionCell { parked: AtomicU64::new(0), base: region.base, region: Mutex::new(region) }
     }
 
+    /// The region's base address (fixed: no lock needed).
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
     /// `[addr, addr + len)` packed, or `None` where it does not fit the word.
     fn pack(&self, addr: u64, len: u64) -> Option<u64> {
         let (offset, units) = ((addr - self.base) / BLOCK_ALIGN, len / BLOCK_ALIGN);

@@ -377,8 +377,7 @@ impl Arena {
             self.uncount_live(len, live, peak_before);
             return Ok(None);
         }
-        let to = region.lock().base;
-        let mapped = self.obtain(missing.len(), page, stream, to, gate, may_unmap).and_then(|pages| {
+        let mapped = self.obtain(missing.len(), page, stream, region.base(), gate, may_unmap).and_then(|pages| {
             let created = pages.created;
             self.map_pages(&region, &missing, pages)?;
             if let (Some(log), true) = (&self.log, created > 0) {
@@ -544,13 +543,10 @@ impl Arena {
     /// Whether all were unmapped.
     fn unmap_old_addresses(&self, r: &mut Region, pages: &[usize]) -> bool {
         for (first, n) in runs(pages) {
-            let bytes = n as u64 * r.page_bytes;
-            if self.device.vm_unmap(r.page_addr(first), bytes).is_err() {
+            if !self.unmap_old_run(r, first, n) {
                 return false;
             }
             (first..first + n).for_each(|p| r.forget_lent(p));
-            self.lent_now.fetch_sub(bytes, Ordering::Relaxed);
-            self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
         }
         true
     }

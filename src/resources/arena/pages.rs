@@ -398,10 +398,7 @@ impl Arena {
         for (first, n) in runs(&pages) {
             let run = &done[at..at + n];
             at += n;
-            let (addr, bytes) = (r.page_addr(first), n as u64 * r.page_bytes);
-            if self.device.vm_unmap(addr, bytes).is_ok() {
-                self.lent_now.fetch_sub(bytes, Ordering::Relaxed);
-                self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
+            if self.unmap_old_run(r, first, n) {
                 for l in run.iter().filter(|l| !l.free) {
                     r.unreserve(r.page_addr(l.page), r.page_bytes, l.freed);
                 }
@@ -413,6 +410,19 @@ impl Arena {
                 }
             }
         }
+    }
+
+    /// Unmap the `n` old addresses of lent pages in `r` from granule
+    /// `first` (one driver call), counted; whether the driver did. The
+    /// caller takes them off the `lent` list.
+    pub(super) fn unmap_old_run(&self, r: &Region, first: usize, n: usize) -> bool {
+        let bytes = n as u64 * r.page_bytes;
+        if self.device.vm_unmap(r.page_addr(first), bytes).is_err() {
+            return false;
+        }
+        self.lent_now.fetch_sub(bytes, Ordering::Relaxed);
+        self.unmapped.fetch_add(n as u64, Ordering::Relaxed);
+        true
     }
 
     /// Whether an old address of some region still maps `handle`.
