@@ -814,6 +814,18 @@ void *xlog_torch_malloc(size_t size, int32_t device, void *stream);
 void xlog_torch_free(void *ptr, size_t size, int32_t device, void *stream);
 
 /*
+ `xlog_torch_free` for a caller that knows only the pointer: the block
+ is looked up in the hooks of every device opened so far (device
+ pointers are unique within a process). The OOM shim of
+ `xlog_cuda.torch` gives it to PyTorch as the deleter of raw
+ allocations (`raw_delete`, `raw_deleter`), which are not told the
+ device. NULL frees nothing. A pointer no hooks hold changes nothing:
+ the reason is in `xlog_last_error_message` on this thread and on
+ stderr.
+ */
+void xlog_torch_free_any_device(void *ptr);
+
+/*
  Record that the block at `ptr` is used on `stream` (the role of
  `Tensor.record_stream`): when it is freed, its allocation stream first
  waits for all work queued on `stream` up to that moment.

@@ -90,6 +90,42 @@ int xlog_shim_has_graph_pools(void) { return 0; }
 int xlog_shim_install_graph_pools(char *why, size_t cap) { if (cap) why[0] = 0; return 0; }
 #endif
 #endif
+/* The native allocator (job 4 of the real shim): installed instead of the
+   Python CUDAPluggableAllocator. fake_torch_native_* do what PyTorch does
+   through it: allocate on a device (-1: not installed), and free with the
+   tensor's deleter (the device's) or the raw deleter (the pointer alone). */
+typedef void (*free_any_fn)(void *);
+static free_any_fn g_free_any;
+static int g_native;
+#ifdef FAKE_NATIVE
+#ifdef XLOG_SHIM_RECORD_STREAM
+int xlog_shim_install_native(void *free_any, char *why, size_t cap) {
+  (void)why; (void)cap;
+  if (!g_malloc || !g_free || !free_any) return 0;
+  g_free_any = (free_any_fn)free_any;
+  g_native = 1;
+  return 1;
+}
+#else
+int xlog_shim_install_native(void *free_any, char *why, size_t cap) {
+  const char *m = "the shim was built without PyTorch's CUDA headers";
+  size_t i = 0;
+  (void)free_any;
+  for (; m[i] && i + 1 < cap; i++) why[i] = m[i];
+  if (cap) why[i] = 0;
+  return 0;
+}
+#endif
+#endif
+void *fake_torch_native_alloc(long size, int device, void *stream) {
+  if (!g_native) return (void *)-1;
+  return xlog_shim_torch_malloc(size, device, stream);
+}
+int fake_torch_native_free(void *p, int device, int raw) {
+  if (!g_native) return -1;
+  if (raw) g_free_any(p); else g_free(p, 0, device, 0);
+  return 0;
+}
 /* What CUDAGraph::capture_begin / capture_end / reset do through the hooks
    when set (-1: no hook set, PyTorch does nothing); the begin hook passes
    the stream about to capture, as the real shim does. */
@@ -608,3 +644,74 @@ def test_without_the_graph_pool_hooks_enable_warns_and_says_why(shim_env, monkey
     assert not info["graph_pools_hook"] and reason in info["graph_pools_problem"], info
     assert _pool_calls(_shim_handle()).fake_torch_capture_begin(0, 1, 0, 0x7700) == -1, "PyTorch calls nothing"
 
+
+
+# ---------------------------------------------------------------------------
+# The native allocator (the shim's job 4)
+# ---------------------------------------------------------------------------
+
+
+def _native_calls(shim):
+    handle = ctypes.CDLL(shim)
+    handle.fake_torch_native_alloc.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
+    handle.fake_torch_native_alloc.restype = ctypes.c_void_p
+    handle.fake_torch_native_free.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    handle.fake_torch_native_free.restype = ctypes.c_int
+    return handle
+
+
+def test_the_native_allocator_replaces_the_pluggable_one_and_frees_by_pointer(shim_env, monkeypatch):
+    monkeypatch.setenv("FAKE_TORCH_CFLAGS", "-DFAKE_NATIVE")
+    dev = next(_devices)
+    xt.enable(backend="sim", budget="4MiB", device=dev)
+    info = xt.enable_info()
+    assert (info["allocator"], info["allocator_problem"]) == ("native", "")
+    assert info["record_stream_hook"] and info["graph_pools_hook"]
+    import torch
+
+    # PyTorch's Python-level swap was not used: the shim installed its own.
+    assert torch.cuda.memory.current is None
+    native = _native_calls(info["shim"])
+    a = native.fake_torch_native_alloc(4096, dev, None)
+    b = native.fake_torch_native_alloc(8192, dev, None)
+    assert a and b and a != ctypes.c_void_p(-1).value
+    assert xt.stats(dev).live_bytes == 4096 + 8192
+    # A tensor's deleter knows its device; a raw deleter only the pointer.
+    assert native.fake_torch_native_free(a, dev, 0) == 0
+    assert native.fake_torch_native_free(b, 0, 1) == 0
+    assert xt.stats(dev).live_bytes == 0 and xc.last_error() == ""
+
+
+def test_the_pluggable_allocator_is_used_where_native_is_not_possible(shim_env, monkeypatch):
+    # The stand-in without the entry point: an older shim.
+    xt.enable(backend="sim", device=next(_devices))
+    info = xt.enable_info()
+    assert info["allocator"] == "pluggable" and "no native allocator" in info["allocator_problem"]
+    import torch
+
+    assert torch.cuda.memory.current.path == info["shim"]
+
+    # Asked for by name: pluggable, even where native would work.
+    fresh_process(monkeypatch)
+    monkeypatch.setenv("FAKE_TORCH_CFLAGS", "-DFAKE_NATIVE")
+    monkeypatch.setenv("XLOG_TORCH_ALLOCATOR", "pluggable")
+    xt.enable(backend="sim", device=next(_devices))
+    info = xt.enable_info()
+    assert (info["allocator"], info["allocator_problem"]) == ("pluggable", "XLOG_TORCH_ALLOCATOR=pluggable")
+
+    # Anything else is refused before anything changes.
+    fresh_process(monkeypatch)
+    monkeypatch.setenv("XLOG_TORCH_ALLOCATOR", "caching")
+    with pytest.raises(xc.InvalidArgumentError, match="XLOG_TORCH_ALLOCATOR='caching' is not one of native, pluggable"):
+        xt.enable(backend="sim", device=next(_devices))
+    assert not xt.is_enabled()
+
+
+def test_without_cuda_headers_the_native_allocator_says_why(shim_env, monkeypatch):
+    monkeypatch.setenv("FAKE_TORCH_CFLAGS", "-DFAKE_NATIVE")
+    monkeypatch.setenv("FAKE_TORCH_NO_CUDA", "1")
+    with pytest.warns(RuntimeWarning):
+        xt.enable(backend="sim", device=next(_devices))
+    info = xt.enable_info()
+    assert info["allocator"] == "pluggable"
+    assert "without PyTorch's CUDA headers" in info["allocator_problem"]

@@ -242,6 +242,7 @@ PROTOTYPES = {
     "xlog_interop_live_blocks": (ctypes.c_uint64, [ctypes.c_int32]),
     "xlog_torch_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p]),
+    "xlog_torch_free_any_device": (None, [ctypes.c_void_p]),
     "xlog_torch_record_stream": (xlog_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "xlog_torch_record_stream_hook": (xlog_status, [ctypes.c_void_p, ctypes.c_void_p]),
     "xlog_torch_begin_allocate_to_pool": (

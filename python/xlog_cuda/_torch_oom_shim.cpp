@@ -50,6 +50,24 @@
 // why this path keeps the formatting out of the exception machinery
 // altogether (scripts/gpu-frameworks, scenario oom, checks it).
 //
+// 4. PyTorch calls xlog with no layer between (same build condition):
+//    xlog_shim_install_native makes PyTorch's current allocator an
+//    XlogTorchAllocator, a subclass of CUDAPluggableAllocator whose
+//    allocate, raw_alloc, raw_alloc_with_stream, raw_delete and
+//    raw_deleter call the library directly. CUDAPluggableAllocator's own
+//    versions keep a map from every pointer to its size, device and
+//    stream, under a mutex, and call the hooks through std::function:
+//    a node allocation, a hash insert and a hash erase per tensor, which
+//    the library does not need (its free finds the block from the pointer
+//    and the device). The tensor's deleter is a plain function per device
+//    (the DataPtr's context is the pointer itself); raw allocations,
+//    whose deleter is told only the pointer, are freed through
+//    xlog_torch_free_any_device. Everything else (the record-stream and
+//    graph-pool hooks above, the OOM error) is inherited or shared, so the
+//    two install paths behave alike. Python falls back to the plain
+//    CUDAPluggableAllocator where this fails, or with
+//    XLOG_TORCH_ALLOCATOR=pluggable.
+//
 // The library's entry points come from Python (xlog_shim_bind), as the
 // addresses of the libxlog_cuda instance the package loaded, so the shim
 // always drives that instance: one hook runtime, one budget.
@@ -67,8 +85,18 @@
 #include <utility>
 
 #ifdef XLOG_SHIM_RECORD_STREAM
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <array>
+#include <memory>
 #endif
+
+extern "C" {
+void* xlog_shim_torch_malloc(ssize_t size, int device, void* stream);
+void xlog_shim_torch_free(void* ptr, ssize_t size, int device, void* stream);
+}
 
 namespace {
 
@@ -76,6 +104,7 @@ using MallocFn = void* (*)(size_t, int, void*);
 using FreeFn = void (*)(void*, size_t, int, void*);
 using MessageFn = size_t (*)(char*, size_t);
 using RecordFn = int (*)(void*, void*);
+using FreeAnyFn = void (*)(void*);
 using PoolBeginFn = int (*)(int, uint64_t, uint64_t, void*);
 using PoolEndFn = int (*)(int, uint64_t, uint64_t);
 using PoolReleaseFn = int (*)(int, uint64_t, uint64_t, uint64_t*);
@@ -84,6 +113,7 @@ MallocFn g_malloc = nullptr;
 FreeFn g_free = nullptr;
 MessageFn g_message = nullptr;
 RecordFn g_record = nullptr;
+FreeAnyFn g_free_any = nullptr;
 PoolBeginFn g_pool_begin = nullptr;
 PoolEndFn g_pool_end = nullptr;
 PoolReleaseFn g_pool_release = nullptr;
@@ -295,6 +325,83 @@ torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator* current_pluggable(c
   return pluggable;
 }
 
+// ----- The native allocator (job 4) -----
+
+// The deleter of a tensor allocated on device D: the DataPtr's context is
+// the pointer. One plain function per device, so that a free needs no
+// lookup of the device and no captured state.
+template <int D>
+void free_on_device(void* ptr) {
+  if (ptr != nullptr) g_free(ptr, 0, D, nullptr);
+}
+
+// The deleter of raw allocations (told only the pointer).
+void free_any_device(void* ptr) {
+  if (ptr != nullptr) g_free_any(ptr);
+}
+
+constexpr size_t kDeleterDevices = 64;
+
+template <size_t... D>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> deleters_for(std::index_sequence<D...>) {
+  return {&free_on_device<static_cast<int>(D)>...};
+}
+
+constexpr std::array<c10::DeleterFnPtr, kDeleterDevices> kFreeOnDevice =
+    deleters_for(std::make_index_sequence<kDeleterDevices>{});
+
+c10::DeleterFnPtr deleter_of(c10::DeviceIndex device) {
+  return device >= 0 && static_cast<size_t>(device) < kDeleterDevices ? kFreeOnDevice[static_cast<size_t>(device)]
+                                                                        : &free_any_device;
+}
+
+c10::DeviceIndex current_device() {
+  c10::DeviceIndex device = -1;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  return device;
+}
+
+void* shim_malloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  return xlog_shim_torch_malloc(static_cast<ssize_t>(size), static_cast<int>(device), static_cast<void*>(stream));
+}
+
+// PyTorch's allocator over the library with no bookkeeping of its own
+// (see job 4 at the top). The base class keeps the hooks set on it
+// (record stream, graph pools) and everything this class does not
+// override; its std::function pair is set to the shim's malloc and free
+// only so that the base is whole (nothing here calls them).
+class XlogTorchAllocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+ public:
+  XlogTorchAllocator()
+      : CUDAPluggableAllocator(
+            [](size_t size, int device, cudaStream_t stream) {
+              return xlog_shim_torch_malloc(static_cast<ssize_t>(size), device, static_cast<void*>(stream));
+            },
+            [](void* ptr, size_t size, int device, cudaStream_t stream) {
+              xlog_shim_torch_free(ptr, static_cast<ssize_t>(size), device, static_cast<void*>(stream));
+            }) {}
+
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = current_device();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void* ptr = shim_malloc_on(size, device, stream);
+    return {ptr, ptr, deleter_of(device), c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_any_device; }
+
+  void* raw_alloc(size_t nbytes) override {
+    c10::DeviceIndex device = current_device();
+    return shim_malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    return shim_malloc_on(nbytes, current_device(), stream);
+  }
+
+  void raw_delete(void* ptr) override { free_any_device(ptr); }
+};
+
 }  // namespace
 
 extern "C" {
@@ -349,6 +456,37 @@ int xlog_shim_install_graph_pools(char* why, size_t cap) {
     return 0;
   }
 #else
+  std::snprintf(why, cap, "%s", kNoCudaHeaders);
+  return 0;
+#endif
+}
+
+// Make PyTorch's current allocator an XlogTorchAllocator (job 4 at the
+// top), with `free_any_fn` (xlog_torch_free_any_device of the loaded
+// library) for raw allocations. Call it after xlog_shim_bind and before
+// PyTorch initialises CUDA, instead of
+// torch.cuda.memory.change_current_allocator; then install the other hooks
+// as for the plain pluggable allocator. Returns 1 when installed; 0 with
+// the reason in `why` (cap bytes) otherwise, PyTorch's allocator then
+// unchanged.
+int xlog_shim_install_native(void* free_any_fn, char* why, size_t cap) {
+#ifdef XLOG_SHIM_RECORD_STREAM
+  if (g_malloc == nullptr || g_free == nullptr || free_any_fn == nullptr) {
+    std::snprintf(why, cap, "%s", "the library's xlog_torch_malloc / _free / _free_any_device were not bound");
+    return 0;
+  }
+  try {
+    g_free_any = reinterpret_cast<FreeAnyFn>(free_any_fn);
+    auto allocator = std::make_shared<XlogTorchAllocator>();
+    allocator->init(0);
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    return 1;
+  } catch (const std::exception& e) {
+    std::snprintf(why, cap, "installing the native allocator failed: %s", e.what());
+    return 0;
+  }
+#else
+  (void)free_any_fn;
   std::snprintf(why, cap, "%s", kNoCudaHeaders);
   return 0;
 #endif

@@ -53,7 +53,9 @@ _WHO = "xlog_cuda.torch.enable"
 
 @dataclasses.dataclass
 class _Enabled:
-    allocator: Any  # the CUDAPluggableAllocator; kept alive with the process
+    # The Python CUDAPluggableAllocator, kept alive with the process; None
+    # when the shim installed its native allocator (PyTorch keeps that one).
+    allocator: Any
     library: str
     devices: Set[int]
     # The OOM shim's path, or None with the reason it is not in use.
@@ -69,6 +71,11 @@ class _Enabled:
     # graph-pool hooks), and why not when they do not.
     graph_pools_hook: bool = False
     graph_pools_problem: str = ""
+    # "native" (the shim's XlogTorchAllocator: PyTorch calls xlog with no
+    # bookkeeping between) or "pluggable" (PyTorch's CUDAPluggableAllocator
+    # over the hooks), and why not native when it is pluggable.
+    allocator_kind: str = "pluggable"
+    allocator_problem: str = ""
     # Seconds spent in enable()'s steps: hooks, shim, allocator, total.
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -138,9 +145,17 @@ def enable(
         )
         path = _library.library_path()
         hooks_done = time.perf_counter()
+        wanted = _wanted_allocator()
         shim, problem, origin = _oom_shim(torch)
         shim_done = time.perf_counter()
-        if shim is not None:
+        kind, kind_problem = "pluggable", "XLOG_TORCH_ALLOCATOR=pluggable"
+        if wanted == "native":
+            kind_problem = _install_native(shim, problem)
+            if not kind_problem:
+                kind = "native"
+        if kind == "native":
+            allocator = None
+        elif shim is not None:
             allocator = torch.cuda.memory.CUDAPluggableAllocator(shim, "xlog_shim_torch_malloc", "xlog_shim_torch_free")
         else:
             warnings.warn(
@@ -152,7 +167,8 @@ def enable(
             )
             allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "xlog_torch_malloc", "xlog_torch_free")
         try:
-            torch.cuda.memory.change_current_allocator(allocator)
+            if allocator is not None:
+                torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
             raise RuntimeError(
                 f"{_WHO}: PyTorch refused to switch to the xlog allocator ({e}). Some other "
@@ -189,6 +205,7 @@ def enable(
             allocator=allocator, library=path, devices={device}, shim=shim, shim_problem=problem,
             shim_origin=origin, seconds=seconds, record_stream_hook=hooked, record_stream_problem=hook_problem,
             graph_pools_hook=pools, graph_pools_problem=pools_problem,
+            allocator_kind=kind, allocator_problem="" if kind == "native" else kind_problem,
         )
 
 
@@ -333,6 +350,40 @@ def _bind_shim(path: str) -> None:
     _shim_handle = handle
 
 
+_ALLOCATOR_KINDS = ("native", "pluggable")
+
+
+def _wanted_allocator() -> str:
+    """XLOG_TORCH_ALLOCATOR: "native" (the default) or "pluggable";
+    InvalidArgumentError for anything else, before anything changes."""
+    wanted = os.environ.get("XLOG_TORCH_ALLOCATOR", "native").strip().lower() or "native"
+    if wanted not in _ALLOCATOR_KINDS:
+        raise InvalidArgumentError(
+            f"{_WHO}: XLOG_TORCH_ALLOCATOR={wanted!r} is not one of {', '.join(_ALLOCATOR_KINDS)}"
+        )
+    return wanted
+
+
+def _install_native(shim: Optional[str], shim_problem: str) -> str:
+    """Make PyTorch's current allocator the shim's native one, which calls
+    the library with no bookkeeping of its own (the shim's source, job 4):
+    "" when installed, else why not (PyTorch's allocator then unchanged,
+    and enable() installs the CUDAPluggableAllocator instead)."""
+    if shim is None or _shim_handle is None:
+        return f"no shim: {shim_problem}"
+    handle = _shim_handle
+    if not hasattr(handle, "xlog_shim_install_native"):
+        return "the shim has no native allocator (built from an older source)"
+    lib = _library.load()
+    handle.xlog_shim_install_native.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    handle.xlog_shim_install_native.restype = ctypes.c_int
+    why = ctypes.create_string_buffer(512)
+    free_any = ctypes.cast(lib.xlog_torch_free_any_device, ctypes.c_void_p).value
+    if handle.xlog_shim_install_native(free_any, why, len(why)) != 1:
+        return why.value.decode(errors="replace") or "the shim could not install it"
+    return ""
+
+
 def _install_graph_pools(shim: Optional[str], shim_problem: str) -> "tuple[bool, str]":
     """Set PyTorch's graph-pool hooks (beginAllocateToPool,
     endAllocateToPool, releasePool) through the shim, after the allocator
@@ -430,8 +481,11 @@ def enable_info() -> Dict[str, Any]:
     ("cached") or was built here ("built"), whether `Tensor.record_stream`
     reaches xlog ("record_stream_hook", else "record_stream_problem" says
     why not), whether `torch.cuda.graph` captures reach xlog
-    ("graph_pools_hook", else "graph_pools_problem" says why not), and the
-    seconds its steps took
+    ("graph_pools_hook", else "graph_pools_problem" says why not), which
+    allocator PyTorch calls ("allocator": "native", the shim's allocator
+    that calls xlog directly, or "pluggable", PyTorch's
+    CUDAPluggableAllocator over the hooks; "allocator_problem" says why not
+    native), and the seconds its steps took
     ("hooks": opening the hook runtime; "shim"; "allocator": installing it;
     "total"). Empty before `enable()`."""
     if _state is None:
@@ -445,6 +499,8 @@ def enable_info() -> Dict[str, Any]:
         "record_stream_problem": _state.record_stream_problem,
         "graph_pools_hook": _state.graph_pools_hook,
         "graph_pools_problem": _state.graph_pools_problem,
+        "allocator": _state.allocator_kind,
+        "allocator_problem": _state.allocator_problem,
         "seconds": dict(_state.seconds),
         "devices": sorted(_state.devices),
     }

@@ -303,6 +303,28 @@ pub(crate) fn free(thread: &HookThread, ptr: u64, device: i32) -> Result<(), Res
     })
 }
 
+/// `free` on whichever open device's hooks hold `ptr` (device pointers
+/// are unique within a process): for a deleter that is given only the
+/// pointer (PyTorch's `raw_deleter`, `raw_delete`). 0: nothing to free.
+pub(crate) fn free_any_device(thread: &HookThread, ptr: u64) -> Result<(), ResourceError> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let opened: Vec<(i32, bool)> = table()
+        .read()
+        .hooks
+        .iter()
+        .filter(|(_, h)| !h.runtime.is_closed())
+        .map(|(&device, h)| (device, h.blocks.contains(ptr)))
+        .collect();
+    match opened.iter().find(|(_, holds)| *holds) {
+        Some(&(device, _)) => free(thread, ptr, device),
+        None => Err(ResourceError::InvalidArgument(format!(
+            "{ptr:#x} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
+        ))),
+    }
+}
+
 /// Test support (`xlog_testing_interop_reset`): forget the hooks of
 /// `device` and its config, and drop the hooks' own reference to their
 /// runtime. If no handle from `xlog_interop_runtime` is open, that closes

@@ -36,8 +36,10 @@
 //!   what the call frees serves the call. Old addresses are unmapped in
 //!   batches once their frees are known complete (a completed event, or
 //!   `cuStreamQuery` finding the stream idle) and their bytes pass the
-//!   bytes held, or on trim and close; a page is never released while an
-//!   old address still maps it.
+//!   bytes held (checked each time pages are lent or recycled: a page lent
+//!   on from its new place leaves one more old address, so a workload that
+//!   lending alone serves would otherwise pile them up), or on trim and
+//!   close; a page is never released while an old address still maps it.
 //! - **Recycling** (unmap an idle page whose frees are complete, map it
 //!   where it is needed) is what is left when lending finds nothing (a
 //!   fence that fails). With `wait_on_pressure`, a refusal first
@@ -339,6 +341,16 @@ impl Arena {
             // ranges behind a GPU-side wait of this region's stream, so the
             // fence below covers them too.
             self.settle_foreign(r, false, true);
+            // Old addresses pile up where lending alone serves the misses
+            // (a page lent on from its new place leaves one more old
+            // address each time, a mapping of the same physical page):
+            // past the bound, those whose frees are complete are unmapped
+            // here too, not only when recycling. So the old addresses add
+            // up to at most the bytes held, plus one lend.
+            if self.too_many_lent() {
+                self.refresh(r, Completion::Query);
+                self.unmap_lent(r);
+            }
             let before = r.lent.len();
             let pages = r.lend_pages(wanted, r.base == to && self.is_large(page));
             if !pages.is_empty() && r.stream != stream && !self.fence(r.stream, stream) {
