@@ -14,7 +14,11 @@
 //!
 //! Both lookups are `BTreeMap`/`BTreeSet` searches: O(log n) in the number
 //! of free ranges, no allocation on a take that splits or a free that
-//! merges (beyond the trees' own nodes).
+//! merges (beyond the trees' own nodes). The address index is keyed by each
+//! range's *end*: a take carves a range's start, and a free usually merges
+//! into the range after it, and both then change only the start, which is
+//! the entry's value (updated in place, no node moved). Only the size index
+//! is reshaped on every take and free.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,58 +28,75 @@ pub(crate) struct Span {
     pub freed: u64,
 }
 
+/// A free range in the address index: its start and `freed` (the key is
+/// its end).
+#[derive(Copy, Clone, Debug)]
+struct Piece {
+    start: u64,
+    freed: u64,
+}
+
 #[derive(Default)]
 pub(crate) struct FreeRanges {
-    by_addr: BTreeMap<u64, Span>,
+    /// end -> the range ending there.
+    by_end: BTreeMap<u64, Piece>,
+    /// (length, start) of every range.
     by_size: BTreeSet<(u64, u64)>,
-    total: u64,
 }
 
 impl FreeRanges {
-    fn insert_raw(&mut self, addr: u64, span: Span) {
-        self.by_addr.insert(addr, span);
-        self.by_size.insert((span.len, addr));
-        self.total += span.len;
-    }
-
-    fn remove_raw(&mut self, addr: u64) -> Span {
-        let span = self.by_addr.remove(&addr).expect("a listed free range");
-        self.by_size.remove(&(span.len, addr));
-        self.total -= span.len;
-        span
+    /// The range that covers `[addr, addr + len)` whole: (start, end,
+    /// freed).
+    fn covering_range(&self, addr: u64, len: u64) -> Option<(u64, u64, u64)> {
+        let (&end, piece) = self.by_end.range(addr + len..).next()?;
+        (piece.start <= addr).then_some((piece.start, end, piece.freed))
     }
 
     /// Add `[addr, addr + len)` (freed as free number `freed`), merged with
     /// the ranges it touches.
     pub fn insert(&mut self, addr: u64, len: u64, freed: u64) {
         debug_assert!(len > 0);
-        let (mut start, mut end, mut seq) = (addr, addr + len, freed);
-        if let Some((&prev, &span)) = self.by_addr.range(..addr).next_back() {
-            debug_assert!(prev + span.len <= addr, "free range [{prev:#x}, +{}) overlaps {addr:#x}", span.len);
-            if prev + span.len == addr {
-                self.remove_raw(prev);
-                start = prev;
-                seq = seq.max(span.freed);
+        let end = addr + len;
+        debug_assert!(
+            self.by_end.range(addr + 1..).next().map_or(true, |(_, p)| p.start >= end),
+            "free range at {addr:#x} (+{len}) overlaps a free range"
+        );
+        // The range ending where this one starts, taken out of the index.
+        let before = self.by_end.remove(&addr).map(|p| {
+            self.by_size.remove(&(addr - p.start, p.start));
+            p
+        });
+        let start = before.map_or(addr, |p| p.start);
+        let seq = before.map_or(freed, |p| p.freed.max(freed));
+        // The range starting where this one ends: extended down in place.
+        if let Some((&next_end, next)) = self.by_end.range_mut(end + 1..).next() {
+            if next.start == end {
+                self.by_size.remove(&(next_end - end, end));
+                next.start = start;
+                next.freed = next.freed.max(seq);
+                self.by_size.insert((next_end - start, start));
+                return;
             }
         }
-        if let Some(&next) = self.by_addr.get(&end) {
-            self.remove_raw(end);
-            end += next.len;
-            seq = seq.max(next.freed);
-        }
-        debug_assert!(self.by_addr.range(addr..addr + len).next().is_none(), "free range at {addr:#x} freed twice");
-        self.insert_raw(start, Span { len: end - start, freed: seq });
+        self.by_end.insert(end, Piece { start, freed: seq });
+        self.by_size.insert((end - start, start));
     }
 
     /// The smallest range of at least `len` bytes: its start is taken out
     /// and returned with the range's `freed`.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
-        let &(_, addr) = self.by_size.range((len, 0)..).next()?;
-        let span = self.remove_raw(addr);
-        if span.len > len {
-            self.insert_raw(addr + len, Span { len: span.len - len, freed: span.freed });
-        }
-        Some((addr, span.freed))
+        let &(size, start) = self.by_size.range((len, 0)..).next()?;
+        self.by_size.remove(&(size, start));
+        let end = start + size;
+        let freed = if size > len {
+            let piece = self.by_end.get_mut(&end).expect("a listed free range");
+            piece.start = start + len;
+            self.by_size.insert((size - len, start + len));
+            piece.freed
+        } else {
+            self.by_end.remove(&end).expect("a listed free range").freed
+        };
+        Some((start, freed))
     }
 
     /// Take `[addr, addr + len)`, which one free range covers whole, out of
@@ -83,26 +104,26 @@ impl FreeRanges {
     /// free with its `freed`): that range's `freed`, or `None` (changing
     /// nothing) when no free range covers it.
     pub fn withdraw(&mut self, addr: u64, len: u64) -> Option<u64> {
-        let (&start, &span) = self.by_addr.range(..=addr).next_back()?;
-        if start + span.len < addr + len {
-            return None;
+        let (start, end, freed) = self.covering_range(addr, len)?;
+        self.by_size.remove(&(end - start, start));
+        let cut = addr + len;
+        if end > cut {
+            self.by_end.get_mut(&end).expect("a listed free range").start = cut;
+            self.by_size.insert((end - cut, cut));
+        } else {
+            self.by_end.remove(&end);
         }
-        self.remove_raw(start);
         if addr > start {
-            self.insert_raw(start, Span { len: addr - start, freed: span.freed });
+            self.by_end.insert(addr, Piece { start, freed });
+            self.by_size.insert((addr - start, start));
         }
-        let end = addr + len;
-        if start + span.len > end {
-            self.insert_raw(end, Span { len: start + span.len - end, freed: span.freed });
-        }
-        Some(span.freed)
+        Some(freed)
     }
 
     /// The `freed` of the free range that covers `[addr, addr + len)`
     /// whole, if one does.
     pub fn covering(&self, addr: u64, len: u64) -> Option<u64> {
-        let (&start, span) = self.by_addr.range(..=addr).next_back()?;
-        (start + span.len >= addr + len).then_some(span.freed)
+        self.covering_range(addr, len).map(|(_, _, freed)| freed)
     }
 
     /// The ranges of at least `len` bytes, smallest first: (start, length).
@@ -112,7 +133,7 @@ impl FreeRanges {
 
     /// Every range, in address order: (start, span).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Span)> + '_ {
-        self.by_addr.iter().map(|(&a, &s)| (a, s))
+        self.by_end.iter().map(|(&end, p)| (p.start, Span { len: end - p.start, freed: p.freed }))
     }
 }
 
@@ -164,5 +185,91 @@ mod tests {
         assert_eq!(r.iter().count(), 2);
         r.insert(b, 100, 2);
         assert_eq!(r.iter().collect::<Vec<_>>(), vec![(0, Span { len: 300, freed: 3 })], "the middle free joins both sides");
+    }
+
+    /// The model: one cell per unit, `Some(freed)` where free. Free cells
+    /// form maximal runs; a run's `freed` is the newest of its frees.
+    fn model_ranges(cells: &[Option<u64>]) -> Vec<(u64, Span)> {
+        let mut out: Vec<(u64, Span)> = Vec::new();
+        for (i, c) in cells.iter().enumerate() {
+            if let Some(f) = *c {
+                match out.last_mut() {
+                    Some((start, span)) if *start + span.len == i as u64 => {
+                        span.len += 1;
+                        span.freed = span.freed.max(f);
+                    }
+                    _ => out.push((i as u64, Span { len: 1, freed: f })),
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn random_operations_match_a_cell_by_cell_model() {
+        // Inserts, takes, withdraws and covering queries at random over
+        // 512 units: after every call the ranges are the model's maximal
+        // free runs (merged, with the newest `freed`), a take is the model's
+        // best fit (the smallest fitting run, the lowest address among
+        // equals), and withdraw / covering answer as the model does.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        const UNITS: usize = 512;
+        let mut r = FreeRanges::default();
+        let mut cells: Vec<Option<u64>> = vec![None; UNITS];
+        let mut seq = 0;
+        for call in 0..20_000 {
+            let before = model_ranges(&cells);
+            match next(4) {
+                0 | 1 => {
+                    // Free a run of used cells.
+                    let at = next(UNITS as u64) as usize;
+                    let len = (1 + next(24) as usize).min(UNITS - at);
+                    if cells[at..at + len].iter().all(Option::is_none) {
+                        seq += 1;
+                        r.insert(at as u64, len as u64, seq);
+                        cells[at..at + len].iter_mut().for_each(|c| *c = Some(seq));
+                    }
+                }
+                2 => {
+                    let len = 1 + next(40);
+                    let want = before.iter().filter(|(_, s)| s.len >= len).min_by_key(|(a, s)| (s.len, *a)).copied();
+                    let got = r.take(len);
+                    assert_eq!(got, want.map(|(a, s)| (a, s.freed)), "call {call}: take({len})");
+                    if let Some((a, freed)) = got {
+                        // The rest of the range keeps the whole range's freed.
+                        let span = want.unwrap().1;
+                        cells[a as usize..(a + span.len) as usize].iter_mut().for_each(|c| *c = Some(freed));
+                        cells[a as usize..(a + len) as usize].iter_mut().for_each(|c| *c = None);
+                    }
+                }
+                _ => {
+                    let at = next(UNITS as u64);
+                    let len = (1 + next(16)).min(UNITS as u64 - at);
+                    let want = before.iter().find(|(a, s)| *a <= at && a + s.len >= at + len).map(|(_, s)| s.freed);
+                    assert_eq!(r.covering(at, len), want, "call {call}: covering({at}, {len})");
+                    if next(2) == 0 {
+                        assert_eq!(r.withdraw(at, len), want, "call {call}: withdraw({at}, {len})");
+                        if want.is_some() {
+                            // The pieces left keep the whole range's freed.
+                            let (start, span) = *before.iter().find(|(a, s)| *a <= at && a + s.len >= at + len).unwrap();
+                            cells[start as usize..(start + span.len) as usize].iter_mut().for_each(|c| *c = Some(span.freed));
+                            cells[at as usize..(at + len) as usize].iter_mut().for_each(|c| *c = None);
+                        }
+                    }
+                }
+            }
+            assert_eq!(r.iter().collect::<Vec<_>>(), model_ranges(&cells), "call {call}");
+            let mut sizes: Vec<(u64, u64)> = r.fitting(1).collect();
+            let mut want: Vec<(u64, u64)> = model_ranges(&cells).iter().map(|(a, s)| (*a, s.len)).collect();
+            sizes.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(sizes, want, "call {call}: the size index");
+        }
     }
 }
