@@ -360,15 +360,16 @@ mod tests {
         // PyTorch's pattern with sizes that never repeat: a ring of 64
         // blocks of random sizes (512 B to 64 MiB, mostly small) on one
         // stream, the oldest freed as each new one comes. Past the soft
-        // cap, lending serves the misses, and a page lent on from its new
-        // place leaves one more old address each time: they must be
-        // unmapped once they add up to more than what is held. Before,
-        // they piled up: 9,000 more mappings than pages held after 30,000
-        // pairs, 110,000 after 1.6 million, each pair slower than the last.
+        // cap, lending serves the misses, and each page lent on from the
+        // place it was lent to leaves one more old address, mapped: only
+        // recycling unmapped them, and nothing recycles here. Before the
+        // hard bound they grew with each pair (110,000 mappings of 320
+        // pages held after 1.6 million pairs), each pair slower.
         let device = 7015;
         let mut cfg = sim_config(0);
         cfg.memory = XLOG_MEMORY_ARENA;
-        cfg.sim_capacity_bytes = 16 << 30;
+        // A device of 1 GiB: the live peak is 640 MiB.
+        cfg.sim_capacity_bytes = 1 << 30;
         // SAFETY: a valid config pointer.
         assert_eq!(unsafe { xlog_interop_configure(device, &cfg) }, XLOG_OK);
         let stream = 0x1000 as *mut c_void;
@@ -382,7 +383,7 @@ mod tests {
             })
             .collect();
         let mut ring = [std::ptr::null_mut::<c_void>(); 64];
-        for i in 0..100_000usize {
+        for i in 0..400_000usize {
             if !ring[i % 64].is_null() {
                 xlog_torch_free(ring[i % 64], 0, device, stream);
             }
@@ -394,12 +395,13 @@ mod tests {
         let mut stats = xlog_stats { struct_size: std::mem::size_of::<xlog_stats>() as u32, ..Default::default() };
         assert_eq!(xlog_get_stats(rt, &mut stats), XLOG_OK);
         assert_eq!(xlog_runtime_close(rt), XLOG_OK);
-        // Every mapping is of a page held (at most two places each), in
-        // pages of 2 MiB or more.
+        // Every mapping is of a page held, in pages of 2 MiB or more: the
+        // installed ones, and old addresses up to 32 times the bytes held
+        // (plus one lend), not one more each time.
         let mappings = stats.pages_mapped - stats.pages_unmapped;
         let held_pages = stats.reserved_bytes / (2 << 20);
-        assert!(stats.pages_mapped > 2 * held_pages, "pages were lent: {stats:?}");
-        assert!(mappings <= 2 * held_pages + 64, "{mappings} mappings of {held_pages} pages held: {stats:?}");
+        assert!(stats.pages_mapped > 40 * held_pages, "pages were lent: {stats:?}");
+        assert!(mappings <= 33 * held_pages + 64, "{mappings} mappings of {held_pages} pages held: {stats:?}");
         for p in ring {
             xlog_torch_free(p, 0, device, stream);
         }
