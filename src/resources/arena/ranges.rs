@@ -62,10 +62,10 @@ impl FreeRanges {
             "free range at {addr:#x} (+{len}) overlaps a free range"
         );
         // The range ending where this one starts, taken out of the index.
-        let before = self.by_end.remove(&addr).map(|p| {
+        let before = self.by_end.remove(&addr);
+        if let Some(p) = before {
             self.by_size.remove(&(addr - p.start, p.start));
-            p
-        });
+        }
         let start = before.map_or(addr, |p| p.start);
         let seq = before.map_or(freed, |p| p.freed.max(freed));
         // The range starting where this one ends: extended down in place.
