@@ -1,5 +1,6 @@
 //! Fuzz target for the framework hooks (`src/ffi/interop.rs`): PyTorch's
-//! `xlog_torch_malloc` / `xlog_torch_free` / `xlog_torch_record_stream`,
+//! `xlog_torch_malloc` / `xlog_torch_free` / `xlog_torch_free_any_device` /
+//! `xlog_torch_record_stream`,
 //! the graph-pool hooks (`xlog_torch_begin_allocate_to_pool`,
 //! `_end_allocate_to_pool`, `_release_pool`, without captures: their
 //! bookkeeping, refusals and sweeps), CuPy's `xlog_cupy_malloc` / `xlog_cupy_free`, and the interop table
@@ -185,6 +186,15 @@ extern "C" fn reentrant_hooks(user: *mut c_void) {
     let mut rt = std::ptr::null_mut();
     let st = xlog_interop_runtime(r.device, &mut rt);
     out.push(("xlog_interop_runtime".into(), st, last_error()));
+}
+
+/// Which free hook an `op_free` calls.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum FreeHook {
+    Torch,
+    Cupy,
+    /// `xlog_torch_free_any_device`: the pointer alone.
+    AnyDevice,
 }
 
 struct Harness {
@@ -415,18 +425,34 @@ impl Harness {
         dev.allocations += 1;
     }
 
-    fn op_free(&mut self, inp: &mut Input, cupy: bool) {
-        let d = self.pick_dev(inp);
+    fn op_free(&mut self, inp: &mut Input, hook: FreeHook) {
+        let mut d = self.pick_dev(inp);
         let ordinal = self.devs[d].ordinal;
         let ptr = self.pick_ptr(inp, d);
-        let name = if cupy { "xlog_cupy_free" } else { "xlog_torch_free" };
+        let name = match hook {
+            FreeHook::Torch => "xlog_torch_free",
+            FreeHook::Cupy => "xlog_cupy_free",
+            FreeHook::AnyDevice => "xlog_torch_free_any_device",
+        };
         self.trace(format!("{name}({ptr:#x}, device {ordinal})"));
-        if cupy {
-            xlog_cupy_free(std::ptr::null_mut(), ptr as *mut c_void, ordinal);
-        } else {
-            xlog_torch_free(ptr as *mut c_void, 4096, ordinal, std::ptr::null_mut());
+        match hook {
+            FreeHook::Torch => xlog_torch_free(ptr as *mut c_void, 4096, ordinal, std::ptr::null_mut()),
+            FreeHook::Cupy => xlog_cupy_free(std::ptr::null_mut(), ptr as *mut c_void, ordinal),
+            FreeHook::AnyDevice => xlog_torch_free_any_device(ptr as *mut c_void),
         }
         let msg = last_error();
+        if hook == FreeHook::AnyDevice && ptr != 0 {
+            // The device is found from the pointer: whichever holds it.
+            match self.devs.iter().position(|dv| dv.live.contains_key(&ptr)) {
+                Some(holder) => d = holder,
+                None => {
+                    if !msg.contains("not a live hook allocation of any device") {
+                        self.fail(format!("{name} of a pointer no hooks hold: message {msg:?}"));
+                    }
+                    return;
+                }
+            }
+        }
         let dev = &mut self.devs[d];
         let live = dev.live.contains_key(&ptr);
         if ptr == 0 {
@@ -762,8 +788,9 @@ fn run(data: &[u8]) {
             0 | 1 => h.op_configure(&mut inp),
             2..=4 => h.op_malloc(&mut inp, false),
             5 => h.op_malloc(&mut inp, true),
-            6..=8 => h.op_free(&mut inp, false),
-            9 => h.op_free(&mut inp, true),
+            6 | 7 => h.op_free(&mut inp, FreeHook::Torch),
+            8 => h.op_free(&mut inp, FreeHook::AnyDevice),
+            9 => h.op_free(&mut inp, FreeHook::Cupy),
             10 | 11 => h.op_record_stream(&mut inp),
             12 => h.op_runtime(&mut inp),
             13 | 14 => h.op_handle(&mut inp),

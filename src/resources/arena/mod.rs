@@ -778,6 +778,16 @@ mod tests {
     }
 
     /// An arena on a sim device (16 GiB) and one stream of it.
+    /// A xorshift sequence from `seed`: each call, a number below `n`.
+    pub(super) fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
     fn sim_arena() -> (Arc<SimDevice>, Arena, StreamRef) {
         let sim = SimDevice::new(0, 16 << 30).unwrap();
         let raw = sim.create_stream().unwrap();
@@ -813,13 +823,7 @@ mod tests {
         // two addresses, and what the arena holds is exactly what the
         // device holds.
         let (sim, arena, s) = sim_arena();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = below(0x9e37_79b9_7f4a_7c15);
         let mut live: Vec<(u64, u64)> = Vec::new();
         let mut moved_back_runs = 0;
         for i in 0..3000 {

@@ -212,13 +212,7 @@ mod tests {
         // free runs (merged, with the newest `freed`), a take is the model's
         // best fit (the smallest fitting run, the lowest address among
         // equals), and withdraw / covering answer as the model does.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = super::super::tests::below(0x2545_f491_4f6c_dd1d);
         const UNITS: usize = 512;
         let mut r = FreeRanges::default();
         let mut cells: Vec<Option<u64>> = vec![None; UNITS];
