@@ -5,7 +5,8 @@
 //! - **Regions.** Each stream allocates from address space of its own
 //!   (`region.rs`): a reservation the size of the device, more when one
 //!   fills up. Blocks are carved best fit from the region's free ranges and
-//!   coalesce back into them when freed (`ranges.rs`), so memory freed in
+//!   coalesce back into them when freed (`ranges.rs`, with the size
+//!   order for best fit in `size_index.rs`), so memory freed in
 //!   one shape serves the next shape: sizes that change do not leave
 //!   blocks of every size behind. Block sizes are rounded to 512 bytes.
 //! - **Hits.** A block whose granules are all mapped already is a hit: no
@@ -54,6 +55,7 @@ mod cell;
 mod pages;
 mod ranges;
 mod region;
+mod size_index;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

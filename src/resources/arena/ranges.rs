@@ -12,15 +12,20 @@
 //!   the free that made it idle is known complete on the GPU, and a merged
 //!   range takes the newest of its parts, so the check stays conservative.
 //!
-//! Both lookups are `BTreeMap`/`BTreeSet` searches: O(log n) in the number
-//! of free ranges, no allocation on a take that splits or a free that
-//! merges (beyond the trees' own nodes). The address index is keyed by each
-//! range's *end*: a take carves a range's start, and a free usually merges
-//! into the range after it, and both then change only the start, which is
-//! the entry's value (updated in place, no node moved). Only the size index
-//! is reshaped on every take and free.
+//! The address index is a `BTreeMap` keyed by each range's *end*: a take
+//! carves a range's start, and a free usually merges into the range after
+//! it, and both then change only the start, which is the entry's value
+//! (updated in place, no node moved). The size index is `SizeIndex`
+//! (`size_index.rs`): one sorted vector per length up to 1 MiB and a bitmap
+//! of the lengths present, so best fit and its updates touch no tree node
+//! for the ranges a training step leaves. Both are O(log n) in the number
+//! of free ranges of a length (O(1) to find the fitting length), with no
+//! allocation on a take that splits or a free that merges (beyond the
+//! vectors' and the tree's own growth).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use super::size_index::SizeIndex;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
@@ -40,8 +45,8 @@ struct Piece {
 pub(crate) struct FreeRanges {
     /// end -> the range ending there.
     by_end: BTreeMap<u64, Piece>,
-    /// (length, start) of every range.
-    by_size: BTreeSet<(u64, u64)>,
+    /// (length, start) of every range, for best fit.
+    by_size: SizeIndex,
 }
 
 impl FreeRanges {
@@ -64,34 +69,34 @@ impl FreeRanges {
         // The range ending where this one starts, taken out of the index.
         let before = self.by_end.remove(&addr);
         if let Some(p) = before {
-            self.by_size.remove(&(addr - p.start, p.start));
+            self.by_size.remove(addr - p.start, p.start);
         }
         let start = before.map_or(addr, |p| p.start);
         let seq = before.map_or(freed, |p| p.freed.max(freed));
         // The range starting where this one ends: extended down in place.
         if let Some((&next_end, next)) = self.by_end.range_mut(end + 1..).next() {
             if next.start == end {
-                self.by_size.remove(&(next_end - end, end));
+                self.by_size.remove(next_end - end, end);
                 next.start = start;
                 next.freed = next.freed.max(seq);
-                self.by_size.insert((next_end - start, start));
+                self.by_size.insert(next_end - start, start);
                 return;
             }
         }
         self.by_end.insert(end, Piece { start, freed: seq });
-        self.by_size.insert((end - start, start));
+        self.by_size.insert(end - start, start);
     }
 
     /// The smallest range of at least `len` bytes: its start is taken out
     /// and returned with the range's `freed`.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
-        let &(size, start) = self.by_size.range((len, 0)..).next()?;
-        self.by_size.remove(&(size, start));
+        let (size, start) = self.by_size.first_fitting(len)?;
+        self.by_size.remove(size, start);
         let end = start + size;
         let freed = if size > len {
             let piece = self.by_end.get_mut(&end).expect("a listed free range");
             piece.start = start + len;
-            self.by_size.insert((size - len, start + len));
+            self.by_size.insert(size - len, start + len);
             piece.freed
         } else {
             self.by_end.remove(&end).expect("a listed free range").freed
@@ -105,17 +110,17 @@ impl FreeRanges {
     /// nothing) when no free range covers it.
     pub fn withdraw(&mut self, addr: u64, len: u64) -> Option<u64> {
         let (start, end, freed) = self.covering_range(addr, len)?;
-        self.by_size.remove(&(end - start, start));
+        self.by_size.remove(end - start, start);
         let cut = addr + len;
         if end > cut {
             self.by_end.get_mut(&end).expect("a listed free range").start = cut;
-            self.by_size.insert((end - cut, cut));
+            self.by_size.insert(end - cut, cut);
         } else {
             self.by_end.remove(&end);
         }
         if addr > start {
             self.by_end.insert(addr, Piece { start, freed });
-            self.by_size.insert((addr - start, start));
+            self.by_size.insert(addr - start, start);
         }
         Some(freed)
     }
@@ -128,7 +133,7 @@ impl FreeRanges {
 
     /// The ranges of at least `len` bytes, smallest first: (start, length).
     pub fn fitting(&self, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.by_size.range((len, 0)..).map(|&(size, addr)| (addr, size))
+        self.by_size.fitting(len).map(|(size, addr)| (addr, size))
     }
 
     /// Every range, in address order: (start, span).
