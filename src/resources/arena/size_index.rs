@@ -34,12 +34,27 @@ pub(crate) struct SizeIndex {
     summary: u64,
     /// (length, start) of the ranges of other lengths.
     other: BTreeSet<(u64, u64)>,
+    /// How many of `other` are no longer than the longest class (lengths
+    /// off the unit; the arena makes none): while none, a fitting class
+    /// is the answer without a look at `other`.
+    other_short: usize,
 }
 
 impl Default for SizeIndex {
     fn default() -> SizeIndex {
-        SizeIndex { classes: vec![Vec::new(); SMALL_CLASSES + 1].into_boxed_slice(), bits: [0; WORDS], summary: 0, other: BTreeSet::new() }
+        SizeIndex {
+            classes: vec![Vec::new(); SMALL_CLASSES + 1].into_boxed_slice(),
+            bits: [0; WORDS],
+            summary: 0,
+            other: BTreeSet::new(),
+            other_short: 0,
+        }
     }
+}
+
+/// Whether `len` is no longer than the longest class.
+fn is_short(len: u64) -> bool {
+    len <= SMALL_CLASSES as u64 * UNIT
 }
 
 /// The class of `len`, if it has one.
@@ -50,7 +65,9 @@ fn class_of(len: u64) -> Option<usize> {
 impl SizeIndex {
     pub fn insert(&mut self, len: u64, start: u64) {
         let Some(c) = class_of(len) else {
-            self.other.insert((len, start));
+            if self.other.insert((len, start)) && is_short(len) {
+                self.other_short += 1;
+            }
             return;
         };
         let starts = &mut self.classes[c];
@@ -64,7 +81,11 @@ impl SizeIndex {
     /// Remove the pair; whether it was there.
     pub fn remove(&mut self, len: u64, start: u64) -> bool {
         let Some(c) = class_of(len) else {
-            return self.other.remove(&(len, start));
+            let removed = self.other.remove(&(len, start));
+            if removed && is_short(len) {
+                self.other_short -= 1;
+            }
+            return removed;
         };
         let starts = &mut self.classes[c];
         let Ok(at) = starts.binary_search(&start) else { return false };
@@ -103,6 +124,10 @@ impl SizeIndex {
     /// The smallest (length, start) with a length of at least `len`.
     pub fn first_fitting(&self, len: u64) -> Option<(u64, u64)> {
         let small = self.next_class(Self::first_class_for(len)).map(|c| (c as u64 * UNIT, self.classes[c][0]));
+        if small.is_some() && self.other_short == 0 {
+            // Every other length is longer than any class.
+            return small;
+        }
         let other = self.other.range((len, 0)..).next().copied();
         match (small, other) {
             (Some(a), Some(b)) => Some(a.min(b)),
