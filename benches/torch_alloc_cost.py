@@ -55,7 +55,7 @@ double alloc_cost_run(int64_t iters, int64_t window, std::vector<int64_t> sizes)
 
 
 def size_sequence(kind: str, n: int = 4096) -> List[int]:
-    """`kind`: "small" (512 B to 1 MiB), "mixed" (512 B to 64 MiB, mostly
+    """`kind`: "small" (512 B to 2 MiB), "mixed" (512 B to 128 MiB, mostly
     small, as a training step's), a fixed pseudo-random sequence."""
     state = 12345
     out = []

@@ -358,7 +358,7 @@ mod tests {
     #[test]
     fn old_addresses_of_lent_pages_stay_bounded_when_lending_serves_the_misses() {
         // PyTorch's pattern with sizes that never repeat: a ring of 64
-        // blocks of random sizes (512 B to 64 MiB, mostly small) on one
+        // blocks of random sizes (512 B to 128 MiB, mostly small) on one
         // stream, the oldest freed as each new one comes. Past the soft
         // cap, lending serves the misses, and each page lent on from the
         // place it was lent to leaves one more old address, mapped: only
