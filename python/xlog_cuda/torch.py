@@ -138,6 +138,8 @@ def enable(
                 "caching allocator, which cannot be swapped afterwards. Call enable() first, before "
                 "any CUDA tensor, model or torch.cuda call (at the top of the main script)."
             )
+        # Checked before anything is set up.
+        wanted = _wanted_allocator()
         started = time.perf_counter()
         interop.setup_hooks(
             device, budget, log_path, backend, wait_on_pressure,
@@ -145,7 +147,6 @@ def enable(
         )
         path = _library.library_path()
         hooks_done = time.perf_counter()
-        wanted = _wanted_allocator()
         shim, problem, origin = _oom_shim(torch)
         shim_done = time.perf_counter()
         kind, kind_problem = "pluggable", "XLOG_TORCH_ALLOCATOR=pluggable"
