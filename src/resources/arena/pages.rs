@@ -51,7 +51,6 @@
 use std::sync::atomic::Ordering;
 
 use super::region::{runs, Region};
-
 use super::{lock, Arena};
 use crate::device::{PhysHandle, RawStream};
 use crate::resource::{ChargeGate, ResourceError, ResourceResult};
@@ -407,7 +406,7 @@ impl Arena {
     /// random sizes. Real workloads keep many and gain by it: W11's
     /// four-stream engine reached 17 per page on its recorded trace, and
     /// unmapping them at the plain bound (`too_many_lent`) on each lend
-    /// made its rounds 1.3-1.4x slower on an H200.
+    /// made its rounds about 1.33x slower on an H200.
     fn far_too_many_lent(&self) -> bool {
         self.lent_now.load(Ordering::Relaxed) > self.held.now().saturating_mul(OLD_ADDRESSES_PER_PAGE)
     }
