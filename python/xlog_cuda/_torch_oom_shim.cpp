@@ -1,6 +1,6 @@
 // The PyTorch side of xlog_cuda.torch: a small C++ library built against
 // the installed PyTorch (torch.utils.cpp_extension) by
-// xlog_cuda.torch.enable(). It does three things the library's C hooks cannot:
+// xlog_cuda.torch.enable(). It does four things the library's C hooks cannot:
 //
 // 1. A refused allocation reaches Python as torch.OutOfMemoryError, with
 //    the numbers. PyTorch's CUDAPluggableAllocator does not check the
