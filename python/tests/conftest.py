@@ -42,6 +42,20 @@ XLOG_ENV = (
 PAGE = 2 << 20  # the arena maps and charges device memory in 2 MiB pages (one granule, Hopper's and the sim's)
 
 
+def load_bench(name: str):
+    """The script benches/NAME.py as a module (its directory importable, as
+    when it runs: the benches import one another)."""
+    import importlib.util
+
+    path = os.path.join(REPO_ROOT, "benches", f"{name}.py")
+    if os.path.dirname(path) not in sys.path:
+        sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "pool_memory: the test is about the driver pool's mechanics; it runs with XLOG_MEMORY=pool")

@@ -4,25 +4,20 @@ with the failing allocator named, not a table of nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_bench
 
 SCRIPT = os.path.join(REPO_ROOT, "benches", "torch_alloc_cost.py")
 
 
 @pytest.fixture(scope="module")
 def cost():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    spec = importlib.util.spec_from_file_location("torch_alloc_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("torch_alloc_cost")
 
 
 @pytest.mark.parametrize("kind, top", [("small", 2 << 20), ("mixed", 128 << 20)])

@@ -12,17 +12,14 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_bench
 
 SCRIPT = f"{REPO_ROOT}/benches/w12_shared_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def w12():
-    spec = importlib.util.spec_from_file_location("w12_shared_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("w12_shared_gpu")
 
 
 def test_self_test_passes(w12, capsys):

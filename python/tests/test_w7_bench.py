@@ -14,17 +14,14 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_bench
 
 SCRIPT = os.path.join(REPO_ROOT, "benches", "w7_training.py")
 
 
 @pytest.fixture(scope="module")
 def w7():
-    spec = importlib.util.spec_from_file_location("w7_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("w7_training")
 
 
 def test_importing_it_imports_neither_torch_nor_the_library(w7):

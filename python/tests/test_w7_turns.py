@@ -12,18 +12,14 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_bench
 
 SCRIPT = os.path.join(REPO_ROOT, "benches", "w7_turns.py")
 
 
 @pytest.fixture(scope="module")
 def turns():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    spec = importlib.util.spec_from_file_location("w7_turns", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("w7_turns")
 
 
 def test_self_test_passes():

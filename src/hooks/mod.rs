@@ -310,19 +310,17 @@ pub(crate) fn free_any_device(thread: &HookThread, ptr: u64) -> Result<(), Resou
     if ptr == 0 {
         return Ok(());
     }
-    let opened: Vec<(i32, bool)> = table()
-        .read()
-        .hooks
-        .iter()
-        .filter(|(_, h)| !h.runtime.is_closed())
-        .map(|(&device, h)| (device, h.blocks.contains(ptr)))
-        .collect();
-    match opened.iter().find(|(_, holds)| *holds) {
-        Some(&(device, _)) => free(thread, ptr, device),
-        None => Err(ResourceError::InvalidArgument(format!(
-            "{ptr:#x} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
-        ))),
+    let holder = table().read().hooks.iter().find(|(_, h)| !h.runtime.is_closed() && h.blocks.contains(ptr)).map(|(&d, _)| d);
+    match holder {
+        Some(device) => free(thread, ptr, device),
+        None => Err(not_live_on_any_device(ptr)),
     }
+}
+
+fn not_live_on_any_device(ptr: u64) -> ResourceError {
+    ResourceError::InvalidArgument(format!(
+        "{ptr:#x} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
+    ))
 }
 
 /// Test support (`xlog_testing_interop_reset`): forget the hooks of
@@ -399,13 +397,8 @@ pub(crate) fn record_stream(thread: &HookThread, device: i32, ptr: u64, stream: 
 /// `record_stream` on whichever open device's hooks hold `ptr` (device
 /// pointers are unique within a process).
 pub(crate) fn record_stream_any_device(ptr: u64, stream: u64) -> Result<(), ResourceError> {
-    let not_live = || {
-        ResourceError::InvalidArgument(format!(
-            "{ptr:#x} is not a live hook allocation of any device (freed already, or not allocated through the xlog framework hooks)"
-        ))
-    };
     if ptr == 0 {
-        return Err(not_live());
+        return Err(not_live_on_any_device(ptr));
     }
     let opened: Vec<Arc<Hooks>> = table().read().hooks.values().filter(|h| !h.runtime.is_closed()).cloned().collect();
     for h in opened {
@@ -413,7 +406,7 @@ pub(crate) fn record_stream_any_device(ptr: u64, stream: u64) -> Result<(), Reso
             return result;
         }
     }
-    Err(not_live())
+    Err(not_live_on_any_device(ptr))
 }
 
 /// Add `stream` to the streams that used the hook block at `ptr` in `h`:

@@ -779,7 +779,6 @@ mod tests {
         free(a2, 392);
     }
 
-    /// An arena on a sim device (16 GiB) and one stream of it.
     /// A xorshift sequence from `seed`: each call, a number below `n`.
     pub(super) fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
         move |n| {
@@ -790,6 +789,7 @@ mod tests {
         }
     }
 
+    /// An arena on a sim device (16 GiB) and one stream of it.
     fn sim_arena() -> (Arc<SimDevice>, Arena, StreamRef) {
         let sim = SimDevice::new(0, 16 << 30).unwrap();
         let raw = sim.create_stream().unwrap();

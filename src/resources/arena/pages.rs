@@ -55,8 +55,16 @@ use super::{lock, Arena};
 use crate::device::{PhysHandle, RawStream};
 use crate::resource::{ChargeGate, ResourceError, ResourceResult};
 
-/// The hard bound on old addresses of lent pages, in bytes per byte held
-/// (`far_too_many_lent`).
+/// The bound on old addresses of lent pages that each lend checks, in
+/// bytes per byte held (`lent_past`): a mapping of each one, and (for a
+/// page lent out of a small-page region) its granule out of the free
+/// ranges. A workload that lending alone serves never recycles, and each
+/// page lent on from its new place leaves one more: unbounded, they grew
+/// to 340 per page held (and a region of address space reserved after
+/// another) over 1.6 million allocations of random sizes. Real workloads
+/// keep many and gain by it: W11's four-stream engine reached 17 per page
+/// on its recorded trace, and unmapping them past the bytes held on each
+/// lend made its rounds about 1.33x slower on an H200.
 const OLD_ADDRESSES_PER_PAGE: u64 = 32;
 
 /// Held bytes may pass the live peak by 1/`SLACK_DIV` (at least
@@ -325,7 +333,7 @@ impl Arena {
         let got = self.gather(count, page, |r, wanted| {
             self.settle_foreign(r, completion == Completion::Wait, false);
             self.refresh(r, completion);
-            if completion == Completion::Wait || self.too_many_lent() {
+            if completion == Completion::Wait || self.lent_past(1) {
                 self.unmap_lent(r);
             }
             let idle = r.idle_pages(wanted);
@@ -348,7 +356,7 @@ impl Arena {
             // Past the hard bound on old addresses, those whose frees are
             // complete are unmapped here too, not only when recycling:
             // where lending alone serves the misses, nothing recycles.
-            if self.far_too_many_lent() {
+            if self.lent_past(OLD_ADDRESSES_PER_PAGE) {
                 self.refresh(r, Completion::Query);
                 self.unmap_lent(r);
             }
@@ -388,27 +396,14 @@ impl Arena {
         released
     }
 
-    /// Whether the old addresses of lent pages add up to more bytes than
-    /// the pages held: time to unmap those whose frees are complete. Until then
-    /// they cost no memory (the pages are the same) and no call; each
-    /// unmap costs host time per page, so they go in batches.
-    fn too_many_lent(&self) -> bool {
-        self.lent_now.load(Ordering::Relaxed) > self.held.now()
-    }
-
-    /// Whether the old addresses of lent pages add up to more than
-    /// `OLD_ADDRESSES_PER_PAGE` times the bytes held: a mapping of each
-    /// one, and (for a page lent out of a small-page region) its granule
-    /// out of the free ranges. A workload that lending alone serves never
-    /// recycles, and each page lent on from its new place leaves one more:
-    /// unbounded, they grew to 340 per page held (and a region of address
-    /// space reserved after another) over 1.6 million allocations of
-    /// random sizes. Real workloads keep many and gain by it: W11's
-    /// four-stream engine reached 17 per page on its recorded trace, and
-    /// unmapping them at the plain bound (`too_many_lent`) on each lend
-    /// made its rounds about 1.33x slower on an H200.
-    fn far_too_many_lent(&self) -> bool {
-        self.lent_now.load(Ordering::Relaxed) > self.held.now().saturating_mul(OLD_ADDRESSES_PER_PAGE)
+    /// Whether the old addresses of lent pages add up to more than `times`
+    /// the bytes held: time to unmap those whose frees are complete. Until
+    /// then they cost no memory (the pages are the same) and no call; each
+    /// unmap costs host time per page, so they go in batches. Recycling
+    /// unmaps them past once the bytes held, lending past
+    /// `OLD_ADDRESSES_PER_PAGE` times.
+    fn lent_past(&self, times: u64) -> bool {
+        self.lent_now.load(Ordering::Relaxed) > self.held.now().saturating_mul(times)
     }
 
     /// Unmap the old addresses of `r`'s lent pages whose frees are now

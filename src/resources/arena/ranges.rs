@@ -90,8 +90,7 @@ impl FreeRanges {
     /// The smallest range of at least `len` bytes: its start is taken out
     /// and returned with the range's `freed`.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
-        let (size, start) = self.by_size.first_fitting(len)?;
-        self.by_size.remove(size, start);
+        let (size, start) = self.by_size.take_first_fitting(len)?;
         let end = start + size;
         let freed = if size > len {
             let piece = self.by_end.get_mut(&end).expect("a listed free range");

@@ -87,8 +87,14 @@ impl SizeIndex {
             }
             return removed;
         };
+        let Ok(at) = self.classes[c].binary_search(&start) else { return false };
+        self.remove_at(c, at);
+        true
+    }
+
+    /// Remove the `at`-th start of class `c`.
+    fn remove_at(&mut self, c: usize, at: usize) {
         let starts = &mut self.classes[c];
-        let Ok(at) = starts.binary_search(&start) else { return false };
         starts.remove(at);
         if starts.is_empty() {
             self.bits[c / 64] &= !(1 << (c % 64));
@@ -96,7 +102,19 @@ impl SizeIndex {
                 self.summary &= !(1 << (c / 64));
             }
         }
-        true
+    }
+
+    /// `first_fitting`, taken out of the index.
+    pub fn take_first_fitting(&mut self, len: u64) -> Option<(u64, u64)> {
+        let (size, start) = self.first_fitting(len)?;
+        match class_of(size) {
+            // A class's first start is the lowest.
+            Some(c) => self.remove_at(c, 0),
+            None => {
+                self.remove(size, start);
+            }
+        }
+        Some((size, start))
     }
 
     /// The first non-empty class at or after `c`.
@@ -203,7 +221,14 @@ mod tests {
                 assert_eq!(index.remove(l, s), model.remove(&(l, s)), "call {call}: remove ({l}, {s:#x})");
             }
             let want = next(SMALL_CLASSES as u64 * UNIT + 64 * UNIT);
-            assert_eq!(index.first_fitting(want), model.range((want, 0)..).next().copied(), "call {call}: first_fitting({want})");
+            let best = model.range((want, 0)..).next().copied();
+            assert_eq!(index.first_fitting(want), best, "call {call}: first_fitting({want})");
+            if next(8) == 0 {
+                assert_eq!(index.take_first_fitting(want), best, "call {call}: take_first_fitting({want})");
+                if let Some(pair) = best {
+                    model.remove(&pair);
+                }
+            }
             if call % 97 == 0 {
                 assert!(index.fitting(want).eq(model.range((want, 0)..).copied()), "call {call}: fitting({want})");
                 assert!(index.fitting(0).eq(model.iter().copied()), "call {call}: every pair");
