@@ -4,10 +4,15 @@
 //! calls alone.
 //!
 //!   zcat benches/traces/h100-w7-mlm_dyn.csv.gz > /tmp/t.csv
-//!   cargo bench --bench trace_cost -- /tmp/t.csv [repeats] [arena|pool] [scale]
+//!   cargo bench --bench trace_cost -- /tmp/t.csv [repeats] [arena|pool] [scale] [pollute]
 //!
 //! Defaults: 5 repeats, the arena, sizes divided by 8 (the sim backs its
-//! device with host memory).
+//! device with host memory; 1 replays the real sizes), nothing polluted.
+//! `pollute` MiB of other memory are touched before each call, untimed,
+//! as a framework's own work between two allocations evicts the
+//! allocator's data from the caches: in a training step a call costs
+//! 2-3 times what it costs in a loop (the switch of `benches/w7_ab.py`,
+//! BENCHMARKS.md "fourteenth pass"), and `1 8` gives about that here.
 //!
 //! W1 times one size allocated and freed in a loop, the hot path; a
 //! training step allocates ~1,500 blocks of hundreds of sizes, and that
@@ -27,6 +32,18 @@ fn main() {
     let memory = args.get(2).map_or("arena", |m| m.as_str());
     // Sizes divided by this (the sim backs its device with host memory).
     let scale: u64 = args.get(3).map_or(8, |s| s.parse().expect("scale"));
+    // MiB of other memory touched before every call (untimed): what a
+    // framework's own work between two allocations does to the caches.
+    let pollute: usize = args.get(4).map_or(0, |s| s.parse().expect("pollute MiB"));
+    let mut junk = vec![0u8; pollute << 20];
+    let mut stir = move || {
+        let mut i = 0;
+        while i < junk.len() {
+            junk[i] = junk[i].wrapping_add(1);
+            i += 64;
+        }
+        std::hint::black_box(&junk);
+    };
     let text = std::fs::read_to_string(path).expect("read the trace");
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
@@ -42,7 +59,7 @@ fn main() {
             _ => {}
         }
     }
-    let mut config = Config { backend: Backend::Sim, sim_capacity_bytes: 4 << 30, ..Config::default() };
+    let mut config = Config { backend: Backend::Sim, sim_capacity_bytes: (16u64 << 30) / scale, ..Config::default() };
     if memory == "pool" {
         config.arena = false;
     }
@@ -57,6 +74,7 @@ fn main() {
     for rep in 0..repeats {
         let mut live = HashMap::new();
         for (is_alloc, ptr, bytes, s) in &ops {
+            stir();
             if *is_alloc {
                 let t = Instant::now();
                 let b = rt.allocate(*bytes, streams[s], "t").unwrap();

@@ -502,7 +502,7 @@ impl Arena {
         // mapped, else mapped space in another fitting range.
         for region in regions() {
             let mut r = region.lock();
-            if let Some((addr, freed)) = r.take_hit(len).or_else(|| r.take_mapped(len)) {
+            if let Some((addr, freed)) = r.take_hit(len) {
                 self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }

@@ -108,20 +108,30 @@ impl FreeRanges {
     /// free with its `freed`): that range's `freed`, or `None` (changing
     /// nothing) when no free range covers it.
     pub fn withdraw(&mut self, addr: u64, len: u64) -> Option<u64> {
-        let (start, end, freed) = self.covering_range(addr, len)?;
-        self.by_size.remove(end - start, start);
-        let cut = addr + len;
-        if end > cut {
-            self.by_end.get_mut(&end).expect("a listed free range").start = cut;
+        let (start, end, _) = self.covering_range(addr, len)?;
+        Some(self.carve(start, end - start, addr, len))
+    }
+
+    /// Take `[at, at + len)` out of the free range `[start, start + size)`,
+    /// a range `fitting` listed, which covers it whole (what is left of it
+    /// on either side stays free with its `freed`): that range's `freed`.
+    pub fn carve(&mut self, start: u64, size: u64, at: u64, len: u64) -> u64 {
+        let (end, cut) = (start + size, at + len);
+        debug_assert!(start <= at && cut <= end, "[{at:#x}, +{len}) is not within [{start:#x}, +{size})");
+        self.by_size.remove(size, start);
+        let freed = if end > cut {
+            let piece = self.by_end.get_mut(&end).expect("a listed free range");
+            piece.start = cut;
             self.by_size.insert(end - cut, cut);
+            piece.freed
         } else {
-            self.by_end.remove(&end);
+            self.by_end.remove(&end).expect("a listed free range").freed
+        };
+        if at > start {
+            self.by_end.insert(at, Piece { start, freed });
+            self.by_size.insert(at - start, start);
         }
-        if addr > start {
-            self.by_end.insert(addr, Piece { start, freed });
-            self.by_size.insert(addr - start, start);
-        }
-        Some(freed)
+        freed
     }
 
     /// The `freed` of the free range that covers `[addr, addr + len)`

@@ -194,18 +194,18 @@ impl Region {
     }
 
     /// `take` when the block must be mapped whole (a hit): a recent free
-    /// (mapped: its pages were never idle) as it is, the best fit only if
-    /// all its granules are mapped. `None` changes nothing but the merging.
+    /// (mapped: its pages were never idle) as it is, else, every recent
+    /// free merged in first, the best fit if all its granules are mapped,
+    /// else mapped space in one of the next fitting ranges (`take_mapped`,
+    /// whose first candidate is the best fit). `None` changes nothing but
+    /// the merging.
     pub fn take_hit(&mut self, len: u64) -> Option<(u64, u64)> {
         if let Some(found) = self.take_recent(len) {
             return Some(found);
         }
-        let (addr, freed) = self.take_merged(len)?;
-        if self.all_mapped(addr, len) {
-            return Some((addr, freed));
-        }
-        self.unreserve(addr, len, freed);
-        None
+        // Merged first for the reason `take_merged` gives.
+        self.settle_recent();
+        self.take_mapped(len)
     }
 
     /// The best fit of the free ranges, every recent free merged in first.
@@ -232,18 +232,18 @@ impl Region {
         Some((addr, seq))
     }
 
-    /// `len` bytes of free space whose granules are all mapped, when the
-    /// best fit is not: the first of the `MAPPED_CANDIDATES` smallest
-    /// fitting ranges with a mapped placement at its start or its end.
+    /// `len` bytes of free space whose granules are all mapped: the first of
+    /// the `MAPPED_CANDIDATES` smallest fitting ranges with a mapped
+    /// placement at its start (the first one's start is the best fit) or
+    /// its end.
     /// Taking mapped space where it exists keeps a repeating workload from
     /// moving pages (each move shifts where the next blocks fit). The
     /// address and the range's free sequence.
     pub fn take_mapped(&mut self, len: u64) -> Option<(u64, u64)> {
-        let found = self.free.fitting(len).take(MAPPED_CANDIDATES).find_map(|(start, size)| {
-            [start, start + size - len].into_iter().find(|&at| self.all_mapped(at, len))
+        let (start, size, at) = self.free.fitting(len).take(MAPPED_CANDIDATES).find_map(|(start, size)| {
+            [start, start + size - len].into_iter().find(|&at| self.all_mapped(at, len)).map(|at| (start, size, at))
         })?;
-        let freed = self.free.withdraw(found, len).expect("a fitting free range covers it");
-        Some((found, freed))
+        Some((at, self.free.carve(start, size, at, len)))
     }
 
     /// Merge the recent frees into the free ranges (before a miss, a
