@@ -41,6 +41,15 @@
 //   raw-max-ev  raw-max plus one event recorded after every launch: what
 //               a tracker's record per launch costs with no tracker
 //
+// --turns OTHER: a second allocator in the same process, with an engine of
+// its own; every round is run by both, one after the other (the order
+// swapped each round), so the two are timed on the same host within
+// milliseconds (separate processes differed by up to 1.3x in round time on
+// the GPU machine: BENCHMARKS.md, "fourteenth pass"). Adds the other's
+// round times and the median of the per-round ratios to the JSON; both
+// allocators hold their memory at once, so the device peak is theirs
+// together (time only).
+//
 // Output: one JSON line on stdout (time per round: median of --rounds
 // rounds of --queries queries each, after --warmup rounds; the NVML device
 // peak above the process's baseline, sampled by a thread; for xlog its
@@ -994,6 +1003,7 @@ class DeviceMemorySampler {
 struct Options {
   std::string allocator;
   std::string label;
+  std::string turns;
   int queries = 32;
   int rounds = 21;
   int warmup = 1;
@@ -1015,7 +1025,7 @@ const char* kAllocators[] = {"xlog", "raw", "raw-max",
 
 [[noreturn]] void usage(const char* program, int code) {
   std::fprintf(stderr,
-               "usage: %s --allocator NAME [--label TEXT] [--queries Q] [--rounds N] [--warmup W]\n"
+               "usage: %s --allocator NAME [--turns OTHER] [--label TEXT] [--queries Q] [--rounds N] [--warmup W]\n"
                "          [--streams S] [--device D] [--seed X] [--fact-log2 LO:HI] [--no-verify]\n"
                "          [--sample-us US] [--rmm-initial BYTES] [--summary] | --list\n"
                "allocators in this build:",
@@ -1037,6 +1047,8 @@ Options parse(int argc, char** argv) {
       o.allocator = value(i);
     } else if (arg == "--label") {
       o.label = value(i);
+    } else if (arg == "--turns") {
+      o.turns = value(i);
     } else if (arg == "--queries") {
       o.queries = std::atoi(value(i));
     } else if (arg == "--rounds") {
@@ -1069,7 +1081,7 @@ Options parse(int argc, char** argv) {
       usage(argv[0], 2);
     }
   }
-  if (o.allocator.empty()) usage(argv[0], 2);
+  if (o.allocator.empty() || o.turns == o.allocator) usage(argv[0], 2);
   if (o.label.empty()) o.label = o.allocator;
   if (o.queries < 1 || o.rounds < 1 || o.warmup < 0 || o.streams < 1 || o.streams > 64 || o.sample_us < 10 ||
       o.fact_lo < 4 || o.fact_hi < o.fact_lo || o.fact_hi > 28) {
@@ -1163,21 +1175,42 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<Allocator> alloc = make_allocator(o, streams);
   Engine engine(*alloc, host_results);
+  // --turns: the other allocator and its engine (see the top).
+  std::unique_ptr<Allocator> other;
+  std::unique_ptr<Engine> other_engine;
+  if (!o.turns.empty()) {
+    Options ot = o;
+    ot.allocator = o.turns;
+    other = make_allocator(ot, streams);
+    other_engine = std::make_unique<Engine>(*other, host_results);
+  }
   sampler.start();
 
   std::vector<u64> first(static_cast<std::size_t>(o.queries) * kResultWords, 0);
-  std::vector<double> round_ms;
+  std::vector<double> round_ms, other_ms;
   int mismatched_rounds = 0;
   const u64 allocations_before = engine.allocations();
-  for (int r = 0; r < o.warmup + o.rounds; ++r) {
-    const double ms = run_round(engine, queries, o.streams, o.device);
+  // One round of `e`, its results checked against the first round's.
+  auto round = [&](Engine& e, int r, std::vector<double>& times) {
+    const double ms = run_round(e, queries, o.streams, o.device);
     const u64* results = host_results;
-    if (r == 0) {
+    if (r == 0 && &e == &engine) {
       std::copy(results, results + first.size(), first.begin());
     } else if (!std::equal(first.begin(), first.end(), results)) {
       ++mismatched_rounds;
     }
-    if (r >= o.warmup) round_ms.push_back(ms);
+    if (r >= o.warmup) times.push_back(ms);
+  };
+  for (int r = 0; r < o.warmup + o.rounds; ++r) {
+    if (!other_engine) {
+      round(engine, r, round_ms);
+    } else if (r % 2 == 0) {
+      round(engine, r, round_ms);
+      round(*other_engine, r, other_ms);
+    } else {
+      round(*other_engine, r, other_ms);
+      round(engine, r, round_ms);
+    }
   }
   const u64 allocations_per_round = (engine.allocations() - allocations_before) / static_cast<u64>(o.warmup + o.rounds);
   sampler.stop();
@@ -1209,10 +1242,22 @@ int main(int argc, char** argv) {
   }
   const bool results_ok = mismatched_rounds == 0 && wrong_queries == 0;
 
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  auto list_of = [](const std::vector<double>& v) {
+    std::string list = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.3f", i ? "," : "", v[i]);
+      list += buf;
+    }
+    return list + "]";
+  };
   std::vector<double> sorted = round_ms;
   std::sort(sorted.begin(), sorted.end());
-  const double median_ms = sorted.size() % 2 == 1 ? sorted[sorted.size() / 2]
-                                                  : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  const double median_ms = median_of(round_ms);
 
   Json json;
   json.str("workload", "W11").str("allocator", o.allocator).str("label", o.label);
@@ -1221,14 +1266,14 @@ int main(int argc, char** argv) {
   json.num("warmup", static_cast<u64>(o.warmup)).num("streams", static_cast<u64>(o.streams));
   json.str("seed", hex(o.seed)).str("fact_log2", std::to_string(o.fact_lo) + ":" + std::to_string(o.fact_hi));
   json.num("round_ms_median", median_ms).num("round_ms_min", sorted.front()).num("round_ms_max", sorted.back());
-  {
-    std::string list = "[";
-    for (std::size_t i = 0; i < round_ms.size(); ++i) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%s%.3f", i ? "," : "", round_ms[i]);
-      list += buf;
-    }
-    json.raw("round_ms", list + "]");
+  json.raw("round_ms", list_of(round_ms));
+  double turns_ratio = 0;
+  if (other) {
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < round_ms.size(); ++i) ratios.push_back(round_ms[i] / other_ms[i]);
+    turns_ratio = median_of(ratios);
+    json.str("turns", o.turns).num("turns_round_ms_median", median_of(other_ms)).raw("turns_round_ms", list_of(other_ms));
+    json.num("turns_ratio_median", turns_ratio);
   }
   if (sampler.available()) {
     json.num("nvml_baseline_bytes", baseline).num("nvml_peak_bytes", sampler.peak());
@@ -1261,6 +1306,11 @@ int main(int argc, char** argv) {
   }
   alloc->shut_down(json);
   alloc.reset();
+  if (other) {
+    Json other_json;
+    other->shut_down(other_json);
+    other.reset();
+  }
   cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (cudaStream_t s : streams) (void)cudaStreamDestroy(s);
   (void)cudaFreeHost(host_results);
@@ -1275,5 +1325,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "w11_engine [%s]: %.2f ms/round (median of %d, %d queries, %d streams), device peak %s, %s\n",
                o.label.c_str(), median_ms, o.rounds, o.queries, o.streams, peak_text.c_str(),
                results_ok ? "results ok" : "WRONG RESULTS");
+  if (!o.turns.empty()) {
+    std::fprintf(stderr, "w11_engine [%s]: in turns with %s (%.2f ms/round): median per-round ratio %.3f; the peak is both's\n",
+                 o.label.c_str(), o.turns.c_str(), median_of(other_ms), turns_ratio);
+  }
   return results_ok ? 0 : 1;
 }
