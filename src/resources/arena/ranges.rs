@@ -16,12 +16,14 @@
 //! carves a range's start, and a free usually merges into the range after
 //! it, and both then change only the start, which is the entry's value
 //! (updated in place, no node moved). The size index is `SizeIndex`
-//! (`size_index.rs`): one sorted vector per length up to 1 MiB and a bitmap
-//! of the lengths present, so best fit and its updates touch no tree node
-//! for the ranges a training step leaves. Both are O(log n) in the number
-//! of free ranges of a length (O(1) to find the fitting length), with no
-//! allocation on a take that splits or a free that merges (beyond the
-//! vectors' and the tree's own growth).
+//! (`size_index.rs`): one sorted vector per length up to 1 MiB, longer
+//! lengths in sorted vectors per eighth of an octave, each kind with a
+//! bitmap of the vectors in use, so best fit and its updates touch no tree
+//! node. Both are O(log n) in the number of free ranges of a length or
+//! bucket (O(1) to find the fitting one), with no allocation on a take that
+//! splits or a free that merges (beyond the vectors' and the tree's own
+//! growth). `carve` takes a placement out of a range the caller found with
+//! `fitting`, with no second search.
 
 use std::collections::BTreeMap;
 
