@@ -187,6 +187,13 @@ impl Fitting<'_> {
         let cursor = self.other.get_or_insert_with(|| long.cursor_from(len));
         long.at(cursor)
     }
+
+    /// Past the pair `other_peek` gave.
+    fn advance_other(&mut self) {
+        if let Some(cursor) = &mut self.other {
+            self.index.other.advance(cursor);
+        }
+    }
 }
 
 impl Iterator for Fitting<'_> {
@@ -215,14 +222,6 @@ impl Iterator for Fitting<'_> {
                 self.advance_other();
                 b
             }
-        }
-    }
-}
-
-impl Fitting<'_> {
-    fn advance_other(&mut self) {
-        if let Some(cursor) = &mut self.other {
-            self.index.other.advance(cursor);
         }
     }
 }
