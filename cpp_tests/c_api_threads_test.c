@@ -6,10 +6,13 @@
  * every few iterations, while also recording reads of one shared block, so
  * that the runtime's block table, budget and event pool are all contended.
  * Each thread holds up to 4 blocks of up to 512 KiB, about as much as
- * the budget plus what is pending, so OUT_OF_BUDGET must happen and is the
- * only error allowed. The budget is whole 2 MiB pages, so the program runs
- * the same under either memory (XLOG_MEMORY: the arena, the default, or
- * the pool; ctest runs both).
+ * the budget plus what is pending, so the budget is reached: OUT_OF_BUDGET
+ * is the only error allowed, and it usually happens (hundreds of times a
+ * run), though a run whose pressure path retires every free in time may
+ * see none (one ASan run in CI did, its charge at 8 MiB of 8 MiB); then
+ * the charge must have reached the budget. The budget is whole 2 MiB
+ * pages, so the program runs the same under either memory (XLOG_MEMORY:
+ * the arena, the default, or the pool; ctest runs both).
  *
  * Checked:
  *   - no status other than XLOG_OK and XLOG_ERR_OUT_OF_BUDGET;
@@ -386,8 +389,6 @@ int main(void) {
          (unsigned long)obs.max_outstanding, BUDGET_BYTES, (unsigned long)obs.max_pending,
          (unsigned long)obs.max_cached);
 
-  /* Budget pressure really happened, so the budget checks were not idle. */
-  CHECK(out_of_budget > 0);
   CHECK(obs.samples > 10);
   CHECK(frees == allocations - 1);
 
@@ -415,6 +416,9 @@ int main(void) {
   CHECK(s.deallocations == frees + 1);
   CHECK(s.failed_allocations == out_of_budget);
   CHECK(s.peak_outstanding_bytes <= BUDGET_BYTES);
+  /* Budget pressure really happened, so the budget checks were not idle:
+     requests were refused, or the charge reached the limit itself. */
+  CHECK(out_of_budget > 0 || s.peak_outstanding_bytes == BUDGET_BYTES);
   CHECK(s.peak_outstanding_bytes > BUDGET_BYTES / 2);
 
   CHECK_OK(xlog_runtime_close_report(g_rt, &leaked_blocks, &leaked_bytes));
