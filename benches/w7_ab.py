@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import w7_training as W  # noqa: E402
-from w7_turns import summarize, turn_order  # noqa: E402
+from w7_turns import check_models, comma_list, cpu_list, summarize, turn_order  # noqa: E402
 
 #: The allocators an arm may name, and the mode of the switch each one is.
 MODES = {"caching": 0, "xlog": 1}
@@ -392,18 +392,16 @@ def self_test() -> int:
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="w7-ab-out")
-    p.add_argument("--models", default="mlm_dyn,gpt2", type=lambda s: [m for m in s.split(",") if m])
-    p.add_argument("--arms", default="caching,xlog,caching#2", type=lambda s: [a for a in s.split(",") if a])
+    p.add_argument("--models", default="mlm_dyn,gpt2", type=comma_list)
+    p.add_argument("--arms", default="caching,xlog,caching#2", type=comma_list)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps of a fixed-shape model, per arm")
     p.add_argument("--passes", type=int, default=10)
-    p.add_argument("--cpus", default=[], type=lambda s: [int(c) for c in s.split(",") if c],
+    p.add_argument("--cpus", default=[], type=cpu_list,
                    help="pin the process to these cores (e.g. 4,5); default: no pinning")
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)
-    for m in args.models:
-        if m not in W.MODELS:
-            p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
+    check_models(p, args.models)
     for a in args.arms:
         try:
             allocator_of(a)

@@ -395,25 +395,40 @@ def self_test() -> int:
     return 0
 
 
+def comma_list(text: str) -> List[str]:
+    """`a,b,,c` -> ['a', 'b', 'c']: an argparse type."""
+    return [x for x in text.split(",") if x]
+
+
+def cpu_list(text: str) -> List[int]:
+    """`4,5` -> [4, 5]: an argparse type."""
+    return [int(c) for c in comma_list(text)]
+
+
+def check_models(p: argparse.ArgumentParser, models: Sequence[str]) -> None:
+    """Exit through `p` on a model W7 does not have."""
+    for m in models:
+        if m not in W.MODELS:
+            p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="w7-turns-out")
-    p.add_argument("--models", default="gpt2_dyn,mlm_dyn", type=lambda s: [m for m in s.split(",") if m])
-    p.add_argument("--allocators", default="caching,xlog", type=lambda s: [a for a in s.split(",") if a])
+    p.add_argument("--models", default="gpt2_dyn,mlm_dyn", type=comma_list)
+    p.add_argument("--allocators", default="caching,xlog", type=comma_list)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps of a fixed-shape model")
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--unit", choices=("step", "pass"), default="step",
                    help="what one turn is: one step (default) or a whole pass of --steps steps")
-    p.add_argument("--cpus", default=[], type=lambda s: [int(c) for c in s.split(",") if c],
+    p.add_argument("--cpus", default=[], type=cpu_list,
                    help="pin every child to these cores (e.g. 2,3); default: no pinning")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a child may live (each model's run)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)
-    for m in args.models:
-        if m not in W.MODELS:
-            p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
+    check_models(p, args.models)
     for a in args.allocators:
         try:
             name, _ = split_label(a)
