@@ -92,17 +92,8 @@ impl FreeRanges {
     /// The smallest range of at least `len` bytes: its start is taken out
     /// and returned with the range's `freed`.
     pub fn take(&mut self, len: u64) -> Option<(u64, u64)> {
-        let (size, start) = self.by_size.take_first_fitting(len)?;
-        let end = start + size;
-        let freed = if size > len {
-            let piece = self.by_end.get_mut(&end).expect("a listed free range");
-            piece.start = start + len;
-            self.by_size.insert(size - len, start + len);
-            piece.freed
-        } else {
-            self.by_end.remove(&end).expect("a listed free range").freed
-        };
-        Some((start, freed))
+        let (start, size) = self.fitting(len).next()?;
+        Some((start, self.carve(start, size, start, len)))
     }
 
     /// Take `[addr, addr + len)`, which one free range covers whole, out of

@@ -3,9 +3,9 @@
 //!
 //! Contract:
 //! - It answers as one ordered set of `(length, start)` pairs would:
-//!   `first_fitting(len)` is the smallest pair whose length is at least
-//!   `len` (the lowest start among equal lengths), and `fitting(len)` walks
-//!   every such pair in that order.
+//!   `fitting(len)` walks every pair whose length is at least `len` in
+//!   that order, so its first is the best fit (the lowest start among
+//!   equal lengths).
 //! - Lengths that are a multiple of `UNIT` up to `SMALL_CLASSES` units (a
 //!   block's sizes up to 1 MiB: almost every free range a training step
 //!   leaves) sit in one class per length: a sorted vector of starts, and a
@@ -95,14 +95,8 @@ impl SizeIndex {
             }
             return removed;
         };
-        let Ok(at) = self.classes[c].binary_search(&start) else { return false };
-        self.remove_at(c, at);
-        true
-    }
-
-    /// Remove the `at`-th start of class `c`.
-    fn remove_at(&mut self, c: usize, at: usize) {
         let starts = &mut self.classes[c];
+        let Ok(at) = starts.binary_search(&start) else { return false };
         starts.remove(at);
         if starts.is_empty() {
             self.bits[c / 64] &= !(1 << (c % 64));
@@ -110,19 +104,7 @@ impl SizeIndex {
                 self.summary &= !(1 << (c / 64));
             }
         }
-    }
-
-    /// `first_fitting`, taken out of the index.
-    pub fn take_first_fitting(&mut self, len: u64) -> Option<(u64, u64)> {
-        let (size, start) = self.first_fitting(len)?;
-        match class_of(size) {
-            // A class's first start is the lowest.
-            Some(c) => self.remove_at(c, 0),
-            None => {
-                self.remove(size, start);
-            }
-        }
-        Some((size, start))
+        true
     }
 
     /// The first non-empty class at or after `c`.
@@ -145,20 +127,6 @@ impl SizeIndex {
     /// The smallest class that holds ranges of at least `len` bytes.
     fn first_class_for(len: u64) -> usize {
         (len.div_ceil(UNIT).max(1)).min(SMALL_CLASSES as u64 + 1) as usize
-    }
-
-    /// The smallest (length, start) with a length of at least `len`.
-    pub fn first_fitting(&self, len: u64) -> Option<(u64, u64)> {
-        let small = self.next_class(Self::first_class_for(len)).map(|c| (c as u64 * UNIT, self.classes[c][0]));
-        if small.is_some() && self.other_short == 0 {
-            // Every other length is longer than any class.
-            return small;
-        }
-        let other = self.other.first_from(len);
-        match (small, other) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
     }
 
     /// Every (length, start) with a length of at least `len`, in order.
@@ -319,11 +287,6 @@ impl Long {
             *cursor = LongCursor { bucket: self.next_bucket(b + 1), at: 0 };
         }
     }
-
-    /// The smallest pair with a length of at least `len`.
-    fn first_from(&self, len: u64) -> Option<(u64, u64)> {
-        self.at(&self.cursor_from(len))
-    }
 }
 
 #[cfg(test)]
@@ -377,11 +340,11 @@ mod tests {
                 _ => next(SMALL_CLASSES as u64 * UNIT + 64 * UNIT),
             };
             let best = model.range((want, 0)..).next().copied();
-            assert_eq!(index.first_fitting(want), best, "call {call}: first_fitting({want})");
+            assert_eq!(index.fitting(want).next(), best, "call {call}: the best fit for {want}");
             if next(8) == 0 {
-                assert_eq!(index.take_first_fitting(want), best, "call {call}: take_first_fitting({want})");
-                if let Some(pair) = best {
-                    model.remove(&pair);
+                if let Some((l, s)) = best {
+                    assert!(index.remove(l, s), "call {call}: the best fit for {want} is listed");
+                    model.remove(&(l, s));
                 }
             }
             if call % 97 == 0 {
