@@ -1310,6 +1310,7 @@ int main(int argc, char** argv) {
     Json other_json;
     other->shut_down(other_json);
     other.reset();
+    json.raw("turns_shut_down", other_json.text());
   }
   cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (cudaStream_t s : streams) (void)cudaStreamDestroy(s);
