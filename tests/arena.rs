@@ -375,6 +375,39 @@ fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
 }
 
 #[test]
+fn another_stream_takes_mapped_space_past_a_best_fit_that_is_not_mapped() {
+    // Stream a's region holds a free 5 MiB range whose middle pages were
+    // trimmed (the best fit for 4.5 MiB, not mapped) and a free 8 MiB
+    // range still mapped. Stream b's 4.5 MiB block takes the mapped one:
+    // no new page, where taking the best fit only would have missed.
+    let rt = open(0);
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let p = rt.allocate(8 * MIB, a, "p").unwrap();
+    let q = rt.allocate(MIB, a, "q").unwrap();
+    let r = rt.allocate(5 * MIB, a, "r").unwrap();
+    let s = rt.allocate(MIB, a, "s").unwrap();
+    assert_eq!((q.id.ptr, r.id.ptr, s.id.ptr), (p.id.ptr + 8 * MIB, p.id.ptr + 9 * MIB, p.id.ptr + 14 * MIB), "carved in order");
+    rt.deallocate(&r.id).unwrap();
+    rt.trim(0).unwrap();
+    rt.deallocate(&p.id).unwrap();
+    // Another size on a merges p's free into the free ranges (its recent
+    // list holds it until then); it lands in r's old range, on q's page.
+    let t = rt.allocate(256 * KIB, a, "t").unwrap();
+    assert_eq!(t.id.ptr, r.id.ptr, "a's own hit");
+    let held = rt.usage().outstanding_bytes();
+    let misses = rt.usage().cache_misses;
+    let y = rt.allocate(4 * MIB + 512 * KIB, b, "y").unwrap();
+    assert_eq!(y.id.ptr, p.id.ptr, "b took a's mapped 8 MiB range");
+    assert_eq!(rt.usage().outstanding_bytes(), held, "no new page");
+    assert_eq!(rt.usage().cache_misses, misses, "a hit");
+    check_exact(&rt, "after b's block");
+    for x in [q, s, t, y] {
+        rt.deallocate(&x.id).unwrap();
+    }
+    check_exact(&rt, "all freed");
+}
+
+#[test]
 fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
     // The case cuda_free_while_reading_test checks on a GPU: X freed on a,
     // an unrelated small block on d, then Y of X's size on a reuses X's

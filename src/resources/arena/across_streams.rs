@@ -3,11 +3,13 @@
 //! streams took are given back (`Arena`'s cross-stream half).
 //!
 //! Contract:
-//! - Before it maps anything, a stream takes a mapped free range of
-//!   another stream's region, made to wait on the GPU for that stream's
-//!   work (one event record and one stream wait, never a host wait). A
-//!   region another thread holds at that moment is passed over, never
-//!   waited for.
+//! - Before it maps anything, a stream takes mapped free space of another
+//!   stream's region (that stream's recent free of the size, else mapped
+//!   space at either end of one of its smallest fitting free ranges, as
+//!   a hit in its own region would), made to wait on the GPU for that
+//!   stream's work (one event record and one stream wait, never a host
+//!   wait). A region another thread holds at that moment is passed over,
+//!   never waited for.
 //! - Freed, such a block is *foreign* to its region (`region.rs`): it waits
 //!   behind an event recorded at the free and joins the free ranges once
 //!   that event has completed, or when the region's stream needs room and
@@ -118,10 +120,7 @@ impl Arena {
                 return Some(addr);
             }
             let Some((addr, freed)) = r.take_for_another(len) else { continue };
-            if !r.all_mapped(addr, len) {
-                r.unreserve(addr, len, freed);
-                continue;
-            }
+            debug_assert!(r.all_mapped(addr, len), "another stream takes mapped space only");
             if freed == 0 {
                 // Never used by any block: nothing to wait for (and no
                 // reason to tie this stream to that one's queued work).

@@ -218,11 +218,17 @@ impl Region {
         self.free.take(len)
     }
 
-    /// `take` for another stream: a recent free of exactly `len` bytes, else
-    /// the best fit of the merged free ranges, the other recent frees left
-    /// as they are (they are this stream's same-size reuse).
+    /// Mapped space for another stream: a recent free of exactly `len`
+    /// bytes (mapped: its pages were never idle), else mapped space at
+    /// either end of one of the fitting ranges (`take_mapped`), the other
+    /// recent frees left as they are (they are this stream's same-size
+    /// reuse). Not the best fit alone: at a query engine's sizes the
+    /// smallest fitting range is mostly not all mapped while a larger one
+    /// is, and every such miss lent pages from one stream's region to
+    /// another's, round after round (W11's recorded trace: 14-21% fewer
+    /// pages mapped; BENCHMARKS.md, "fifteenth pass").
     pub fn take_for_another(&mut self, len: u64) -> Option<(u64, u64)> {
-        self.take_recent(len).or_else(|| self.free.take(len))
+        self.take_recent(len).or_else(|| self.take_mapped(len))
     }
 
     /// The newest recent free of exactly `len` bytes, taken off the list.
