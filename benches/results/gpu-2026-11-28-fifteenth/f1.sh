@@ -1,0 +1,17 @@
+set -u
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+R=$OUT/f; mkdir -p $R
+export PYTHONPATH=$PWD/python
+show() { python3 -c "
+import json
+for l in open('$1'):
+    j=json.loads(l)
+    print('$2', j['label'], 'ms', j['round_ms_median'], 'turns', j.get('turns_round_ms_median'), 'ratio', j.get('turns_ratio_median'), 'misses', j.get('cache_misses'), 'held', (j.get('peak_outstanding_bytes') or 0)>>20, 'live', (j.get('peak_live_bytes') or 0)>>20, 'device', j['device_peak_bytes']>>20)
+"; }
+for i in 1 2 3; do for v in h0 x4; do
+  W11_LIB=$PWD/.gpu/$v.so W11_ALLOCATORS="xlog" W11_RUNS=1 W11_ARGS="--rounds 31 --turns raw-max" timeout 60 bash benches/w11_run.sh $R/t-$v-$i > $R/t-$v-$i.log 2>&1
+  show $R/t-$v-$i/w11.jsonl $v; rm -rf $R/t-$v-$i/logs
+  W11_LIB=$PWD/.gpu/$v.so W11_ALLOCATORS="xlog" W11_RUNS=1 W11_ARGS="--rounds 31 --fact-log2 13:20" timeout 60 bash benches/w11_run.sh $R/s-$v-$i > $R/s-$v-$i.log 2>&1
+  show $R/s-$v-$i/w11.jsonl $v-small; rm -rf $R/s-$v-$i/logs
+done; el round $i; done
