@@ -408,6 +408,52 @@ fn another_stream_takes_mapped_space_past_a_best_fit_that_is_not_mapped() {
 }
 
 #[test]
+fn a_big_miss_goes_where_most_of_its_pages_are_mapped_after_that_streams_work() {
+    // Stream a's region has 29 MiB of mapped free space followed by
+    // address space never mapped. Stream b's 33 MiB block fits no mapped
+    // range, and b's own region would map all 17 of its pages: it goes
+    // to a's region, after a's 29 MiB, and maps the 2 pages missing there
+    // (spread_miss.rs), its work ordered after a's on the GPU.
+    let rt = open(0);
+    let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x = rt.allocate(30 * MIB, a, "x").unwrap();
+    let done_on_a = Arc::new(AtomicBool::new(false));
+    let flag = done_on_a.clone();
+    rt.enqueue_host(
+        a,
+        Box::new(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            flag.store(true, Ordering::Release);
+        }),
+    )
+    .unwrap();
+    rt.deallocate(&x.id).unwrap();
+    // Another size on a merges x's free (its recent list holds it until
+    // then) and takes the first MiB.
+    let y = rt.allocate(MIB, a, "y").unwrap();
+    assert_eq!(y.id.ptr, x.id.ptr);
+    let (held, misses) = (rt.usage().outstanding_bytes(), rt.usage().cache_misses);
+    let z = rt.allocate(33 * MIB, b, "z").unwrap();
+    assert_eq!(z.id.ptr, x.id.ptr + MIB, "b's block went to a's mapped space");
+    assert_eq!(rt.usage().outstanding_bytes(), held + 2 * PAGE, "two pages mapped, not 17");
+    assert_eq!(rt.usage().cache_misses, misses + 1);
+    let seen = Arc::new(AtomicBool::new(false));
+    let (flag, seen2) = (done_on_a.clone(), seen.clone());
+    rt.enqueue_host(b, Box::new(move || seen2.store(flag.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    rt.synchronize(b).unwrap();
+    assert!(seen.load(Ordering::Acquire), "b's work ran before a's finished: the placement was not fenced");
+    check_exact(&rt, "after b's block");
+    check_footprint(&rt, "b's block");
+    // A block of less than 16 MiB stays in its own stream's regions.
+    let w = rt.allocate(12 * MIB, b, "w").unwrap();
+    assert!(w.id.ptr < x.id.ptr || w.id.ptr >= x.id.ptr + 64 * MIB, "a small miss stayed in b's region");
+    for blk in [y, z, w] {
+        rt.deallocate(&blk.id).unwrap();
+    }
+    check_exact(&rt, "all freed");
+}
+
+#[test]
 fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
     // The case cuda_free_while_reading_test checks on a GPU: X freed on a,
     // an unrelated small block on d, then Y of X's size on a reuses X's

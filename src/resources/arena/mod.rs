@@ -33,6 +33,11 @@
 //! - **Across streams** (`across_streams.rs`): before it maps anything, a
 //!   stream takes mapped free space of another stream's region behind a
 //!   GPU-side wait, so streams that take turns share their memory.
+//! - **Big misses** (`spread_miss.rs`): a block of 16 MiB or more (on
+//!   Hopper) that must map pages goes to the region, of any stream, where
+//!   the fewest of its pages are missing, behind a GPU-side wait when that
+//!   region is another stream's: streams that take turns with big blocks
+//!   map a few pages where they would lend many back and forth.
 //! - **Physical pages** (`pages.rs`): the device holds exactly the pages
 //!   the arena created and has not released, and the budget is charged a
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
@@ -56,6 +61,7 @@ mod pages;
 mod ranges;
 mod region;
 mod size_index;
+mod spread_miss;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -364,6 +370,19 @@ impl Arena {
                 }
                 self.count_live(len);
                 return Ok(Some(Placed { addr, mapped: false }));
+            }
+        }
+        if may_unmap && self.spreads(len, page) {
+            // A big miss: where the fewest of its pages are missing, in any
+            // stream's region (spread_miss.rs).
+            let own = carved.as_ref().map_or(usize::MAX, |c| c.3.len());
+            if own > 0 {
+                if let Some(spread) = self.spread_miss(stream, len, page, own) {
+                    if let Some((region, addr, freed, _)) = carved.take() {
+                        region.lock().unreserve(addr, len, freed);
+                    }
+                    carved = Some(spread);
+                }
             }
         }
         let (region, addr, freed, missing) = match carved.take() {

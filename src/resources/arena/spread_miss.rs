@@ -1,0 +1,113 @@
+//! Where a big miss goes: the region, of any stream, where it maps the
+//! fewest pages (`Arena`'s placement of a block that must map pages).
+//!
+//! Contract:
+//! - Only for a block of at least `SPREAD_FROM_PAGES` small pages that its
+//!   own stream's regions cannot place without mapping (a miss) and that
+//!   no region holds mapped whole (`across_streams.rs` looked first), and
+//!   never while a capture is active (its caller's `may_unmap`).
+//! - Every region of the block's page size is looked at (one another
+//!   thread holds is passed over, never waited for): at either end of
+//!   each of its `CANDIDATES` smallest fitting free ranges, the placement
+//!   that leaves the fewest granules to map, none of them the old address
+//!   of a lent page. The block goes there when that is fewer than its own
+//!   stream's placement would map.
+//! - A placement in another stream's region is ordered after that
+//!   stream's work on the GPU (one event record and one stream wait, as
+//!   `across_streams.rs` does), unless its range was never used; freed,
+//!   the block is foreign to that region like any block another stream
+//!   took there.
+//!
+//! Why: four streams that take turns with blocks of tens of MiB (W11)
+//! leave their idle pages in each other's regions. A miss that lent those
+//! pages into its own region mapped them a second time and granted access
+//! (tens of microseconds a page on the GPU), and the next round lent them
+//! back: a process that remapped so ran W11's rounds up to 1.2x slower
+//! than raw-max. Placed where most of its pages are already mapped, the
+//! block maps a few instead (BENCHMARKS.md, "fifteenth pass"). Smaller
+//! blocks stay in their own stream's regions: spread across regions they
+//! left a small engine's partial pages in every region (on sim, up to
+//! 1.36x its live peak where it held 1.27x).
+
+use super::region::Region;
+use super::{Arena, Carved, SharedRegion};
+use crate::device::RawStream;
+
+/// Blocks of at least this many small pages (16 MiB on Hopper) are
+/// placed where the fewest pages are missing, in any stream's region.
+pub(crate) const SPREAD_FROM_PAGES: u64 = 8;
+/// Fitting free ranges looked at in each region.
+const CANDIDATES: usize = 64;
+
+/// A placement in one region: the free range (start, size), the block's
+/// address in it, and how many of its granules are not mapped.
+#[derive(Copy, Clone)]
+struct Placement {
+    start: u64,
+    size: u64,
+    at: u64,
+    missing: usize,
+}
+
+impl Region {
+    /// The placement of `len` bytes at either end of one of the smallest
+    /// fitting free ranges that maps the fewest granules, none of them the
+    /// old address of a lent page.
+    fn fewest_missing(&self, len: u64) -> Option<Placement> {
+        let mut best: Option<Placement> = None;
+        for (start, size) in self.free.fitting(len).take(CANDIDATES) {
+            for at in [start, start + size - len] {
+                let pages = self.pages_of(at, len);
+                if self.lent.iter().any(|l| pages.contains(&l.page)) {
+                    continue;
+                }
+                let missing = pages.filter(|&p| !self.is_mapped(p)).count();
+                if best.map_or(true, |b| missing < b.missing) {
+                    best = Some(Placement { start, size, at, missing });
+                }
+            }
+        }
+        best
+    }
+}
+
+impl Arena {
+    /// Whether a miss of `len` bytes in regions of `page`-byte pages is
+    /// placed by `spread_miss`.
+    pub(super) fn spreads(&self, len: u64, page: u64) -> bool {
+        !self.is_large(page) && len >= SPREAD_FROM_PAGES * self.page_bytes
+    }
+
+    /// A placement of `len` bytes for `stream` in any region of `page`-byte
+    /// pages that maps fewer than `own` granules (what its own stream's
+    /// placement would map), carved, and fenced after the region's stream
+    /// when that is another stream; `None`: there is none (nothing changed).
+    pub(super) fn spread_miss(&self, stream: RawStream, len: u64, page: u64, own: usize) -> Option<Carved> {
+        let mut best: Option<(SharedRegion, Placement)> = None;
+        for region in self.regions_of(page) {
+            let Some(r) = region.try_lock() else { continue };
+            let Some(found) = r.fewest_missing(len) else { continue };
+            if found.missing < best.as_ref().map_or(own, |(_, b)| b.missing) {
+                drop(r);
+                best = Some((region, found));
+            }
+        }
+        let (region, p) = best?;
+        let mut r = region.lock();
+        // Looked at without the lock held since: still free as it was?
+        if !r.free.fitting(len).any(|(start, size)| start == p.start && size == p.size) {
+            return None;
+        }
+        let freed = r.free.carve(p.start, p.size, p.at, len);
+        let missing = r.unmapped_in(p.at, len);
+        let owner = r.stream;
+        drop(r);
+        // The fence's driver calls with no lock held, as across_streams.rs
+        // does.
+        if owner != stream && freed > 0 && !self.fence(owner, stream) {
+            region.lock().unreserve(p.at, len, freed);
+            return None;
+        }
+        Some((region, p.at, freed, missing))
+    }
+}
