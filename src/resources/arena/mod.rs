@@ -400,7 +400,7 @@ impl Arena {
         }
         let mapped = self.obtain(missing.len(), page, stream, region.base(), gate, may_unmap).and_then(|pages| {
             let created = pages.created;
-            self.map_pages(&region, &missing, pages)?;
+            self.map_pages(&region, &missing, pages, stream)?;
             if let (Some(log), true) = (&self.log, created > 0) {
                 log.reserved(region.lock().page_addr(missing[0]), created as u64 * page, stream_id);
             }
@@ -589,15 +589,16 @@ impl Arena {
         Ok((region, addr, freed, missing))
     }
 
-    /// Map the obtained pages at the granules `pages` of `region` (those
-    /// another thread has not mapped meanwhile) and grant access; pages
-    /// left over, or not mapped because of an error, go to the spare list
-    /// (`spare_fenced`: lent ones after the region's stream, the one they
-    /// were obtained for).
-    fn map_pages(&self, region: &RegionCell, pages: &[usize], obtained: Obtained) -> ResourceResult<()> {
+    /// Map the pages obtained for `stream` at the granules `pages` of
+    /// `region` (those another thread has not mapped meanwhile) and grant
+    /// access; pages left over, or not mapped because of an error, go to
+    /// the spare list (`spare_fenced`: lent ones after `stream`, the one
+    /// ordered after their old frees, which is not the region's stream
+    /// when a big miss went to another stream's region, spread_miss.rs).
+    fn map_pages(&self, region: &RegionCell, pages: &[usize], obtained: Obtained, stream: RawStream) -> ResourceResult<()> {
         let mut r = region.lock();
         let (page_bytes, large) = (r.page_bytes, self.is_large(r.page_bytes));
-        let fenced_on = obtained.lent.then_some(r.stream);
+        let fenced_on = obtained.lent.then_some(stream);
         let mut handles = obtained.handles.into_iter();
         let mut newly = Vec::with_capacity(pages.len());
         let mut unused = Vec::new();

@@ -2,9 +2,9 @@
 //! ranges and the physical page mapped at each granule.
 //!
 //! Contract:
-//! - Every block carved from a region was allocated on the region's
-//!   stream and is freed back into it: stream order alone fences a reuse
-//!   of its addresses on that stream, so a hit needs no event and no wait.
+//! - A block the region's stream carves from it is freed back into it:
+//!   stream order alone fences a reuse of its addresses on that stream,
+//!   so a hit needs no event and no wait (blocks of other streams: below).
 //! - A granule (page) is mapped while any live block overlaps it, and may
 //!   stay mapped while free; it is *idle* when a free range covers it whole.
 //!   An idle page may be unmapped (and its physical memory mapped elsewhere
@@ -19,11 +19,13 @@
 //!   any other allocation searches them and before anything would map,
 //!   unmap or count idle pages (`settle_recent`), so best fit always sees
 //!   the coalesced free space and the list never costs memory.
-//! - Another stream may take a mapped range of this region (the arena
-//!   orders it after this stream's work with an event). Freed, such a
-//!   block is *foreign*: it waits, with an event recorded on its stream at
-//!   the free (`foreign`), since this region's stream order does not
-//!   cover it. It joins the free ranges once that event has completed, or
+//! - Another stream may take a range of this region: mapped space
+//!   (`across_streams.rs`), or for a big miss where the fewest of its
+//!   pages are missing (`spread_miss.rs`; the arena maps the rest for
+//!   it). The arena orders it after this stream's work with an event.
+//!   Freed, such a block is *foreign*: it waits, with an event recorded on
+//!   its stream at the free (`foreign`), since this region's stream order
+//!   does not cover it. It joins the free ranges once that event has completed, or
 //!   when this region's stream needs room and waits for the event on the
 //!   GPU; the stream that freed it may take it back as it is.
 //! - An idle page may be *lent*, whether or not its frees are known
