@@ -39,22 +39,13 @@ pub(crate) const SPREAD_FROM_PAGES: u64 = 8;
 /// Fitting free ranges looked at in each region.
 const CANDIDATES: usize = 64;
 
-/// A placement in one region: the free range (start, size), the block's
-/// address in it, and how many of its granules are not mapped.
-#[derive(Copy, Clone)]
-struct Placement {
-    start: u64,
-    size: u64,
-    at: u64,
-    missing: usize,
-}
-
 impl Region {
     /// The placement of `len` bytes at either end of one of the smallest
     /// fitting free ranges that maps the fewest granules, none of them the
-    /// old address of a lent page.
-    fn fewest_missing(&self, len: u64) -> Option<Placement> {
-        let mut best: Option<Placement> = None;
+    /// old address of a lent page: its address and how many of its
+    /// granules are not mapped.
+    fn fewest_missing(&self, len: u64) -> Option<(u64, usize)> {
+        let mut best: Option<(u64, usize)> = None;
         for (start, size) in self.free.fitting(len).take(CANDIDATES) {
             for at in [start, start + size - len] {
                 let pages = self.pages_of(at, len);
@@ -62,8 +53,8 @@ impl Region {
                     continue;
                 }
                 let missing = pages.filter(|&p| !self.is_mapped(p)).count();
-                if best.map_or(true, |b| missing < b.missing) {
-                    best = Some(Placement { start, size, at, missing });
+                if best.map_or(true, |(_, fewest)| missing < fewest) {
+                    best = Some((at, missing));
                 }
             }
         }
@@ -83,31 +74,29 @@ impl Arena {
     /// placement would map), carved, and fenced after the region's stream
     /// when that is another stream; `None`: there is none (nothing changed).
     pub(super) fn spread_miss(&self, stream: RawStream, len: u64, page: u64, own: usize) -> Option<Carved> {
-        let mut best: Option<(SharedRegion, Placement)> = None;
+        let mut best: Option<(SharedRegion, u64, usize)> = None;
         for region in self.regions_of(page) {
             let Some(r) = region.try_lock() else { continue };
-            let Some(found) = r.fewest_missing(len) else { continue };
-            if found.missing < best.as_ref().map_or(own, |(_, b)| b.missing) {
+            let Some((at, missing)) = r.fewest_missing(len) else { continue };
+            if missing < best.as_ref().map_or(own, |b| b.2) {
                 drop(r);
-                best = Some((region, found));
+                best = Some((region, at, missing));
             }
         }
-        let (region, p) = best?;
+        let (region, at, _) = best?;
         let mut r = region.lock();
-        // Looked at without the lock held since: still free as it was?
-        if !r.free.fitting(len).any(|(start, size)| start == p.start && size == p.size) {
-            return None;
-        }
-        let freed = r.free.carve(p.start, p.size, p.at, len);
-        let missing = r.unmapped_in(p.at, len);
+        // Looked at without the lock held since: still free? (What is
+        // mapped there is counted again below.)
+        let freed = r.free.withdraw(at, len)?;
+        let missing = r.unmapped_in(at, len);
         let owner = r.stream;
         drop(r);
         // The fence's driver calls with no lock held, as across_streams.rs
         // does.
         if owner != stream && freed > 0 && !self.fence(owner, stream) {
-            region.lock().unreserve(p.at, len, freed);
+            region.lock().unreserve(at, len, freed);
             return None;
         }
-        Some((region, p.at, freed, missing))
+        Some((region, at, freed, missing))
     }
 }
