@@ -335,6 +335,32 @@ fn idle_pages_of_one_stream_serve_another_so_phases_share_memory() {
     assert!(rt.usage().cache_misses > 2);
 }
 
+/// Slow work queued on `s` (a host callback of 40 ms): the flag it sets
+/// when done.
+fn slow_work(rt: &Runtime, s: StreamId) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    rt.enqueue_host(
+        s,
+        Box::new(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            flag.store(true, Ordering::Release);
+        }),
+    )
+    .unwrap();
+    done
+}
+
+/// Whether work queued on `s` now runs after what set `done` (it reads
+/// the flag when it runs; `s` is synchronised).
+fn runs_after(rt: &Runtime, s: StreamId, done: &Arc<AtomicBool>) -> bool {
+    let seen = Arc::new(AtomicBool::new(false));
+    let (flag, seen2) = (done.clone(), seen.clone());
+    rt.enqueue_host(s, Box::new(move || seen2.store(flag.load(Ordering::Acquire), Ordering::Release))).unwrap();
+    rt.synchronize(s).unwrap();
+    seen.load(Ordering::Acquire)
+}
+
 #[test]
 fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
     // Stream a's block is freed behind slow work on a; stream b allocates
@@ -344,25 +370,12 @@ fn another_stream_takes_mapped_memory_after_the_owners_work_on_the_gpu() {
     let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
     let x = rt.allocate(4 * MIB, a, "x").unwrap();
     let held = rt.usage().outstanding_bytes();
-    let done_on_a = Arc::new(AtomicBool::new(false));
-    let flag = done_on_a.clone();
-    rt.enqueue_host(
-        a,
-        Box::new(move || {
-            std::thread::sleep(Duration::from_millis(40));
-            flag.store(true, Ordering::Release);
-        }),
-    )
-    .unwrap();
+    let done_on_a = slow_work(&rt, a);
     rt.deallocate(&x.id).unwrap();
     let y = rt.allocate(4 * MIB, b, "y").unwrap();
     assert_eq!(y.id.ptr, x.id.ptr, "b took a's mapped range");
     assert_eq!(rt.usage().outstanding_bytes(), held, "no new memory");
-    let seen = Arc::new(AtomicBool::new(false));
-    let (flag, seen2) = (done_on_a.clone(), seen.clone());
-    rt.enqueue_host(b, Box::new(move || seen2.store(flag.load(Ordering::Acquire), Ordering::Release))).unwrap();
-    rt.synchronize(b).unwrap();
-    assert!(seen.load(Ordering::Acquire), "b's work ran before a's finished: the hand-out was not fenced");
+    assert!(runs_after(&rt, b, &done_on_a), "b's work ran before a's finished: the hand-out was not fenced");
     // Freed on b, the range goes back to a's region once b's free is
     // complete: a reuses it without new memory.
     rt.deallocate(&y.id).unwrap();
@@ -417,16 +430,7 @@ fn a_big_miss_goes_where_most_of_its_pages_are_mapped_after_that_streams_work() 
     let rt = open(0);
     let (a, b) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
     let x = rt.allocate(30 * MIB, a, "x").unwrap();
-    let done_on_a = Arc::new(AtomicBool::new(false));
-    let flag = done_on_a.clone();
-    rt.enqueue_host(
-        a,
-        Box::new(move || {
-            std::thread::sleep(Duration::from_millis(40));
-            flag.store(true, Ordering::Release);
-        }),
-    )
-    .unwrap();
+    let done_on_a = slow_work(&rt, a);
     rt.deallocate(&x.id).unwrap();
     // Another size on a merges x's free (its recent list holds it until
     // then) and takes the first MiB.
@@ -437,11 +441,7 @@ fn a_big_miss_goes_where_most_of_its_pages_are_mapped_after_that_streams_work() 
     assert_eq!(z.id.ptr, x.id.ptr + MIB, "b's block went to a's mapped space");
     assert_eq!(rt.usage().outstanding_bytes(), held + 2 * PAGE, "two pages mapped, not 17");
     assert_eq!(rt.usage().cache_misses, misses + 1);
-    let seen = Arc::new(AtomicBool::new(false));
-    let (flag, seen2) = (done_on_a.clone(), seen.clone());
-    rt.enqueue_host(b, Box::new(move || seen2.store(flag.load(Ordering::Acquire), Ordering::Release))).unwrap();
-    rt.synchronize(b).unwrap();
-    assert!(seen.load(Ordering::Acquire), "b's work ran before a's finished: the placement was not fenced");
+    assert!(runs_after(&rt, b, &done_on_a), "b's work ran before a's finished: the placement was not fenced");
     check_exact(&rt, "after b's block");
     check_footprint(&rt, "b's block");
     // A block of less than 16 MiB stays in its own stream's regions.
