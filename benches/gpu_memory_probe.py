@@ -27,20 +27,16 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import w7_training as W  # noqa: E402
 from w7_ab import MODES, install_switch  # noqa: E402
 
 MIB = 1 << 20
 
 
 def timed(torch, fn, reps: int = 5) -> float:
-    """Milliseconds per call of `fn` (`reps` calls between two events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    """GPU milliseconds per call of `fn` (`reps` calls between the two
+    events of `w7_training.timed_step`)."""
+    return W.timed_step(torch, lambda _: [fn() for _ in range(reps)], 0)[2] / reps
 
 
 def operands(torch, switch, mode: int, mib: int) -> Dict[str, object]:
