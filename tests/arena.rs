@@ -444,11 +444,59 @@ fn a_big_miss_goes_where_most_of_its_pages_are_mapped_after_that_streams_work() 
     assert!(runs_after(&rt, b, &done_on_a), "b's work ran before a's finished: the placement was not fenced");
     check_exact(&rt, "after b's block");
     check_footprint(&rt, "b's block");
-    // A block of less than 16 MiB stays in its own stream's regions.
-    let w = rt.allocate(12 * MIB, b, "w").unwrap();
-    assert!(w.id.ptr < x.id.ptr || w.id.ptr >= x.id.ptr + 64 * MIB, "a small miss stayed in b's region");
-    for blk in [y, z, w] {
+    for blk in [y, z] {
         rt.deallocate(&blk.id).unwrap();
+    }
+    check_exact(&rt, "all freed");
+}
+
+#[test]
+fn a_block_freed_in_another_streams_region_coalesces_there_at_once() {
+    // b takes the upper half of a's mapped 8 MiB and frees it behind slow
+    // work on b, the GPU still busy: the range joins a's free ranges at
+    // once and coalesces with a's free 2 MiB below it (across_streams.rs),
+    // so a third stream's 6 MiB block takes the whole with no new page and
+    // no host wait, its work ordered after b's.
+    let rt = open(0);
+    let (a, b, c) = (rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap(), rt.acquire_stream().unwrap());
+    let x1 = rt.allocate(4 * MIB, a, "x1").unwrap();
+    let x2 = rt.allocate(4 * MIB, a, "x2").unwrap();
+    assert_eq!(x2.id.ptr, x1.id.ptr + 4 * MIB);
+    rt.deallocate(&x1.id).unwrap();
+    rt.deallocate(&x2.id).unwrap();
+    rt.synchronize(a).unwrap();
+    let y = rt.allocate(4 * MIB, b, "y").unwrap();
+    assert_eq!(y.id.ptr, x2.id.ptr, "b took a's recent free of its size");
+    let w = rt.allocate(2 * MIB, a, "w").unwrap();
+    assert_eq!(w.id.ptr, x1.id.ptr, "a's 2 MiB block took the front of x1");
+    let done_on_b = slow_work(&rt, b);
+    rt.deallocate(&y.id).unwrap();
+    let (held, misses) = (rt.usage().outstanding_bytes(), rt.usage().cache_misses);
+    let z = rt.allocate(6 * MIB, c, "z").unwrap();
+    assert_eq!(z.id.ptr, x1.id.ptr + 2 * MIB, "c's block spans a's free 2 MiB and b's freed 4 MiB");
+    assert_eq!(rt.usage().outstanding_bytes(), held, "no page mapped");
+    assert_eq!(rt.usage().cache_misses, misses, "a hit");
+    assert!(runs_after(&rt, c, &done_on_b), "c's work ran before b's finished: the free was not fenced");
+    check_exact(&rt, "after z");
+    for blk in [w, z] {
+        rt.deallocate(&blk.id).unwrap();
+    }
+    check_exact(&rt, "all freed");
+}
+
+#[test]
+fn streams_that_take_turns_share_partly_used_pages() {
+    // Four streams each keep one live block of 1.5 MiB. In regions of their
+    // own they would hold four pages (each stream's partial page); placed
+    // where the fewest pages are missing, in any stream's region, they
+    // share pages: three.
+    let rt = open(0);
+    let streams: Vec<_> = (0..4).map(|_| rt.acquire_stream().unwrap()).collect();
+    let blocks: Vec<_> = streams.iter().map(|&s| rt.allocate(3 * MIB / 2, s, "b").unwrap()).collect();
+    assert_eq!(rt.usage().outstanding_bytes(), 3 * PAGE, "four 1.5 MiB blocks on four streams");
+    check_exact(&rt, "four streams");
+    for b in blocks {
+        rt.deallocate(&b.id).unwrap();
     }
     check_exact(&rt, "all freed");
 }

@@ -10,12 +10,19 @@
 //!   stream's work (one event record and one stream wait, never a host
 //!   wait). A region another thread holds at that moment is passed over,
 //!   never waited for.
-//! - Freed, such a block is *foreign* to its region (`region.rs`): it waits
-//!   behind an event recorded at the free and joins the free ranges once
-//!   that event has completed, or when the region's stream needs room and
-//!   waits for it on the GPU; the stream that freed it may take it back as
-//!   it is. So streams that take turns share their memory without
-//!   unmapping it.
+//! - Freed, such a block is *foreign* to its region (`region.rs`): it
+//!   joins the region's free ranges at once, as a free of the region's
+//!   stream, that stream made to wait on the GPU for the freeing stream's
+//!   work (`free_foreign`). So it coalesces with its neighbours, its pages
+//!   can be idle, and every stream sees it, as in one address space
+//!   shared by all streams. It used to wait apart, behind an event, until
+//!   that event completed or the region's stream needed room: on a query
+//!   engine's four streams, with the GPU behind the host, such blocks then
+//!   sat out of use while the same memory was mapped again elsewhere (the
+//!   recorded W11 trace at a sixteenth of its sizes held 1.81x its live
+//!   peak with every miss placed in any region, 1.18x now; BENCHMARKS.md,
+//!   "sixteenth pass"). What it costs: the region's stream waits on the
+//!   GPU for the freeing stream's work up to the free.
 
 use super::region::Region;
 use super::{lock, Arena};
@@ -44,44 +51,19 @@ impl Arena {
         waited.is_ok()
     }
 
-    /// Foreign frees of `r` join its free ranges: those whose events have
-    /// completed (with `wait`, after waiting for them on the host); with
-    /// `owner_waits`, the rest too, `r`'s stream made to wait for each on
-    /// the GPU (they then count as frees at this point of that stream).
-    pub(super) fn settle_foreign(&self, r: &mut Region, wait: bool, owner_waits: bool) {
-        let mut i = 0;
-        while i < r.foreign.len() {
-            let (addr, len, event, _) = r.foreign[i];
-            if wait {
-                let _ = self.device.event_synchronize(event);
-            }
-            if self.device.event_query(event) == Ok(true) {
-                r.unreserve(addr, len, 0);
-            } else if owner_waits && self.device.stream_wait_event(r.stream, event).is_ok() {
-                r.release_merged(addr, len);
-            } else {
-                i += 1;
-                continue;
-            }
-            r.foreign.swap_remove(i);
-            lock(&self.spare).events.push(event);
+    /// A block `other` took from `r`'s region, freed on `other` (every use
+    /// of it happens before this point of `other`): back into the free
+    /// ranges at once, as `r`'s stream's next free, that stream made to
+    /// wait on the GPU for `other`'s work so far (`fence`), so anything
+    /// later carved there is ordered after those uses. Where the driver
+    /// fails the fence, the host waits for `other` instead (if that fails
+    /// too, the range stays out of use).
+    pub(super) fn free_foreign(&self, r: &mut Region, addr: u64, len: u64, other: RawStream) {
+        if self.fence(other, r.stream) {
+            r.release_merged(addr, len);
+        } else if self.device.synchronize_stream(other).is_ok() {
+            r.unreserve(addr, len, 0);
         }
-    }
-
-    /// The smallest foreign free of `r` of at least `len` bytes, `stream`
-    /// made to wait for its event: its address. The rest of it stays
-    /// foreign behind an event recorded on `stream` after the wait.
-    fn take_foreign_in_flight(&self, r: &mut Region, stream: RawStream, len: u64) -> Option<u64> {
-        let i = (0..r.foreign.len()).filter(|&i| r.foreign[i].1 >= len).min_by_key(|&i| r.foreign[i].1)?;
-        let (addr, flen, event, _) = r.foreign[i];
-        self.device.stream_wait_event(stream, event).ok()?;
-        if flen > len {
-            let rest = self.record_on(stream)?;
-            r.foreign.push((addr + len, flen - len, rest, stream));
-        }
-        r.foreign.swap_remove(i);
-        lock(&self.spare).events.push(event);
-        Some(addr)
     }
 
     /// A fully mapped range of `len` bytes in another stream's region
@@ -101,23 +83,6 @@ impl Arena {
             let Some(mut r) = region.try_lock() else { continue };
             if r.stream == stream {
                 continue;
-            }
-            // A block this stream took from here and freed, of the size:
-            // back to it as it is (its own stream order fences it).
-            if let Some(i) = r.foreign.iter().position(|f| f.3 == stream && f.1 == len) {
-                let (addr, _, event, _) = r.foreign.swap_remove(i);
-                lock(&self.spare).events.push(event);
-                return Some(addr);
-            }
-            // The owner's recent frees stay where they are: they are its
-            // same-size reuse, and merged space suffices here.
-            self.settle_foreign(&mut r, false, false);
-            // A foreign free still in flight that fits: this stream waits
-            // for it on the GPU (it was freed after all its uses); what
-            // the block leaves stays foreign, fenced by an event of this
-            // stream recorded after that wait.
-            if let Some(addr) = self.take_foreign_in_flight(&mut r, stream, len) {
-                return Some(addr);
             }
             let Some((addr, freed)) = r.take_for_another(len) else { continue };
             debug_assert!(r.all_mapped(addr, len), "another stream takes mapped space only");

@@ -32,12 +32,15 @@
 //!   cover both sizes together.
 //! - **Across streams** (`across_streams.rs`): before it maps anything, a
 //!   stream takes mapped free space of another stream's region behind a
-//!   GPU-side wait, so streams that take turns share their memory.
-//! - **Big misses** (`spread_miss.rs`): a block of 16 MiB or more (on
-//!   Hopper) that must map pages goes to the region, of any stream, where
-//!   the fewest of its pages are missing, behind a GPU-side wait when that
-//!   region is another stream's: streams that take turns with big blocks
-//!   map a few pages where they would lend many back and forth.
+//!   GPU-side wait, so streams that take turns share their memory; such a
+//!   block, freed, joins that region's free ranges at once, the region's
+//!   stream made to wait for the freeing stream on the GPU.
+//! - **Misses** (`spread_miss.rs`): a small block that must map pages
+//!   goes to the region, of any stream, where the fewest of its pages are
+//!   missing, behind a GPU-side wait when that region is another
+//!   stream's: streams that take turns map a few pages where they would
+//!   lend many back and forth, and their blocks share pages as in one
+//!   address space.
 //! - **Physical pages** (`pages.rs`): the device holds exactly the pages
 //!   the arena created and has not released, and the budget is charged a
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
@@ -372,8 +375,8 @@ impl Arena {
                 return Ok(Some(Placed { addr, mapped: false }));
             }
         }
-        if may_unmap && self.spreads(len, page) {
-            // A big miss: where the fewest of its pages are missing, in any
+        if may_unmap && self.spreads(page) {
+            // A miss: where the fewest of its pages are missing, in any
             // stream's region (spread_miss.rs).
             let own = carved.as_ref().map_or(usize::MAX, |c| c.3.len());
             if own > 0 {
@@ -497,16 +500,7 @@ impl Arena {
     fn free_in(&self, r: &mut Region, ptr: u64, len: u64, stream: Option<RawStream>) {
         match stream.filter(|&s| s != r.stream) {
             None => r.release(ptr, len),
-            Some(other) => match self.record_on(other) {
-                Some(event) => r.foreign.push((ptr, len, event, other)),
-                // No event: wait for that stream instead (a failing
-                // driver); if even that fails, leave the range out.
-                None => {
-                    if self.device.synchronize_stream(other).is_ok() {
-                        r.unreserve(ptr, len, 0);
-                    }
-                }
-            },
+            Some(other) => self.free_foreign(r, ptr, len, other),
         }
     }
 
@@ -542,7 +536,6 @@ impl Arena {
         for region in regions() {
             let mut r = region.lock();
             r.settle_recent();
-            self.settle_foreign(&mut r, false, true);
             if let Some((addr, freed)) = r.take_mapped(len) {
                 self.make_hot(stream, region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
@@ -727,9 +720,6 @@ impl Drop for Arena {
             }
             let _ = self.device.vm_free(r.base, r.len);
             for (event, _) in r.seals.drain(..) {
-                self.device.destroy_event(event);
-            }
-            for (_, _, event, _) in r.foreign.drain(..) {
                 self.device.destroy_event(event);
             }
         }

@@ -331,7 +331,6 @@ impl Arena {
     /// `completion` asks), unmapped and taken out of their regions.
     fn recycle(&self, count: usize, page: u64, completion: Completion) -> Vec<PhysHandle> {
         let got = self.gather(count, page, |r, wanted| {
-            self.settle_foreign(r, completion == Completion::Wait, false);
             self.refresh(r, completion);
             if completion == Completion::Wait || self.lent_past(1) {
                 self.unmap_lent(r);
@@ -349,10 +348,6 @@ impl Arena {
     /// own order covers its own). A region whose fence fails lends nothing.
     fn lend(&self, count: usize, page: u64, stream: RawStream, to: u64) -> Vec<PhysHandle> {
         let got = self.gather(count, page, |r, wanted| {
-            // Blocks other streams took from here and freed join the free
-            // ranges behind a GPU-side wait of this region's stream, so the
-            // fence below covers them too.
-            self.settle_foreign(r, false, true);
             // Past the hard bound on old addresses, those whose frees are
             // complete are unmapped here too, not only when recycling:
             // where lending alone serves the misses, nothing recycles.

@@ -23,11 +23,10 @@
 //!   (`across_streams.rs`), or for a big miss where the fewest of its
 //!   pages are missing (`spread_miss.rs`; the arena maps the rest for
 //!   it). The arena orders it after this stream's work with an event.
-//!   Freed, such a block is *foreign*: it waits, with an event recorded on
-//!   its stream at the free (`foreign`), since this region's stream order
-//!   does not cover it. It joins the free ranges once that event has completed, or
-//!   when this region's stream needs room and waits for the event on the
-//!   GPU; the stream that freed it may take it back as it is.
+//!   Freed, such a block is *foreign*: since this region's stream order
+//!   does not cover it, the arena makes this region's stream wait on the
+//!   GPU for the freeing stream's work, then it joins the free ranges as
+//!   this stream's next free (`release_merged`).
 //! - An idle page may be *lent*, whether or not its frees are known
 //!   complete: its physical page is mapped a second time elsewhere (the
 //!   arena orders the new use after this stream's work), and its granule
@@ -80,9 +79,6 @@ pub(crate) struct Region {
     /// The latest frees not yet merged: (address, length, free number),
     /// newest last, at most `RECENT_MAX`.
     recent: Vec<(u64, u64, u64)>,
-    /// Blocks another stream took from here and freed: (address, length,
-    /// an event recorded on that stream after the free, that stream).
-    pub foreign: Vec<(u64, u64, RawEvent, RawStream)>,
     /// Granules whose page was lent while still mapped here, out of the
     /// page table until the arena unmaps the old address or the page comes
     /// back (`move_back`).
@@ -126,7 +122,6 @@ impl Region {
             done: 0,
             seals: VecDeque::new(),
             recent: Vec::new(),
-            foreign: Vec::new(),
             lent: Vec::new(),
         }
     }

@@ -1,8 +1,8 @@
-//! Where a big miss goes: the region, of any stream, where it maps the
-//! fewest pages (`Arena`'s placement of a block that must map pages).
+//! Where a miss goes: the region, of any stream, where it maps the fewest
+//! pages (`Arena`'s placement of a block that must map pages).
 //!
 //! Contract:
-//! - Only for a block of at least `SPREAD_FROM_PAGES` small pages that its
+//! - Only for a small block (not one of the large pages' regions) that its
 //!   own stream's regions cannot place without mapping (a miss) and that
 //!   no region holds mapped whole (`across_streams.rs` looked first), and
 //!   never while a capture is active (its caller's `may_unmap`).
@@ -16,26 +16,24 @@
 //!   stream's work on the GPU (one event record and one stream wait, as
 //!   `across_streams.rs` does), unless its range was never used; freed,
 //!   the block is foreign to that region like any block another stream
-//!   took there.
+//!   took there (it joins the region's free ranges at once).
 //!
-//! Why: four streams that take turns with blocks of tens of MiB (W11)
-//! leave their idle pages in each other's regions. A miss that lent those
-//! pages into its own region mapped them a second time and granted access
-//! (tens of microseconds a page on the GPU), and the next round lent them
-//! back: a process that remapped so ran W11's rounds up to 1.2x slower
-//! than raw-max. Placed where most of its pages are already mapped, the
-//! block maps a few instead (BENCHMARKS.md, "fifteenth pass"). Smaller
-//! blocks stay in their own stream's regions: spread across regions they
-//! left a small engine's partial pages in every region (on sim, up to
-//! 1.36x its live peak where it held 1.27x).
+//! Why: streams that take turns leave their idle pages and partly used
+//! pages in each other's regions. A miss that lent those pages into its
+//! own region mapped them a second time and granted access (tens of
+//! microseconds a page on the GPU), and the next round lent them back: a
+//! process that remapped so ran W11's rounds up to 1.2x slower than
+//! raw-max. And each stream's own partial pages add up: a small engine on
+//! four streams held the sum of four live peaks each rounded up to pages.
+//! Placed where most of its pages are already mapped, in any region, the
+//! block maps a few pages instead, and the streams' blocks share pages as
+//! they would in one address space (BENCHMARKS.md, "fifteenth pass" for
+//! blocks of 16 MiB and more, "sixteenth pass" for every size).
 
 use super::region::Region;
 use super::{Arena, Carved, SharedRegion};
 use crate::device::RawStream;
 
-/// Blocks of at least this many small pages (16 MiB on Hopper) are
-/// placed where the fewest pages are missing, in any stream's region.
-pub(crate) const SPREAD_FROM_PAGES: u64 = 8;
 /// Fitting free ranges looked at in each region.
 const CANDIDATES: usize = 64;
 
@@ -63,10 +61,10 @@ impl Region {
 }
 
 impl Arena {
-    /// Whether a miss of `len` bytes in regions of `page`-byte pages is
-    /// placed by `spread_miss`.
-    pub(super) fn spreads(&self, len: u64, page: u64) -> bool {
-        !self.is_large(page) && len >= SPREAD_FROM_PAGES * self.page_bytes
+    /// Whether a miss in regions of `page`-byte pages is placed by
+    /// `spread_miss`: a small block's.
+    pub(super) fn spreads(&self, page: u64) -> bool {
+        !self.is_large(page)
     }
 
     /// A placement of `len` bytes for `stream` in any region of `page`-byte
