@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,7 +19,7 @@ import pytest
 import xlog_cuda as xc
 from xlog_cuda import _runtime
 
-from conftest import held_for
+from conftest import PYTHON_DIR, held_for
 
 DELAY = 0.2  # long enough that an unordered reader always runs first
 
@@ -322,3 +324,28 @@ def test_a_capturing_stream_is_not_released_and_its_runtime_not_closed(make_runt
     assert lib.xlog_capture_end(rt.handle, s.id, ctypes.byref(graph), ctypes.byref(capture)) == 0
     s.release()
     assert rt.close().blocks == 0
+
+
+EXIT_WITH_A_CALLBACK_QUEUED = """
+import sys, threading
+sys.path.insert(0, {python_dir!r})
+import xlog_cuda as xc
+rt = xc.Runtime(config=xc.Config(backend="sim"))
+stream = rt.acquire_stream()
+gate = threading.Event()
+stream.enqueue_host(lambda: gate.wait(0.5))  # still waiting when the script ends
+print("exiting", flush=True)
+"""
+
+
+def test_an_exit_with_host_callbacks_still_queued_waits_for_them():
+    # A script that exits with callbacks still queued on a runtime it never
+    # closed: they would start while the interpreter finalizes, and the
+    # stream thread Python then ends aborted the process. The exit waits
+    # for them instead. (Without the wait, about half of such exits
+    # aborted: three tries.)
+    code = EXIT_WITH_A_CALLBACK_QUEUED.format(python_dir=PYTHON_DIR)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"exit status {out.returncode}: {out.stderr[-2000:]}"
+        assert out.stdout.strip() == "exiting"

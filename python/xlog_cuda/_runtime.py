@@ -10,6 +10,7 @@ import enum
 import itertools
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable, Deque, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -278,9 +279,16 @@ def in_host_callback() -> bool:
     return getattr(_callback_state, "depth", 0) > 0
 
 
+# Callbacks running now (entries already taken off `_pending_callbacks`).
+_running_callbacks = 0
+
+
 def _run_host_callback(user: Optional[int]) -> None:
+    global _running_callbacks
     with _callback_lock:
         entry = _pending_callbacks.pop(user or 0, None)
+        if entry is not None:
+            _running_callbacks += 1
     if entry is None:
         return
     fn, errors = entry
@@ -291,9 +299,33 @@ def _run_host_callback(user: Optional[int]) -> None:
         errors.append(e)
     finally:
         _callback_state.depth -= 1
+        with _callback_lock:
+            _running_callbacks -= 1
 
 
 _HOST_TRAMPOLINE = _library.HOST_FN(_run_host_callback)
+
+# How long the interpreter's exit waits for host callbacks still queued.
+EXIT_CALLBACK_WAIT_S = 10.0
+
+
+def _drain_host_callbacks_at_exit() -> None:
+    """At exit, before the interpreter finalizes: wait (the GIL released)
+    until every host callback enqueued from Python has run, at most
+    `EXIT_CALLBACK_WAIT_S`. A callback that started while the interpreter
+    finalizes would take the GIL on a stream's thread, which Python then
+    ends by unwinding it through the library's frames, and the process
+    aborts ("FATAL: exception not rethrown"): so a script that exits with
+    work still queued on a runtime it never closed would crash."""
+    deadline = time.monotonic() + EXIT_CALLBACK_WAIT_S
+    while time.monotonic() < deadline:
+        with _callback_lock:
+            if not _pending_callbacks and _running_callbacks == 0:
+                return
+        time.sleep(0.001)
+
+
+atexit.register(_drain_host_callbacks_at_exit)
 
 
 def pending_host_callbacks() -> int:
