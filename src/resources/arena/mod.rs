@@ -365,26 +365,25 @@ impl Arena {
         fallback: bool,
     ) -> ResourceResult<Option<Placed>> {
         let mut carved = self.carve(stream, len, page, may_unmap);
-        if may_unmap && carved.as_ref().map_or(true, |c| !c.3.is_empty()) {
-            // A miss here: a mapped range of another stream first.
-            if let Some(addr) = self.take_from_another_stream(stream, len, page) {
+        let missing_here = carved.as_ref().map_or(usize::MAX, |c| c.3.len());
+        if may_unmap && missing_here > 0 {
+            // A miss here. What was carved goes back if placed elsewhere.
+            let put_back = |carved: Option<Carved>| {
                 if let Some((region, addr, freed, _)) = carved {
                     region.lock().unreserve(addr, len, freed);
                 }
+            };
+            // A mapped range of another stream first (across_streams.rs).
+            if let Some(addr) = self.take_from_another_stream(stream, len, page) {
+                put_back(carved);
                 self.count_live(len);
                 return Ok(Some(Placed { addr, mapped: false }));
             }
-        }
-        if may_unmap && self.spreads(page) {
-            // A miss: where the fewest of its pages are missing, in any
-            // stream's region (spread_miss.rs).
-            let own = carved.as_ref().map_or(usize::MAX, |c| c.3.len());
-            if own > 0 {
-                if let Some(spread) = self.spread_miss(stream, len, page, own) {
-                    if let Some((region, addr, freed, _)) = carved.take() {
-                        region.lock().unreserve(addr, len, freed);
-                    }
-                    carved = Some(spread);
+            // A small block: where the fewest of its pages are missing, in
+            // any stream's region (spread_miss.rs).
+            if !self.is_large(page) {
+                if let Some(spread) = self.spread_miss(stream, len, page, missing_here) {
+                    put_back(carved.replace(spread));
                 }
             }
         }
@@ -587,7 +586,7 @@ impl Arena {
     /// access; pages left over, or not mapped because of an error, go to
     /// the spare list (`spare_fenced`: lent ones after `stream`, the one
     /// ordered after their old frees, which is not the region's stream
-    /// when a big miss went to another stream's region, spread_miss.rs).
+    /// when a miss went to another stream's region, spread_miss.rs).
     fn map_pages(&self, region: &RegionCell, pages: &[usize], obtained: Obtained, stream: RawStream) -> ResourceResult<()> {
         let mut r = region.lock();
         let (page_bytes, large) = (r.page_bytes, self.is_large(r.page_bytes));

@@ -20,9 +20,8 @@
 //!   unmap or count idle pages (`settle_recent`), so best fit always sees
 //!   the coalesced free space and the list never costs memory.
 //! - Another stream may take a range of this region: mapped space
-//!   (`across_streams.rs`), or for a big miss where the fewest of its
-//!   pages are missing (`spread_miss.rs`; the arena maps the rest for
-//!   it). The arena orders it after this stream's work with an event.
+//!   (`across_streams.rs`), or for a miss where the fewest of its pages
+//!   are missing (`spread_miss.rs`; the arena maps the rest for it). The arena orders it after this stream's work with an event.
 //!   Freed, such a block is *foreign*: since this region's stream order
 //!   does not cover it, the arena makes this region's stream wait on the
 //!   GPU for the freeing stream's work, then it joins the free ranges as

@@ -61,12 +61,6 @@ impl Region {
 }
 
 impl Arena {
-    /// Whether a miss in regions of `page`-byte pages is placed by
-    /// `spread_miss`: a small block's.
-    pub(super) fn spreads(&self, page: u64) -> bool {
-        !self.is_large(page)
-    }
-
     /// A placement of `len` bytes for `stream` in any region of `page`-byte
     /// pages that maps fewer than `own` granules (what its own stream's
     /// placement would map), carved, and fenced after the region's stream
