@@ -501,6 +501,79 @@ fn streams_that_take_turns_share_partly_used_pages() {
     check_exact(&rt, "all freed");
 }
 
+/// A stream of the sim device's own, imported into `rt` (as an engine
+/// imports the streams it makes): the runtime's id and the raw handle the
+/// caller destroys once it has released the id.
+fn import_new_stream(rt: &Runtime) -> (StreamId, u64) {
+    let device = rt.device().clone();
+    let raw = device.create_stream().unwrap();
+    (rt.import_stream(device.native_stream(raw)).unwrap(), raw)
+}
+
+/// Release the imported `s`, then destroy its stream (`import_new_stream`).
+fn release_and_destroy(rt: &Runtime, (s, raw): (StreamId, u64)) {
+    rt.release_stream(s).unwrap();
+    rt.device().destroy_stream(raw).unwrap();
+}
+
+#[test]
+fn a_block_freed_into_a_released_streams_region_is_fenced_for_the_next_stream() {
+    // b takes mapped space of imported stream s's region; s is released and
+    // destroyed; b frees its block behind slow work. The region outlives
+    // s: the block joins its free ranges, and c's block of the size takes
+    // it with no new page, its work ordered after b's. No driver call ever
+    // names the destroyed stream (on CUDA each would be undefined: the
+    // handle may be another stream's by then).
+    let rt = open(0);
+    let sim = rt.sim().unwrap();
+    let s = import_new_stream(&rt);
+    let x = rt.allocate(4 * MIB, s.0, "x").unwrap();
+    rt.deallocate(&x.id).unwrap();
+    let b = rt.acquire_stream().unwrap();
+    let y = rt.allocate(4 * MIB, b, "y").unwrap();
+    assert_eq!(y.id.ptr, x.id.ptr, "b took s's mapped range");
+    release_and_destroy(&rt, s);
+    let done_on_b = slow_work(&rt, b);
+    rt.deallocate(&y.id).unwrap();
+    let held = rt.usage().outstanding_bytes();
+    let c = rt.acquire_stream().unwrap();
+    let z = rt.allocate(4 * MIB, c, "z").unwrap();
+    assert_eq!(z.id.ptr, x.id.ptr, "c took the range b freed into the released stream's region");
+    assert_eq!(rt.usage().outstanding_bytes(), held, "no page mapped");
+    assert!(runs_after(&rt, c, &done_on_b), "c's work ran before b's finished: the free was not fenced");
+    assert_eq!(sim.destroyed_stream_calls(), 0, "a driver call named the destroyed stream");
+    rt.deallocate(&z.id).unwrap();
+    check_exact(&rt, "all freed");
+}
+
+#[test]
+fn streams_made_per_query_reuse_the_memory_and_address_space_of_released_ones() {
+    // An engine that makes a stream per query: import, allocate a block a
+    // little larger each time (small ones, and large ones of their own
+    // regions), free, release, destroy. Each query's stream takes over the
+    // address space the released ones left (no new reservation once the
+    // first query of each kind made one), its mapped memory serves them,
+    // and no driver call names a destroyed stream.
+    let rt = open(0);
+    let sim = rt.sim().unwrap();
+    let mut reservations = 0;
+    for i in 0..8u64 {
+        let s = import_new_stream(&rt);
+        let small = rt.allocate(4 * MIB + i * MIB / 2, s.0, "small").unwrap();
+        let large = rt.allocate(LARGE_BLOCK + i * LARGE_PAGE, s.0, "large").unwrap();
+        rt.deallocate(&small.id).unwrap();
+        rt.deallocate(&large.id).unwrap();
+        release_and_destroy(&rt, s);
+        if i == 0 {
+            reservations = sim.reservations();
+        }
+        assert_eq!(sim.reservations(), reservations, "query {i} reserved address space of its own");
+        check_exact(&rt, "after a query");
+        check_footprint(&rt, "after a query");
+    }
+    assert_eq!(sim.destroyed_stream_calls(), 0, "a driver call named a destroyed stream");
+}
+
 #[test]
 fn another_streams_small_allocation_leaves_a_streams_recent_free_to_it() {
     // The case cuda_free_while_reading_test checks on a GPU: X freed on a,

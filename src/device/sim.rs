@@ -272,6 +272,9 @@ pub struct SimDevice {
     events: Mutex<Vec<Arc<SimEvent>>>,
     faults: Faults,
     next_worker: AtomicU64,
+    /// Calls that named a stream already destroyed (undefined behaviour on
+    /// CUDA, where the handle may by then be another stream's).
+    destroyed_stream_calls: AtomicU64,
     /// Process-unique id of this sim device (for native stream handles).
     instance: u64,
     /// Most foreign native streams `import_stream` adopts (see
@@ -322,6 +325,7 @@ impl SimDevice {
             events: Mutex::new(Vec::new()),
             faults: Faults::default(),
             next_worker: AtomicU64::new(0),
+            destroyed_stream_calls: AtomicU64::new(0),
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
             captures: Mutex::new(SimCaptures::default()),
@@ -368,6 +372,19 @@ impl SimDevice {
     /// released (what `cuMemCreate` holds on a GPU).
     pub fn physical_bytes(&self) -> u64 {
         lock(&self.vm).physical
+    }
+
+    /// Address ranges reserved through the virtual-memory calls and not
+    /// freed (`cuMemAddressReserve`).
+    pub fn reservations(&self) -> usize {
+        lock(&self.vm).reservations()
+    }
+
+    /// Calls so far that named a stream after it was destroyed: on CUDA
+    /// each is undefined behaviour (the handle may be another stream's by
+    /// then), so xlog must make none.
+    pub fn destroyed_stream_calls(&self) -> u64 {
+        self.destroyed_stream_calls.load(Ordering::Relaxed)
     }
 
     /// The devices granted access to the mapping holding `ptr`
@@ -453,10 +470,14 @@ impl SimDevice {
 
     fn stream(&self, raw: RawStream) -> DeviceResult<Arc<SimStream>> {
         let streams = lock(&self.streams);
-        raw.checked_sub(1)
-            .and_then(|i| streams.slots.get(i as usize))
-            .and_then(|s| s.clone())
-            .ok_or_else(|| DeviceError::Invalid(format!("sim stream {raw} does not exist")))
+        match raw.checked_sub(1).and_then(|i| streams.slots.get(i as usize)) {
+            Some(Some(stream)) => Ok(stream.clone()),
+            Some(None) => {
+                self.destroyed_stream_calls.fetch_add(1, Ordering::Relaxed);
+                Err(DeviceError::Invalid(format!("sim stream {raw} was destroyed")))
+            }
+            None => Err(DeviceError::Invalid(format!("sim stream {raw} does not exist"))),
+        }
     }
 
     /// An event of this device.

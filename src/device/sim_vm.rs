@@ -90,6 +90,10 @@ impl SimVm {
         Ok(base)
     }
 
+    pub fn reservations(&self) -> usize {
+        self.reservations.len()
+    }
+
     pub fn free(&mut self, base: DevicePtr, bytes: u64) -> DeviceResult<()> {
         let Some(r) = self.reservations.get(&base) else {
             return Err(invalid(format!("{base:#x} is not a sim reservation")));

@@ -15,11 +15,12 @@
 //!   of a mapped range no live block uses: its pages stay mapped (nobody
 //!   can count them idle while it is out of the free ranges).
 //! - **Why reuse needs no fence.** Only the region's own stream parks and
-//!   takes (the caller checks), so stream order fences the reuse, as for
-//!   any hit in the region (`region.rs`). A parked block's free number is
-//!   given when it joins the region, later than the free itself: a seal
-//!   recorded in between does not count it complete, which only delays
-//!   when its pages may move.
+//!   takes (the caller checks, against `owner`, which changes only when
+//!   the region passes to another stream), so stream order fences the
+//!   reuse, as for any hit in the region (`region.rs`). A parked block's
+//!   free number is given when it joins the region, later than the free
+//!   itself: a seal recorded in between does not count it complete, which
+//!   only delays when its pages may move.
 //!
 //! Packing: the block's offset in the region and its length, both in
 //! `BLOCK_ALIGN` units, in one word (0: empty). Blocks too long or too far
@@ -30,6 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::region::Region;
 use super::BLOCK_ALIGN;
+use crate::device::RawStream;
 
 /// Bits of the packed length (in `BLOCK_ALIGN` units): blocks up to 128 GiB.
 const LEN_BITS: u32 = 28;
@@ -40,13 +42,36 @@ const OFFSET_BITS: u32 = 64 - LEN_BITS;
 pub(crate) struct RegionCell {
     /// The parked block, packed (module docs); 0 when empty.
     parked: AtomicU64,
+    /// The region's stream (`Region::stream`), readable with no lock: a
+    /// thread's cached region serves it only while it is still the
+    /// stream's (`released_streams.rs` gives regions to another).
+    owner: AtomicU64,
     base: u64,
     region: Mutex<Region>,
 }
 
 impl RegionCell {
     pub fn new(region: Region) -> RegionCell {
-        RegionCell { parked: AtomicU64::new(0), base: region.base, region: Mutex::new(region) }
+        RegionCell {
+            parked: AtomicU64::new(0),
+            owner: AtomicU64::new(region.stream),
+            base: region.base,
+            region: Mutex::new(region),
+        }
+    }
+
+    /// The region's stream, read with no lock.
+    #[inline]
+    pub fn owner(&self) -> RawStream {
+        self.owner.load(Ordering::Acquire)
+    }
+
+    /// Give the region (`r`, this cell's, locked) to `stream`: the lock
+    /// moved any parked block in (the old stream's free), and from now on
+    /// only `stream` parks and takes without the lock.
+    pub fn set_owner(&self, r: &mut Region, stream: RawStream) {
+        r.stream = stream;
+        self.owner.store(stream, Ordering::Release);
     }
 
     /// The region's base address (fixed: no lock needed).

@@ -41,6 +41,11 @@
 //!   stream's: streams that take turns map a few pages where they would
 //!   lend many back and forth, and their blocks share pages as in one
 //!   address space.
+//! - **Released streams** (`released_streams.rs`): an imported stream's
+//!   regions pass, when it is released, to a stream of the arena's own on
+//!   which no work runs, so no later call names a stream its owner may have
+//!   destroyed; a stream that needs a new region takes over one of those
+//!   first.
 //! - **Physical pages** (`pages.rs`): the device holds exactly the pages
 //!   the arena created and has not released, and the budget is charged a
 //!   page's bytes right before `cuMemCreate`. A page is `PAGE_GRANULES`
@@ -53,8 +58,9 @@
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
 //!   calls run in relaxed capture mode).
 //!
-//! Locks: `streams` or `regions` (read, write only to add a region) → one
-//! region; `spare` alone. No two region locks are ever held together, and
+//! Locks: `streams` or `regions` (read; write only to add a region or to
+//! pass regions between streams) → one region; `keeper` and `spare`
+//! alone. No two region locks are ever held together, and
 //! the gate is called with no lock held (a refusal reads every lock's
 //! state for its message).
 
@@ -63,6 +69,7 @@ mod cell;
 mod pages;
 mod ranges;
 mod region;
+mod released_streams;
 mod size_index;
 mod spread_miss;
 
@@ -207,6 +214,9 @@ pub struct Arena {
     /// The runtime's CSV log: `reserve` rows for pages created, `release`
     /// and `retire` rows for pages given back.
     log: Option<Arc<CsvLog>>,
+    /// The stream of the regions released streams left
+    /// (`released_streams.rs`), created at the first release.
+    keeper: Mutex<Option<RawStream>>,
 }
 
 #[derive(Default)]
@@ -258,6 +268,7 @@ impl Arena {
             unmapped: AtomicU64::new(0),
             peers: Mutex::default(),
             log: None,
+            keeper: Mutex::default(),
         })
     }
 
@@ -436,7 +447,7 @@ impl Arena {
         }
         HOT_REGION.with(|hot| {
             let hot = hot.borrow();
-            let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream)?;
+            let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream && h.region.owner() == stream)?;
             hot.region.take_parked(len).or_else(|| hot.region.lock().take_hit(len).map(|(addr, _)| addr))
         })
     }
@@ -481,7 +492,7 @@ impl Arena {
         // own stream is parked there when the slot is empty (no lock).
         let freed_hot = HOT_REGION.with(|hot| match hot.borrow().as_ref() {
             Some(h) if h.arena == self.id && ptr >= h.base && ptr < h.base + h.len => {
-                if stream != Some(h.stream) || !h.region.park(ptr, len) {
+                if stream != Some(h.stream) || h.region.owner() != h.stream || !h.region.park(ptr, len) {
                     self.free_in(&mut h.region.lock(), ptr, len, stream);
                 }
                 true
@@ -565,6 +576,10 @@ impl Arena {
     }
 
     fn carve_in_new_region(&self, stream: RawStream, len: u64, page: u64) -> ResourceResult<Carved> {
+        if let Some(carved) = self.take_over_released(stream, len, page) {
+            self.make_hot(stream, &carved.0, &carved.0.lock());
+            return Ok(carved);
+        }
         let bytes = len
             .checked_add(page - 1)
             .map(|b| b / page * page)
@@ -651,24 +666,6 @@ impl Arena {
         regions.values().filter(|(_, p, _)| *p == page).map(|(_, _, r)| r.clone()).collect()
     }
 
-    /// `stream` is going away: every free into its regions must be known
-    /// complete while the stream still exists (the regions stay, all their
-    /// memory reusable by whatever stream later gets the same handle).
-    pub fn retire_stream(&self, stream: RawStream) -> ResourceResult<()> {
-        let regions = self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&stream).cloned().unwrap_or_default();
-        if regions.is_empty() {
-            return Ok(());
-        }
-        self.device.synchronize_stream(stream)?;
-        for (_, region) in regions {
-            let mut r = region.lock();
-            r.all_done();
-            let seals: Vec<RawEvent> = r.seals.drain(..).map(|(e, _)| e).collect();
-            lock(&self.spare).events.extend(seals);
-        }
-        Ok(())
-    }
-
     /// Let device `ordinal` use every mapping, present and future.
     pub fn grant_peer(&self, ordinal: i32) -> ResourceResult<()> {
         {
@@ -733,6 +730,7 @@ impl Drop for Arena {
             self.device.destroy_event(event);
         }
         self.held.sub(released.min(self.held.now()));
+        self.destroy_keeper();
     }
 }
 
