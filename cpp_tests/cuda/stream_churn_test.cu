@@ -25,8 +25,9 @@ constexpr int kQueries = 48;
 constexpr uint64_t kPage = 2ull << 20;
 
 __global__ void triple_plus_one_kernel(const uint32_t* from, uint32_t* to, size_t count) {
-  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < count) to[i] = from[i] * 3u + 1u;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    to[i] = from[i] * 3u + 1u;
+  }
 }
 
 void run() {

@@ -18,7 +18,7 @@
 //!   `sim_platform.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, ThreadId};
 
@@ -275,6 +275,9 @@ pub struct SimDevice {
     /// Calls that named a stream already destroyed (undefined behaviour on
     /// CUDA, where the handle may by then be another stream's).
     destroyed_stream_calls: AtomicU64,
+    /// Whether a new stream takes the handle of a destroyed one
+    /// (`reuse_destroyed_stream_handles`).
+    reuse_handles: AtomicBool,
     /// Process-unique id of this sim device (for native stream handles).
     instance: u64,
     /// Most foreign native streams `import_stream` adopts (see
@@ -326,6 +329,7 @@ impl SimDevice {
             faults: Faults::default(),
             next_worker: AtomicU64::new(0),
             destroyed_stream_calls: AtomicU64::new(0),
+            reuse_handles: AtomicBool::new(false),
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
             captures: Mutex::new(SimCaptures::default()),
@@ -378,6 +382,15 @@ impl SimDevice {
     /// freed (`cuMemAddressReserve`).
     pub fn reservations(&self) -> usize {
         lock(&self.vm).reservations()
+    }
+
+    /// From now on, a new stream gets the handle of a destroyed one where
+    /// there is one, as on CUDA, whose handles are addresses the driver
+    /// hands out again (then `destroyed_stream_calls` cannot see a call
+    /// that names the old stream: it reaches the new one). By default
+    /// every stream gets a handle of its own.
+    pub fn reuse_destroyed_stream_handles(&self, reuse: bool) {
+        self.reuse_handles.store(reuse, Ordering::Relaxed);
     }
 
     /// Calls so far that named a stream after it was destroyed: on CUDA
@@ -536,6 +549,12 @@ impl SimDevice {
                 "sim device {} has made {MAX_RAW_STREAM} streams, the most one sim device can make",
                 self.ordinal
             )));
+        }
+        if self.reuse_handles.load(Ordering::Relaxed) {
+            if let Some(i) = streams.slots.iter().position(Option::is_none) {
+                streams.slots[i] = Some(stream);
+                return Ok(i as RawStream + 1);
+            }
         }
         streams.slots.push(Some(stream));
         Ok(streams.slots.len() as RawStream)
