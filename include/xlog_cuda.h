@@ -532,7 +532,13 @@ xlog_status xlog_stream_acquire(struct xlog_runtime *rt, xlog_stream *out);
  Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
  nothing, while the stream takes part in a capture (begun on it, or
  joined by a wait on captured work): end the capture first. The pool
- never hands out a stream that captures.
+ never hands out a stream that captures. An imported stream is released
+ only once no block allocated on it is live (each block's free is
+ ordered on its allocation stream, and the stream's owner may destroy it
+ once xlog lets go): refused with XLOG_ERR_STREAM_MISUSE, naming the
+ blocks and their bytes and changing nothing, while some are. Released,
+ it is waited for on the host, and nothing of xlog's is queued on it
+ afterwards.
  */
 xlog_status xlog_stream_release(struct xlog_runtime *rt, xlog_stream stream);
 

@@ -461,6 +461,13 @@ pub trait HeldMemory: Send + Sync {
         self.reap_pending()
     }
 
+    /// The live blocks allocated on `stream` whose frees will be ordered
+    /// on it: how many, and their bytes. A resource whose frees are
+    /// synchronous (Direct) has none.
+    fn live_on_stream(&self, _stream: StreamId) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// `stream` is going away (an imported stream released): nothing may
     /// be queued on it later, so its cached blocks go back to the driver
     /// now. Returns the bytes retired.

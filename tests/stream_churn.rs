@@ -62,3 +62,32 @@ fn results_written_on_streams_made_per_query_are_intact() {
     let u = rt.usage();
     assert_eq!(u.live_bytes, 0);
 }
+
+#[test]
+fn an_imported_stream_with_live_blocks_on_it_is_not_released() {
+    // A block's free is ordered on its allocation stream; the owner of an
+    // imported stream may destroy it once xlog lets go. So the release is
+    // refused while blocks allocated on it live, naming them, and changes
+    // nothing: the stream still works, and once they are freed it goes.
+    let config = Config { backend: Backend::Sim, sim_capacity_bytes: 256 * MIB, ..Config::default() };
+    let rt = &Runtime::open(0, &config).unwrap();
+    let device = dev(rt);
+    let native = device.create_stream().unwrap();
+    let s = rt.import_stream(device.native_stream(native)).unwrap();
+    let a = rt.allocate(MIB, s, "a").unwrap().id;
+    let b = rt.allocate(3 * MIB, s, "b").unwrap().id;
+    let err = rt.release_stream(s).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, xlog_cuda::ResourceError::StreamMisuse(_)), "{err:?}");
+    assert!(msg.contains("2 live block(s) of 4194304 bytes"), "{msg}");
+    // Nothing changed: the stream and its blocks are as they were.
+    host_fill(rt, s, a.ptr, MIB, 7, Duration::ZERO);
+    rt.synchronize(s).unwrap();
+    rt.deallocate(&a).unwrap();
+    assert!(rt.release_stream(s).unwrap_err().to_string().contains("1 live block(s) of 3145728 bytes"));
+    rt.deallocate(&b).unwrap();
+    rt.release_stream(s).unwrap();
+    device.destroy_stream(native).unwrap();
+    assert!(rt.synchronize(s).is_err(), "released");
+    assert_eq!(rt.sim().unwrap().destroyed_stream_calls(), 0);
+}

@@ -30,7 +30,13 @@ pub extern "C" fn xlog_stream_acquire(rt: *mut xlog_runtime, out: *mut xlog_stre
 /// Refused with XLOG_ERR_STREAM_MISUSE, naming the capture and changing
 /// nothing, while the stream takes part in a capture (begun on it, or
 /// joined by a wait on captured work): end the capture first. The pool
-/// never hands out a stream that captures.
+/// never hands out a stream that captures. An imported stream is released
+/// only once no block allocated on it is live (each block's free is
+/// ordered on its allocation stream, and the stream's owner may destroy it
+/// once xlog lets go): refused with XLOG_ERR_STREAM_MISUSE, naming the
+/// blocks and their bytes and changing nothing, while some are. Released,
+/// it is waited for on the host, and nothing of xlog's is queued on it
+/// afterwards.
 #[no_mangle]
 pub extern "C" fn xlog_stream_release(rt: *mut xlog_runtime, stream: xlog_stream) -> xlog_status {
     boundary("xlog_stream_release", |call| call.with_runtime(rt, |r| r.release_stream(stream_id(stream)?)))

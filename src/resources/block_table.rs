@@ -149,6 +149,11 @@ impl<X> BlockTable<X> {
         self.blocks.len() as u64
     }
 
+    /// The live blocks allocated on `stream`: how many, and their bytes.
+    pub(crate) fn on_stream(&self, stream: StreamId) -> (u64, u64) {
+        self.blocks.values().filter(|r| r.stream.id == stream).fold((0, 0), |(n, bytes), r| (n + 1, bytes + r.size))
+    }
+
     pub(crate) fn allocations(&self) -> u64 {
         self.allocations
     }

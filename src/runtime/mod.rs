@@ -283,7 +283,16 @@ impl Runtime {
         self.streams.refuse_if_capturing(id, s.raw, "releasing it")?;
         if self.streams.is_imported(id) {
             // The owner may destroy an imported stream once we let go of it:
-            // nothing of ours may stay queued for it.
+            // nothing of ours may stay queued for it, and no later free may
+            // be ordered on it.
+            let (blocks, bytes) = self.allocator.live_on_stream(id);
+            if blocks > 0 {
+                return Err(ResourceError::StreamMisuse(format!(
+                    "stream {id} (imported) still has {blocks} live block(s) of {bytes} bytes allocated on it: \
+                     their frees are ordered on it, and its owner may destroy it once it is released; free \
+                     them first (nothing changed)"
+                )));
+            }
             self.allocator.retire_stream(s.raw)?;
         }
         self.streams.release(id)

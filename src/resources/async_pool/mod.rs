@@ -429,6 +429,10 @@ impl DeviceMemoryResource for AsyncPool {
 }
 
 impl HeldMemory for AsyncPool {
+    fn live_on_stream(&self, stream: StreamId) -> (u64, u64) {
+        self.shard(stream).blocks.on_stream(stream)
+    }
+
     fn live_blocks(&self) -> Vec<LeakedBlock> {
         let mut out = Vec::new();
         for shard in self.table.iter() {
