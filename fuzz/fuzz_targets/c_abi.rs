@@ -797,7 +797,17 @@ impl Harness {
         // An imported stream is retired first (its pending frees sealed
         // with an event, its cached blocks freed): a fault of either kind
         // fails the release, and the stream stays imported.
+        // An imported stream with live blocks of device memory allocated on
+        // it is not released (their frees are ordered on it), changing
+        // nothing.
+        let blocks_on = |s: usize| {
+            let (rt, sid) = (self.streams[s].rt, self.streams[s].id);
+            self.blocks.iter().any(|b| b.live && b.rt == rt && b.block.stream == sid && b.block.size > 0)
+        };
         let expected = match rec {
+            Some(s) if !self.streams[s].pooled && !self.rts[self.streams[s].rt].direct && blocks_on(s) => {
+                bit(XLOG_ERR_STREAM_MISUSE)
+            }
             Some(s) if !self.streams[s].pooled => OK | self.rts[self.streams[s].rt].driver_if(&[Fault::Free, Fault::EventRecord]),
             Some(_) => OK,
             None => INVALID,

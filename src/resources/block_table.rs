@@ -149,9 +149,14 @@ impl<X> BlockTable<X> {
         self.blocks.len() as u64
     }
 
-    /// The live blocks allocated on `stream`: how many, and their bytes.
+    /// The live blocks of device memory allocated on `stream` (a block of
+    /// 0 bytes holds none, and its free touches no stream): how many, and
+    /// their bytes.
     pub(crate) fn on_stream(&self, stream: StreamId) -> (u64, u64) {
-        self.blocks.values().filter(|r| r.stream.id == stream).fold((0, 0), |(n, bytes), r| (n + 1, bytes + r.size))
+        self.blocks
+            .values()
+            .filter(|r| r.stream.id == stream && r.held > 0)
+            .fold((0, 0), |(n, bytes), r| (n + 1, bytes + r.size))
     }
 
     pub(crate) fn allocations(&self) -> u64 {
