@@ -837,7 +837,12 @@ class Stream:
             raise
 
     def release(self) -> None:
-        """Give the stream back (queued work still runs). A second call is a no-op."""
+        """Give the stream back (queued work still runs). A second call is a no-op.
+
+        An imported stream is released only once no block of device memory
+        allocated on it is live (their frees are ordered on it, and its
+        owner may destroy it afterwards): StreamMisuseError, naming them and
+        changing nothing, until then."""
         if self._released:
             return
         call(_lib().xlog_stream_release, self.runtime.handle, self.id)
