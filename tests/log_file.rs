@@ -282,3 +282,41 @@ fn the_log_survives_an_exit_without_close() {
     assert_eq!(status.code(), Some(3), "{status:?}");
     check_crash_log(&text, "exit(3)");
 }
+
+#[test]
+fn an_arena_reserve_row_says_where_the_pages_came_from() {
+    // Eight 2 MiB blocks create a page each (under the soft cap); every
+    // other one freed leaves four idle pages, three of them between live
+    // ones. A 12 MiB block fits in none of the holes: it starts at the last
+    // (mapped) and misses five pages, which take the held bytes past the
+    // soft cap, so the three other idle pages are lent to it and only two
+    // created, and its row says so.
+    let path = temp_path("arena-reserve", "csv");
+    let cfg = Config { arena: true, ..config(&path, 0, true, AllocatorKind::Async) };
+    let rt = Runtime::open(0, &cfg).unwrap();
+    let s = rt.acquire_stream().unwrap();
+    let blocks: Vec<_> = (0..8).map(|_| rt.allocate(2 * MIB, s, "b").unwrap()).collect();
+    for b in blocks.iter().skip(1).step_by(2) {
+        rt.deallocate(&b.id).unwrap();
+    }
+    let big = rt.allocate(12 * MIB, s, "big").unwrap();
+    let (text, lines) = rows(&path);
+    let reserves: Vec<&LogLine> = lines.iter().filter(|l| l.action == "reserve").collect();
+    assert!(reserves.len() >= 2, "{text}");
+    for r in &reserves {
+        assert!(r.detail.contains(" pages created: spare "), "a reserve row without its sources: {r:?}");
+        let created: u64 = r.detail.split(' ').next().unwrap().parse().unwrap();
+        assert_eq!(created * 2 * MIB, r.size, "the row's bytes are the pages it created: {r:?}");
+    }
+    assert!(!reserves[0].detail.contains("(passed)"), "the first page is under the cap: {:?}", reserves[0]);
+    let last = reserves.last().unwrap();
+    assert!(
+        last.detail.starts_with("2 of 5 pages created: spare 0 lent 3 recycled 0; soft cap ") && last.detail.ends_with(" (passed)"),
+        "the last miss lent the three idle pages: {last:?}"
+    );
+    for b in blocks.iter().step_by(2).chain([&big]) {
+        rt.deallocate(&b.id).unwrap();
+    }
+    drop(rt);
+    let _ = std::fs::remove_file(&path);
+}

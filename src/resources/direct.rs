@@ -78,7 +78,7 @@ impl Direct {
             match self.device.alloc_sync(bytes) {
                 Ok(ptr) => {
                     if let Some(log) = &self.log {
-                        log.reserved(ptr, held, stream.id.0);
+                        log.reserved(ptr, held, stream.id.0, "");
                     }
                     ptr
                 }

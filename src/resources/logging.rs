@@ -236,9 +236,11 @@ impl CsvLog {
     }
 
     /// Memory taken from the driver (`ptr`, `bytes` device bytes) for an
-    /// allocation on `stream`.
-    pub fn reserved(&self, ptr: u64, bytes: u64, stream: u32) {
-        self.row("reserve", ptr, bytes, stream, "", "");
+    /// allocation on `stream`; `detail` says why where the caller knows
+    /// (the arena: where the miss's other pages came from, and the soft
+    /// cap).
+    pub fn reserved(&self, ptr: u64, bytes: u64, stream: u32, detail: &str) {
+        self.row("reserve", ptr, bytes, stream, "", detail);
     }
 
     /// Memory handed back to the driver (stream-ordered: pending until

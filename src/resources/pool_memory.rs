@@ -490,7 +490,7 @@ impl PoolMemory {
         })?;
         self.held.add(class);
         if let Some(log) = &self.log {
-            log.reserved(ptr, class, stream_id.0);
+            log.reserved(ptr, class, stream_id.0, "");
         }
         Ok(ptr)
     }

@@ -412,10 +412,11 @@ impl Arena {
             return Ok(None);
         }
         let mapped = self.obtain(missing.len(), page, stream, region.base(), gate, may_unmap).and_then(|pages| {
-            let created = pages.created;
+            let (created, sources) = (pages.created, pages.sources);
             self.map_pages(&region, &missing, pages, stream)?;
             if let (Some(log), true) = (&self.log, created > 0) {
-                log.reserved(region.lock().page_addr(missing[0]), created as u64 * page, stream_id);
+                let why = format!("{} of {} pages created: {sources}", created, missing.len());
+                log.reserved(region.lock().page_addr(missing[0]), created as u64 * page, stream_id, &why);
             }
             Ok(())
         });

@@ -116,6 +116,36 @@ pub(super) struct Obtained {
     /// after their old frees, so any that end up spare go through
     /// `spare_fenced` with that stream.
     pub(super) lent: bool,
+    /// Where the pages came from, for the log's `reserve` row.
+    pub(super) sources: Sources,
+}
+
+/// Where a miss's pages came from, and the soft cap it met: the `Detail`
+/// of the log's `reserve` row, so a log tells why pages were created (past
+/// the cap: no page was idle).
+#[derive(Copy, Clone, Debug, Default)]
+pub(super) struct Sources {
+    pub spare: usize,
+    pub lent: usize,
+    pub recycled: usize,
+    /// Whether the held bytes would pass the soft cap without lending.
+    pub past_cap: bool,
+    /// The soft cap then, in bytes.
+    pub cap: u64,
+}
+
+impl std::fmt::Display for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "spare {} lent {} recycled {}; soft cap {} bytes{}",
+            self.spare,
+            self.lent,
+            self.recycled,
+            self.cap,
+            if self.past_cap { " (passed)" } else { "" }
+        )
+    }
 }
 
 impl Arena {
@@ -142,15 +172,20 @@ impl Arena {
             let keep = list.len().saturating_sub(count);
             list.split_off(keep)
         };
+        let mut sources = Sources { spare: got.len(), cap: self.soft_cap(), ..Sources::default() };
         // Whether `got` holds lent pages: only `stream` is ordered after
         // their frees (on the GPU), so they may not go spare as they are.
         let mut lent_any = false;
         if got.len() < count && may_unmap && self.over_soft_cap((count - got.len()) as u64 * page) {
+            sources.past_cap = true;
             let lent = self.lend(count - got.len(), page, stream, to);
             lent_any |= !lent.is_empty();
+            sources.lent = lent.len();
             got.extend(lent);
             if got.len() < count {
-                got.extend(self.recycle(count - got.len(), page, Completion::Query));
+                let recycled = self.recycle(count - got.len(), page, Completion::Query);
+                sources.recycled = recycled.len();
+                got.extend(recycled);
             }
             if got.len() < count {
                 // Still past the cap: idle pages of the other size make
@@ -215,7 +250,7 @@ impl Arena {
         }
         let created = made.len();
         got.extend(made);
-        Ok(Obtained { handles: got, created, lent: lent_any })
+        Ok(Obtained { handles: got, created, lent: lent_any, sources })
     }
 
     /// Put `pages` on the spare list, where any stream may take one with
