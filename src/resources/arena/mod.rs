@@ -135,12 +135,12 @@ static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The region this thread allocated from last, so a hit (and the free
 /// after it) finds its region without the arena's shared maps: the arena,
-/// the stream, and the region with its address range. Regions live as long
-/// as their arena, and a new arena has a new id, so an entry is never
-/// used for another arena's memory.
+/// and the region with its address range. It serves the region's stream
+/// (`RegionCell::owner`, which changes only when the region passes to
+/// another stream). Regions live as long as their arena, and a new arena
+/// has a new id, so an entry is never used for another arena's memory.
 struct HotRegion {
     arena: u64,
-    stream: RawStream,
     base: u64,
     len: u64,
     region: SharedRegion,
@@ -448,19 +448,19 @@ impl Arena {
         }
         HOT_REGION.with(|hot| {
             let hot = hot.borrow();
-            let hot = hot.as_ref().filter(|h| h.arena == self.id && h.stream == stream && h.region.owner() == stream)?;
+            let hot = hot.as_ref().filter(|h| h.arena == self.id && h.region.owner() == stream)?;
             hot.region.take_parked(len).or_else(|| hot.region.lock().take_hit(len).map(|(addr, _)| addr))
         })
     }
 
     /// Remember `region` (locked as `r`) as the one this thread allocates
-    /// from on `stream`.
-    fn make_hot(&self, stream: RawStream, region: &SharedRegion, r: &Region) {
+    /// from on its stream.
+    fn make_hot(&self, region: &SharedRegion, r: &Region) {
         if self.is_large(r.page_bytes) {
             return;
         }
         HOT_REGION.with(|hot| {
-            *hot.borrow_mut() = Some(HotRegion { arena: self.id, stream, base: r.base, len: r.len, region: region.clone() });
+            *hot.borrow_mut() = Some(HotRegion { arena: self.id, base: r.base, len: r.len, region: region.clone() });
         });
     }
 
@@ -493,7 +493,7 @@ impl Arena {
         // own stream is parked there when the slot is empty (no lock).
         let freed_hot = HOT_REGION.with(|hot| match hot.borrow().as_ref() {
             Some(h) if h.arena == self.id && ptr >= h.base && ptr < h.base + h.len => {
-                if stream != Some(h.stream) || h.region.owner() != h.stream || !h.region.park(ptr, len) {
+                if stream != Some(h.region.owner()) || !h.region.park(ptr, len) {
                     self.free_in(&mut h.region.lock(), ptr, len, stream);
                 }
                 true
@@ -527,7 +527,7 @@ impl Arena {
         for region in regions() {
             let mut r = region.lock();
             if let Some((addr, freed)) = r.take_hit(len) {
-                self.make_hot(stream, region, &r);
+                self.make_hot(region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
         }
@@ -548,7 +548,7 @@ impl Arena {
             let mut r = region.lock();
             r.settle_recent();
             if let Some((addr, freed)) = r.take_mapped(len) {
-                self.make_hot(stream, region, &r);
+                self.make_hot(region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
             if let Some((addr, freed, missing, in_use)) = r.take_moving_back(len, !may_unmap) {
@@ -556,7 +556,7 @@ impl Arena {
                     r.unreserve(addr, len, freed);
                     continue;
                 }
-                self.make_hot(stream, region, &r);
+                self.make_hot(region, &r);
                 return Some((region.clone(), addr, freed, missing));
             }
         }
@@ -578,7 +578,7 @@ impl Arena {
 
     fn carve_in_new_region(&self, stream: RawStream, len: u64, page: u64) -> ResourceResult<Carved> {
         if let Some(carved) = self.take_over_released(stream, len, page) {
-            self.make_hot(stream, &carved.0, &carved.0.lock());
+            self.make_hot(&carved.0, &carved.0.lock());
             return Ok(carved);
         }
         let bytes = len
@@ -591,7 +591,7 @@ impl Arena {
         let (addr, freed) = region.free.take(len).expect("a new region fits its first block");
         let missing = region.unmapped_in(addr, len);
         let region = Arc::new(RegionCell::new(region));
-        self.make_hot(stream, &region, &region.lock());
+        self.make_hot(&region, &region.lock());
         self.regions.write().unwrap_or_else(|p| p.into_inner()).insert(base, (bytes, page, region.clone()));
         self.streams.write().unwrap_or_else(|p| p.into_inner()).entry(stream).or_default().push((page, region.clone()));
         Ok((region, addr, freed, missing))
