@@ -30,6 +30,21 @@ Models (random weights, built from their configs; no download):
             that grows every token); the step time is the whole generation.
             Steps: --gen-kv-steps / --gen-kv-warmup (it is the slow one)
 
+More models with changing shapes, run only when named in --models (they
+are not in the default set):
+
+  cnn_dyn   torchvision EfficientNet-B0, each step a new batch (uniform in
+            [16, 128]) and image side (128..320 in steps of 32), SGD, bf16
+            autocast: convolution workspaces of every size
+  t5_dyn    transformers T5 (T5Config(), t5-small's shape) sequence to
+            sequence, batch 16, source length uniform in [32, 512] and
+            target length in [8, 256] each step, AdamW, bf16 autocast
+  llama_gen a Llama-style decoder (LlamaConfig: 12 layers, hidden 1024, 16
+            heads, 4 key/value heads, vocab 32000) in bf16 generating under
+            torch.no_grad, batch uniform in [1, 32], prompt in [32, 1024],
+            16..128 new tokens one at a time with past_key_values; steps as
+            gen_kv's
+
 The changing shapes come from seeded generators: every allocator sees the
 same sequence. `--shapes-warm` warms up on the timed steps' own shapes: the
 plan of the timed steps runs twice, the first pass untimed (in place of
@@ -112,7 +127,12 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 MODELS = ["resnet50", "gpt2", "gpt2_dyn", "mlm_dyn", "gen_kv"]
-DYN_MODELS = ["gpt2_dyn", "mlm_dyn", "gen_kv"]
+# Run only when named (`--models`): more changing shapes to check against.
+EXTRA_MODELS = ["cnn_dyn", "t5_dyn", "llama_gen"]
+ALL_MODELS = MODELS + EXTRA_MODELS
+DYN_MODELS = ["gpt2_dyn", "mlm_dyn", "gen_kv"] + EXTRA_MODELS
+# Generation models: their steps are --gen-kv-steps / --gen-kv-warmup.
+GEN_MODELS = ("gen_kv", "llama_gen")
 ALLOCATORS = ["caching", "async", "expandable", "xlog", "xlog_pool"]
 TORCH_ALLOCATORS = ("caching", "async", "expandable")
 XLOG_ALLOCATORS = ("xlog", "xlog_pool")
@@ -128,7 +148,7 @@ XLOG_MEMORY = {"xlog": None, "xlog_pool": "pool"}
 # PYTORCH_(CUDA_)ALLOC_CONF of each PyTorch allocator (None: unset).
 TORCH_ALLOC_CONF = {"caching": None, "async": "backend:cudaMallocAsync", "expandable": "expandable_segments:True"}
 
-W8_MODELS = list(DYN_MODELS)
+W8_MODELS = ["gpt2_dyn", "mlm_dyn", "gen_kv"]
 W8_FACTOR_NUM, W8_FACTOR_DEN = 105, 100  # 1.05 x
 
 RESNET_BATCH, RESNET_IMAGE = 64, 224
@@ -139,6 +159,10 @@ GEN_MIN_BATCH, GEN_MAX_BATCH = 1, 16
 GEN_MIN_PROMPT, GEN_MAX_PROMPT = 16, 256
 GEN_MIN_NEW, GEN_MAX_NEW = 64, 256
 GEN_SEED = 2468
+CNN_MIN_BATCH, CNN_MAX_BATCH, CNN_SIDES, CNN_SEED = 16, 128, list(range(128, 321, 32)), 1357
+T5_BATCH, T5_MIN_SRC, T5_MAX_SRC, T5_MIN_TGT, T5_MAX_TGT, T5_SEED = 16, 32, 512, 8, 256, 8642
+LLAMA_MIN_BATCH, LLAMA_MAX_BATCH, LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT = 1, 32, 32, 1024
+LLAMA_MIN_NEW, LLAMA_MAX_NEW, LLAMA_SEED = 16, 128, 9753
 SAMPLE_INTERVAL_S = 0.001
 
 # Targets of issue 24 for W7/W8 (xlog against PyTorch's allocators).
@@ -192,9 +216,24 @@ def gen_plan(n: int, seed: int = GEN_SEED) -> List[Tuple[int, int, int]]:
     return out
 
 
+def uniform_plan(n: int, seed: int, *ranges: Sequence[int]) -> List[Tuple[int, ...]]:
+    """n steps, each a tuple with one value per range (a list to choose
+    from, or an inclusive (low, high) pair), from a seeded generator."""
+    rng = random.Random(seed)
+    pick = lambda r: rng.choice(r) if isinstance(r, list) else rng.randint(r[0], r[1])
+    return [tuple(pick(r) for r in ranges) for _ in range(n)]
+
+
 def step_plan(model: str, n: int) -> Optional[List[Any]]:
     """What changes from step to step of `model` (n steps), or None for a
     fixed-shape model."""
+    if model == "cnn_dyn":
+        return uniform_plan(n, CNN_SEED, (CNN_MIN_BATCH, CNN_MAX_BATCH), CNN_SIDES)
+    if model == "t5_dyn":
+        return uniform_plan(n, T5_SEED, (T5_MIN_SRC, T5_MAX_SRC), (T5_MIN_TGT, T5_MAX_TGT))
+    if model == "llama_gen":
+        return uniform_plan(n, LLAMA_SEED, (LLAMA_MIN_BATCH, LLAMA_MAX_BATCH), (LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT),
+                            (LLAMA_MIN_NEW, LLAMA_MAX_NEW))
     if model == "gpt2_dyn":
         return dyn_seq_lens(n)
     if model == "mlm_dyn":
@@ -217,7 +256,7 @@ def run_plan(model: str, warmup: int, steps: int, shapes_warm: bool) -> Tuple[in
 
 def steps_of(model: str, steps: int, warmup: int, gen_steps: int, gen_warmup: int) -> Tuple[int, int]:
     """(timed steps, warm-up steps) of a run of `model`."""
-    return (gen_steps, gen_warmup) if model == "gen_kv" else (steps, warmup)
+    return (gen_steps, gen_warmup) if model in GEN_MODELS else (steps, warmup)
 
 
 def charged_peak_of(x: Dict[str, Any]) -> Tuple[Optional[int], Optional[str]]:
@@ -399,7 +438,7 @@ def evaluate_targets(w7: Dict[str, Dict[str, Dict[str, Any]]], w8: Optional[List
         rows.append({"target": target, "measured": None if measured is None else fmt.format(measured),
                      "limit": shown, "met": met})
 
-    for model in MODELS:
+    for model in ALL_MODELS:
         for allocator in XLOG_ALLOCATORS:
             x = w7.get(model, {}).get(allocator)
             if x is None:
@@ -474,7 +513,7 @@ def format_markdown(report: Dict[str, Any]) -> str:
         W7_HEADER,
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for model in MODELS:
+    for model in ALL_MODELS:
         for allocator in ALLOCATORS:
             s = w7.get(model, {}).get(allocator)
             if s is None:
@@ -718,6 +757,75 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         config = GPT2Config()
         config.use_cache = True
         model = GPT2LMHeadModel(config).to(device="cuda", dtype=torch.bfloat16)
+        model.eval()
+        vocab = config.vocab_size
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def step(i: int):
+            batch, prompt, new = plan[i]
+            with torch.no_grad():
+                ids = torch.randint(0, vocab, (batch, prompt), device="cuda", generator=gen)
+                out = model(input_ids=ids, use_cache=True)
+                past = out.past_key_values
+                token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                del out, ids
+                for _ in range(new - 1):
+                    out = model(input_ids=token, past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                    token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                    del out
+                del past
+            return token.float().mean()
+
+        return model, None, step
+    if model_name == "cnn_dyn":
+        import torchvision
+
+        model = torchvision.models.efficientnet_b0(weights=None).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def step(i: int):
+            batch, side = plan[i]
+            x = torch.randn(batch, 3, side, side, device="cuda", generator=gen)
+            y = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        return model, opt, step
+    if model_name == "t5_dyn":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        # t5-small's shape; the token ids every T5 checkpoint uses.
+        config = T5Config(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        model = T5ForConditionalGeneration(config).cuda()
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        vocab = config.vocab_size
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def step(i: int):
+            src, tgt = plan[i]
+            ids = torch.randint(0, vocab, (T5_BATCH, src), device="cuda", generator=gen)
+            labels = torch.randint(0, vocab, (T5_BATCH, tgt), device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        return model, opt, step
+    if model_name == "llama_gen":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+        model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
         model.eval()
         vocab = config.vocab_size
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -1311,6 +1419,15 @@ def self_test() -> int:
     assert len({b for b, _, _ in gen}) > 8 and len({n for _, _, n in gen}) > 30
     assert step_plan("resnet50", 10) is None and step_plan("gpt2", 10) is None
     assert steps_of("gen_kv", 30, 5, 10, 2) == (10, 2) and steps_of("mlm_dyn", 30, 5, 10, 2) == (30, 5)
+    cnn = step_plan("cnn_dyn", 100)
+    assert cnn == step_plan("cnn_dyn", 100) and all(CNN_MIN_BATCH <= b <= CNN_MAX_BATCH and s in CNN_SIDES for b, s in cnn)
+    assert len({s for _, s in cnn}) == len(CNN_SIDES) and len({b for b, _ in cnn}) > 30
+    t5 = step_plan("t5_dyn", 100)
+    assert all(T5_MIN_SRC <= a <= T5_MAX_SRC and T5_MIN_TGT <= b <= T5_MAX_TGT for a, b in t5) and len(set(t5)) > 90
+    llama = step_plan("llama_gen", 100)
+    assert all(LLAMA_MIN_BATCH <= b <= LLAMA_MAX_BATCH and LLAMA_MIN_NEW <= n <= LLAMA_MAX_NEW for b, _, n in llama)
+    assert steps_of("llama_gen", 30, 5, 10, 2) == (10, 2) and steps_of("t5_dyn", 30, 5, 10, 2) == (30, 5)
+    assert set(EXTRA_MODELS) <= set(DYN_MODELS) and not set(EXTRA_MODELS) & set(MODELS)
 
     budgets, skipped = w8_budgets(w7, ["gpt2_dyn", "mlm_dyn", "gpt2"])
     assert budgets["gpt2_dyn"]["smallest_peer"] == "expandable"
@@ -1387,7 +1504,7 @@ def self_test() -> int:
 def parse_args(argv: Optional[List[str]] = None):
     ap = argparse.ArgumentParser(description="W7/W8: real training under PyTorch's allocators and xlog")
     ap.add_argument("--out", help="output directory (results.json, results.md, runs/)")
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {ALL_MODELS}")
     ap.add_argument("--allocators", default=",".join(ALLOCATORS), help=f"comma-separated, from {ALLOCATORS}")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (default 5)")
@@ -1418,11 +1535,11 @@ def parse_args(argv: Optional[List[str]] = None):
     args.allocators = [a for a in args.allocators.split(",") if a]
     args.w8_models = [m for m in args.w8_models.split(",") if m]
     args.w8_allocators = [a for a in args.w8_allocators.split(",") if a]
-    bad = ([m for m in args.models + args.w8_models if m not in MODELS]
+    bad = ([m for m in args.models + args.w8_models if m not in ALL_MODELS]
            + [a for a in args.allocators if a not in ALLOCATORS]
            + [a for a in args.w8_allocators if a not in XLOG_ALLOCATORS])
     if bad:
-        ap.error(f"unknown model(s)/allocator(s) {bad}; models {MODELS}, allocators {ALLOCATORS}, "
+        ap.error(f"unknown model(s)/allocator(s) {bad}; models {ALL_MODELS}, allocators {ALLOCATORS}, "
                  f"W8 allocators {list(XLOG_ALLOCATORS)}")
     if min(args.steps, args.gen_kv_steps, args.repeat, args.w8_repeat) < 1 or min(args.warmup, args.gen_kv_warmup) < 0 \
             or args.timeout <= 0 or args.time_budget < 0:

@@ -408,8 +408,8 @@ def cpu_list(text: str) -> List[int]:
 def check_models(p: argparse.ArgumentParser, models: Sequence[str]) -> None:
     """Exit through `p` on a model W7 does not have."""
     for m in models:
-        if m not in W.MODELS:
-            p.error(f"unknown model {m!r} (one of {', '.join(W.MODELS)})")
+        if m not in W.ALL_MODELS:
+            p.error(f"unknown model {m!r} (one of {', '.join(W.ALL_MODELS)})")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):

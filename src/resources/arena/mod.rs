@@ -861,6 +861,33 @@ mod tests {
     }
 
     #[test]
+    fn small_pages_lent_earlier_are_released_when_large_ones_are_needed() {
+        // A's pages are lent to C (past the soft cap), C is freed and its
+        // frees complete: the pages are idle at C's place and their old
+        // addresses at A's still map them. A large block then needs pages
+        // past the cap: the small idle pages are recycled to make room,
+        // and their old addresses must go too, or they stay spare (held,
+        // charged, serving nothing) beside the new large pages.
+        let (sim, arena, s) = sim_arena();
+        let alloc = |mib: u64| arena.allocate(mib * MIB, s, &NoCharge, true).unwrap().addr;
+        let free = |addr: u64, mib: u64| arena.free(addr, mib * MIB, Some(s.raw));
+        let a = alloc(64);
+        let b = alloc(32);
+        free(a, 64);
+        let c = alloc(96);
+        assert!(arena.usage().lent_pages >= 32, "A's pages were lent to C: {:?}", arena.usage());
+        free(c, 96);
+        free(b, 32);
+        sim.synchronize_stream(s.raw).unwrap();
+        let large = alloc(256);
+        arena.audit();
+        assert_eq!(arena.held.now(), 256 * MIB, "only the large block's pages are held");
+        assert_eq!(sim.physical_bytes(), arena.held.now());
+        assert!(lock(&arena.spare).pages.is_empty(), "no small page is left spare");
+        free(large, 256);
+    }
+
+    #[test]
     fn a_peer_granted_while_pages_are_lent_reaches_their_old_addresses() {
         let (sim, arena, s) = sim_arena();
         // Every address the arena maps, installed or the old address of a
