@@ -24,8 +24,7 @@
 //!   large block that moves costs an eighth of the driver calls. Pages
 //!   are lent and recycled only between regions of their size; a small
 //!   block that would map takes mapped room in its stream's large regions
-//!   first (a hit, anywhere inside their free ranges: `take_mapped_inside`),
-//!   so what large blocks leave serves small ones. Past
+//!   first (a hit), so what large blocks leave serves small ones. Past
 //!   the soft cap, idle pages of the other size are released to make room
 //!   for new ones, and under pressure a block that cannot get pages of
 //!   its size goes to the regions of the other size (`place`), where the
@@ -533,15 +532,12 @@ impl Arena {
             }
         }
         // A small block takes mapped room the large blocks left (so a
-        // layout with large pages holds what one without them would), in
-        // the middle of a free range too: there its ends are often the
-        // old addresses of lent pages or the unmapped tail (GPT-2's step
-        // mapped 24 small pages beside 157 idle large ones).
+        // layout with large pages holds what one without them would).
         if !self.is_large(page) {
             for (_, region) in all.iter().filter(|(p, _)| self.is_large(*p)) {
                 let mut r = region.lock();
                 r.settle_recent();
-                if let Some((addr, freed)) = r.take_mapped_inside(len) {
+                if let Some((addr, freed)) = r.take_mapped(len) {
                     return Some((region.clone(), addr, freed, Vec::new()));
                 }
             }

@@ -248,41 +248,6 @@ impl Region {
         Some((at, self.free.carve(start, size, at, len)))
     }
 
-    /// `take_mapped`, looking inside the ranges too: else the first window
-    /// of `len` bytes whose granules are all mapped at a granule boundary
-    /// inside one of the `MAPPED_CANDIDATES` smallest fitting ranges. In a
-    /// region of large blocks a free range's ends are often unmapped (the
-    /// old address of a lent page, the region's unmapped tail) while its
-    /// middle is idle mapped memory a small block can use as it is.
-    pub fn take_mapped_inside(&mut self, len: u64) -> Option<(u64, u64)> {
-        if let Some(found) = self.take_mapped(len) {
-            return Some(found);
-        }
-        let p = self.page_bytes;
-        let (start, size, at) = self.free.fitting(len).take(MAPPED_CANDIDATES).find_map(|(start, size)| {
-            let end = start + size;
-            let first = ((start - self.base) / p) as usize;
-            let last = (((end - 1 - self.base) / p) as usize).min(self.mapped_end.saturating_sub(1));
-            let mut g = first;
-            while g <= last {
-                if self.pages[g].is_none() {
-                    g += 1;
-                    continue;
-                }
-                let run = g;
-                while g <= last && self.pages[g].is_some() {
-                    g += 1;
-                }
-                let (lo, hi) = (start.max(self.page_addr(run)), end.min(self.page_addr(g)));
-                if hi >= lo + len {
-                    return Some((start, size, lo));
-                }
-            }
-            None
-        })?;
-        Some((at, self.free.carve(start, size, at, len)))
-    }
-
     /// Merge the recent frees into the free ranges (before a miss, a
     /// recycle or a trim: only merged free space can coalesce or be idle).
     /// Whether there were any.
@@ -581,23 +546,6 @@ mod tests {
         r.release(a, n as u64 * G);
         r.settle_recent();
         r
-    }
-
-    #[test]
-    fn mapped_room_inside_a_range_whose_ends_are_unmapped_is_found() {
-        // Granules 2-5 mapped, the whole region free: the one free range
-        // starts and ends on unmapped granules.
-        let mut r = Region::new(1, 0, 16 * G, G);
-        for p in 2..6 {
-            r.install(p, p as u64 + 100);
-        }
-        assert_eq!(r.take_mapped(3 * G), None, "no mapped placement at either end of the range");
-        let (at, freed) = r.take_mapped_inside(3 * G).expect("the mapped middle");
-        assert_eq!((at, freed), (2 * G, 0));
-        assert!(r.all_mapped(at, 3 * G));
-        // One mapped granule is left inside, too short for two.
-        assert_eq!(r.take_mapped_inside(2 * G), None);
-        assert_eq!(r.take_mapped_inside(G).map(|(at, _)| at), Some(5 * G));
     }
 
     #[test]
