@@ -685,6 +685,36 @@ def preimport(spec: Dict[str, Any]) -> Dict[str, str]:
     return versions
 
 
+def train_step(torch, opt, loss_of: Callable[[], Any]) -> Any:
+    """One training step: the loss under bf16 autocast, backward, the
+    optimizer's step, gradients dropped. The loss."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_of()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def generate(torch, model, vocab: int, gen, batch: int, prompt: int, new: int) -> Any:
+    """Greedy generation under torch.no_grad: a random prompt of `batch` x
+    `prompt` tokens, then `new` tokens one at a time with past_key_values
+    (a KV cache that grows every token). The last token, as a float."""
+    with torch.no_grad():
+        ids = torch.randint(0, vocab, (batch, prompt), device="cuda", generator=gen)
+        out = model(input_ids=ids, use_cache=True)
+        past = out.past_key_values
+        token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        del out, ids
+        for _ in range(new - 1):
+            out = model(input_ids=token, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            del out
+        del past
+    return token.float().mean()
+
+
 def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
     """(model, optimizer or None, step(i) -> a tensor to report)."""
     F = torch.nn.functional
@@ -695,16 +725,7 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x = torch.randn(RESNET_BATCH, 3, RESNET_IMAGE, RESNET_IMAGE, device="cuda")
         y = torch.randint(0, 1000, (RESNET_BATCH,), device="cuda")
-
-        def step(i: int):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-
-        return model, opt, step
+        return model, opt, lambda i: train_step(torch, opt, lambda: F.cross_entropy(model(x), y))
     if model_name in ("gpt2", "gpt2_dyn"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -719,12 +740,7 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         def step(i: int):
             seq = plan[i] if plan is not None else GPT2_SEQ
             ids = torch.randint(0, vocab, (GPT2_BATCH, seq), device="cuda", generator=gen)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+            return train_step(torch, opt, lambda: model(input_ids=ids, labels=ids).loss)
 
         return model, opt, step
     if model_name == "mlm_dyn":
@@ -743,12 +759,7 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
             masked = torch.rand((MLM_BATCH, seq), device="cuda", generator=gen) < MLM_MASK_P
             labels = torch.where(masked, ids, torch.full_like(ids, -100))
             inputs = ids.masked_fill(masked, MLM_MASK_ID)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=inputs, labels=labels).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+            return train_step(torch, opt, lambda: model(input_ids=inputs, labels=labels).loss)
 
         return model, opt, step
     if model_name == "gen_kv":
@@ -758,26 +769,8 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         config.use_cache = True
         model = GPT2LMHeadModel(config).to(device="cuda", dtype=torch.bfloat16)
         model.eval()
-        vocab = config.vocab_size
         gen = torch.Generator(device="cuda").manual_seed(0)
-
-        def step(i: int):
-            batch, prompt, new = plan[i]
-            with torch.no_grad():
-                ids = torch.randint(0, vocab, (batch, prompt), device="cuda", generator=gen)
-                out = model(input_ids=ids, use_cache=True)
-                past = out.past_key_values
-                token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                del out, ids
-                for _ in range(new - 1):
-                    out = model(input_ids=token, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
-                    token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                    del out
-                del past
-            return token.float().mean()
-
-        return model, None, step
+        return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i])
     if model_name == "cnn_dyn":
         import torchvision
 
@@ -789,12 +782,7 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
             batch, side = plan[i]
             x = torch.randn(batch, 3, side, side, device="cuda", generator=gen)
             y = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+            return train_step(torch, opt, lambda: F.cross_entropy(model(x), y))
 
         return model, opt, step
     if model_name == "t5_dyn":
@@ -812,12 +800,7 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
             src, tgt = plan[i]
             ids = torch.randint(0, vocab, (T5_BATCH, src), device="cuda", generator=gen)
             labels = torch.randint(0, vocab, (T5_BATCH, tgt), device="cuda", generator=gen)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=labels).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+            return train_step(torch, opt, lambda: model(input_ids=ids, labels=labels).loss)
 
         return model, opt, step
     if model_name == "llama_gen":
@@ -827,26 +810,8 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
                              num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
         model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
         model.eval()
-        vocab = config.vocab_size
         gen = torch.Generator(device="cuda").manual_seed(0)
-
-        def step(i: int):
-            batch, prompt, new = plan[i]
-            with torch.no_grad():
-                ids = torch.randint(0, vocab, (batch, prompt), device="cuda", generator=gen)
-                out = model(input_ids=ids, use_cache=True)
-                past = out.past_key_values
-                token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                del out, ids
-                for _ in range(new - 1):
-                    out = model(input_ids=token, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
-                    token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
-                    del out
-                del past
-            return token.float().mean()
-
-        return model, None, step
+        return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i])
     raise ValueError(f"unknown model {model_name!r}")
 
 
