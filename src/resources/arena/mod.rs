@@ -824,38 +824,59 @@ mod tests {
         assert!(held <= 1.04, "held {held:.3}x the live peak");
     }
 
-    #[test]
-    fn random_large_blocks_never_share_a_page_while_pages_move_back() {
-        // Blocks of 256 MiB to 1 GiB (large pages), allocated and freed in
-        // a random order on one stream, the GPU lagging or caught up at
-        // random, a trim now and then: pages are lent, moved back, their
-        // old addresses unmapped; after every call no page is installed at
-        // two addresses, and what the arena holds is exactly what the
-        // device holds.
-        let (sim, arena, s) = sim_arena();
-        let mut next = below(0x9e37_79b9_7f4a_7c15);
+    /// How a random walk of allocations and frees goes (`random_walk`).
+    struct Walk {
+        seed: u64,
+        max_live: usize,
+        /// A block's size from the walk's random numbers.
+        len: fn(&mut dyn FnMut(u64) -> u64) -> u64,
+        /// 1 in this many calls, the GPU catches up; 1 in `trim_every`,
+        /// a trim to nothing.
+        sync_every: u64,
+        trim_every: u64,
+    }
+
+    /// 3000 allocations and frees on one stream in a random order as
+    /// `walk` says; after every call no page is installed at two addresses
+    /// and what the arena holds is exactly what the device holds. `after`
+    /// sees the arena after each call. The blocks left live.
+    fn random_walk(sim: &SimDevice, arena: &Arena, s: StreamRef, walk: Walk, mut after: impl FnMut(&Arena)) -> Vec<(u64, u64)> {
+        let mut next = below(walk.seed);
         let mut live: Vec<(u64, u64)> = Vec::new();
-        let mut moved_back_runs = 0;
         for i in 0..3000 {
-            if live.len() < 8 && (live.is_empty() || next(3) > 0) {
-                let len = (256 + next(769)) * MIB;
+            if live.len() < walk.max_live && (live.is_empty() || next(3) > 0) {
+                let len = (walk.len)(&mut next);
                 let placed = arena.allocate(len, s, &NoCharge, true).unwrap();
                 live.push((placed.addr, len));
             } else {
                 let (addr, len) = live.swap_remove(next(live.len() as u64) as usize);
                 arena.free(addr, len, Some(s.raw));
             }
-            if next(5) == 0 {
+            if next(walk.sync_every) == 0 {
                 sim.synchronize_stream(s.raw).unwrap();
             }
-            if next(200) == 0 {
+            if next(walk.trim_every) == 0 {
                 arena.trim(0, true);
             }
             arena.audit();
             assert_eq!(arena.held.now(), sim.physical_bytes(), "call {i}: held vs the device");
+            after(arena);
+        }
+        live
+    }
+
+    #[test]
+    fn random_large_blocks_never_share_a_page_while_pages_move_back() {
+        // Blocks of 256 MiB to 1 GiB (large pages), the GPU lagging or
+        // caught up at random, a trim now and then: pages are lent, moved
+        // back, their old addresses unmapped.
+        let (sim, arena, s) = sim_arena();
+        let walk = Walk { seed: 0x9e37_79b9_7f4a_7c15, max_live: 8, len: |next| (256 + next(769)) * MIB, sync_every: 5, trim_every: 200 };
+        let mut moved_back_runs = 0;
+        random_walk(&sim, &arena, s, walk, |arena| {
             let lent_here = arena.every_region().iter().any(|r| r.lock().lent.iter().any(|l| l.free));
             moved_back_runs += usize::from(lent_here);
-        }
+        });
         assert!(moved_back_runs > 0, "pages were lent within the region");
         assert!(arena.usage().lent_pages > 0);
     }
@@ -889,36 +910,17 @@ mod tests {
 
     #[test]
     fn random_blocks_of_both_page_sizes_keep_the_held_bytes_those_of_the_device() {
-        // Small (1-64 MiB) and large (256-640 MiB) blocks allocated and
-        // freed in a random order, the GPU lagging or caught up at random,
-        // a trim now and then: pages are lent, recycled, released for the
-        // other size and their old addresses unmapped; after every call no
-        // page is installed at two addresses, what the arena holds is
-        // what the device holds, and a trim to nothing leaves nothing.
+        // Small (1-64 MiB) and large (256-640 MiB) blocks: pages are lent,
+        // recycled, released for the other size and their old addresses
+        // unmapped; a trim to nothing at the end leaves nothing.
         let (sim, arena, s) = sim_arena();
-        let mut next = below(0x2545_f491_4f6c_dd1d);
-        let mut live: Vec<(u64, u64)> = Vec::new();
-        for i in 0..3000 {
-            if live.len() < 10 && (live.is_empty() || next(3) > 0) {
-                let len = if next(4) == 0 { (256 + next(385)) * MIB } else { (1 + next(64)) * MIB };
-                let placed = arena.allocate(len, s, &NoCharge, true).unwrap();
-                live.push((placed.addr, len));
-            } else {
-                let (addr, len) = live.swap_remove(next(live.len() as u64) as usize);
-                arena.free(addr, len, Some(s.raw));
-            }
-            if next(4) == 0 {
-                sim.synchronize_stream(s.raw).unwrap();
-            }
-            if next(300) == 0 {
-                arena.trim(0, true);
-            }
-            arena.audit();
-            assert_eq!(arena.held.now(), sim.physical_bytes(), "call {i}: held vs the device");
-        }
+        let len: fn(&mut dyn FnMut(u64) -> u64) -> u64 =
+            |next| if next(4) == 0 { (256 + next(385)) * MIB } else { (1 + next(64)) * MIB };
+        let walk = Walk { seed: 0x2545_f491_4f6c_dd1d, max_live: 10, len, sync_every: 4, trim_every: 300 };
+        let live = random_walk(&sim, &arena, s, walk, |_| {});
         let u = arena.usage();
         assert!(u.lent_pages > 0 && u.recycled_pages > 0, "pages were lent and recycled: {u:?}");
-        for (addr, len) in live.drain(..) {
+        for (addr, len) in live {
             arena.free(addr, len, Some(s.raw));
         }
         arena.trim(0, true);
