@@ -52,7 +52,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::region::{runs, Region};
+use super::region::{runs, Lent, Region};
 use super::{lock, Arena};
 use crate::device::{PhysHandle, RawStream};
 use crate::resource::{ChargeGate, ResourceError, ResourceResult};
@@ -441,7 +441,12 @@ impl Arena {
     /// Unmap the old addresses of `r`'s lent pages whose frees are now
     /// known complete: free address space again.
     fn unmap_lent(&self, r: &mut Region) {
-        let mut done = r.lent_done();
+        self.unmap_lent_of(r, |_| true);
+    }
+
+    /// `unmap_lent` for the old addresses `which` picks.
+    fn unmap_lent_of(&self, r: &mut Region, which: impl Fn(&Lent) -> bool) {
+        let mut done = r.lent_done(which);
         if done.is_empty() {
             return;
         }
@@ -491,21 +496,9 @@ impl Arena {
     fn unmap_old_addresses_of(&self, page: u64, handles: &[PhysHandle]) {
         for region in self.regions_of(page) {
             let mut r = region.lock();
-            if !r.lent.iter().any(|l| handles.contains(&l.handle)) {
-                continue;
-            }
-            self.refresh(&mut r, Completion::Query);
-            let done = r.done;
-            let (go, keep): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut r.lent).into_iter().partition(|l| handles.contains(&l.handle) && l.freed <= done);
-            r.lent = keep;
-            for l in go {
-                if !self.unmap_old_run(&r, l.page, 1) {
-                    r.lent_again(l);
-                } else if !l.free {
-                    let (addr, bytes) = (r.page_addr(l.page), r.page_bytes);
-                    r.unreserve(addr, bytes, l.freed);
-                }
+            if r.lent.iter().any(|l| handles.contains(&l.handle)) {
+                self.refresh(&mut r, Completion::Query);
+                self.unmap_lent_of(&mut r, |l| handles.contains(&l.handle));
             }
         }
     }

@@ -408,12 +408,13 @@ impl Region {
         }
     }
 
-    /// Lent granules whose frees are now complete, taken off the list. The
-    /// caller unmaps each, then gives back with `unreserve` those not
-    /// `free` (free address space, nothing mapped).
-    pub fn lent_done(&mut self) -> Vec<Lent> {
+    /// Lent granules whose frees are now complete (and which `which`
+    /// picks), taken off the list. The caller unmaps each, then gives back
+    /// with `unreserve` those not `free` (free address space, nothing
+    /// mapped).
+    pub fn lent_done(&mut self, which: impl Fn(&Lent) -> bool) -> Vec<Lent> {
         let done = self.done;
-        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|l| l.freed <= done);
+        let (finished, running) = std::mem::take(&mut self.lent).into_iter().partition(|l| l.freed <= done && which(l));
         self.lent = running;
         finished
     }
@@ -526,9 +527,9 @@ mod tests {
         assert!(!r.is_mapped(0) && r.is_mapped(1));
         let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
         assert_eq!(free(&r), vec![(G, 3 * G)], "the lent granule is out of the free ranges");
-        assert!(r.lent_done().is_empty(), "its free is still running");
+        assert!(r.lent_done(|_| true).is_empty(), "its free is still running");
         r.all_done();
-        assert_eq!(r.lent_done(), vec![Lent { page: 0, freed: 1, handle: 100, free: false }]);
+        assert_eq!(r.lent_done(|_| true), vec![Lent { page: 0, freed: 1, handle: 100, free: false }]);
         assert!(r.lent.is_empty());
         r.unreserve(0, G, 1);
         assert_eq!(free(&r), vec![(0, 4 * G)], "given back, it is free address space again");
