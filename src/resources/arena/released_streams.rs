@@ -78,17 +78,23 @@ impl Arena {
         // happens once per region.
         let mut streams = self.streams.write().unwrap_or_else(|p| p.into_inner());
         let kept = streams.get_mut(&keeper)?;
-        let at = kept.iter().position(|(p, region)| {
-            *p == page && region.try_lock().is_some_and(|r| r.free.fitting(len).next().is_some())
+        // The block is carved under the same lock that found room for it:
+        // other streams may take from a keeper's region at any time.
+        let (at, region, addr, freed) = kept.iter().enumerate().find_map(|(i, (p, region))| {
+            if *p != page {
+                return None;
+            }
+            let (addr, freed) = region.try_lock()?.take(len)?;
+            Some((i, region.clone(), addr, freed))
         })?;
         if !self.fence(keeper, stream) {
+            region.lock().unreserve(addr, len, freed);
             return None;
         }
-        let (_, region) = kept.swap_remove(at);
+        kept.swap_remove(at);
         let carved = {
             let mut r = region.lock();
             region.set_owner(&mut r, stream);
-            let (addr, freed) = r.take(len).expect("the region had a fitting range");
             let missing = r.unmapped_in(addr, len);
             (region.clone(), addr, freed, missing)
         };
