@@ -44,6 +44,14 @@ are not in the default set):
             torch.no_grad, batch uniform in [1, 32], prompt in [32, 1024],
             16..128 new tokens one at a time with past_key_values; steps as
             gen_kv's
+  det_dyn   torchvision Faster R-CNN (ResNet-50 FPN, no weights) training,
+            each step a new batch (uniform in [2, 8]) of images of a new
+            side (320..800 in steps of 32; aspect ratios 1, 1.5 and 2) with
+            1..30 random boxes each, SGD, bf16 autocast: proposals and
+            sampled regions change in number inside the model too
+  bert_serve BERT-base in bf16 under torch.no_grad as an inference
+            server: each step four requests, each of its own batch (uniform
+            in [1, 64]) and length (in [16, 512]), nothing kept between them
 
 The changing shapes come from seeded generators: every allocator sees the
 same sequence. `--shapes-warm` warms up on the timed steps' own shapes: the
@@ -128,7 +136,7 @@ MiB = 1 << 20
 
 MODELS = ["resnet50", "gpt2", "gpt2_dyn", "mlm_dyn", "gen_kv"]
 # Run only when named (`--models`): more changing shapes to check against.
-EXTRA_MODELS = ["cnn_dyn", "t5_dyn", "llama_gen"]
+EXTRA_MODELS = ["cnn_dyn", "t5_dyn", "llama_gen", "det_dyn", "bert_serve"]
 ALL_MODELS = MODELS + EXTRA_MODELS
 DYN_MODELS = ["gpt2_dyn", "mlm_dyn", "gen_kv"] + EXTRA_MODELS
 # Generation models: their steps are --gen-kv-steps / --gen-kv-warmup.
@@ -163,6 +171,8 @@ CNN_MIN_BATCH, CNN_MAX_BATCH, CNN_SIDES, CNN_SEED = 16, 128, list(range(128, 321
 T5_BATCH, T5_MIN_SRC, T5_MAX_SRC, T5_MIN_TGT, T5_MAX_TGT, T5_SEED = 16, 32, 512, 8, 256, 8642
 LLAMA_MIN_BATCH, LLAMA_MAX_BATCH, LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT = 1, 32, 32, 1024
 LLAMA_MIN_NEW, LLAMA_MAX_NEW, LLAMA_SEED = 16, 128, 9753
+DET_MIN_BATCH, DET_MAX_BATCH, DET_SIDES, DET_MAX_BOXES, DET_SEED = 2, 8, list(range(320, 801, 32)), 30, 2718
+SERVE_REQUESTS, SERVE_MAX_BATCH, SERVE_MIN_SEQ, SERVE_MAX_SEQ, SERVE_SEED = 4, 64, 16, 512, 3141
 SAMPLE_INTERVAL_S = 0.001
 
 # Targets of issue 24 for W7/W8 (xlog against PyTorch's allocators).
@@ -234,6 +244,10 @@ def step_plan(model: str, n: int) -> Optional[List[Any]]:
     if model == "llama_gen":
         return uniform_plan(n, LLAMA_SEED, (LLAMA_MIN_BATCH, LLAMA_MAX_BATCH), (LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT),
                             (LLAMA_MIN_NEW, LLAMA_MAX_NEW))
+    if model == "det_dyn":
+        return uniform_plan(n, DET_SEED, (DET_MIN_BATCH, DET_MAX_BATCH), DET_SIDES, (1, DET_MAX_BOXES))
+    if model == "bert_serve":
+        return uniform_plan(n, SERVE_SEED, *[(1, SERVE_MAX_BATCH), (SERVE_MIN_SEQ, SERVE_MAX_SEQ)] * SERVE_REQUESTS)
     if model == "gpt2_dyn":
         return dyn_seq_lens(n)
     if model == "mlm_dyn":
@@ -666,7 +680,7 @@ def preimport(spec: Dict[str, Any]) -> Dict[str, str]:
     versions["torch"] = torch.__version__
     if spec["allocator"] in XLOG_ALLOCATORS:
         import xlog_cuda.torch  # noqa: F401
-    if spec["model"] == "resnet50":
+    if spec["model"] in ("resnet50", "cnn_dyn", "det_dyn"):
         import torchvision
 
         versions["torchvision"] = torchvision.__version__
@@ -812,6 +826,50 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         model.eval()
         gen = torch.Generator(device="cuda").manual_seed(0)
         return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i])
+    if model_name == "det_dyn":
+        import torchvision
+
+        # Faster R-CNN: the proposals, the boxes each image keeps and the
+        # sampled regions change in number every step, besides the images.
+        model = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None).cuda()
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def step(i: int):
+            batch, side, boxes = plan[i]
+            model.transform.min_size, model.transform.max_size = (side,), 2 * side
+            images, targets = [], []
+            for b in range(batch):
+                h, w = side, side + (b % 3) * side // 2  # aspect ratios 1, 1.5 and 2
+                images.append(torch.rand(3, h, w, device="cuda", generator=gen))
+                scale = torch.tensor([w, h], device="cuda", dtype=torch.float32)
+                corner = torch.rand(boxes, 2, device="cuda", generator=gen) * scale * 0.6
+                size = torch.rand(boxes, 2, device="cuda", generator=gen) * scale * 0.4 + 8
+                labels = torch.randint(1, 91, (boxes,), device="cuda", generator=gen)
+                targets.append({"boxes": torch.cat([corner, corner + size], dim=1), "labels": labels})
+            return train_step(torch, opt, lambda: sum(model(images, targets).values()))
+
+        return model, opt, step
+    if model_name == "bert_serve":
+        from transformers import BertConfig, BertModel
+
+        # An inference server: each step answers SERVE_REQUESTS requests
+        # of their own batch and length, nothing kept between them.
+        config = BertConfig()
+        model = BertModel(config).to(device="cuda", dtype=torch.bfloat16)
+        model.eval()
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def step(i: int):
+            pooled = []
+            with torch.no_grad():
+                for batch, seq in zip(plan[i][0::2], plan[i][1::2]):
+                    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
+                    pooled.append(model(input_ids=ids).pooler_output.float().mean())
+            return torch.stack(pooled).mean()
+
+        return model, None, step
     raise ValueError(f"unknown model {model_name!r}")
 
 
@@ -1392,6 +1450,12 @@ def self_test() -> int:
     llama = step_plan("llama_gen", 100)
     assert all(LLAMA_MIN_BATCH <= b <= LLAMA_MAX_BATCH and LLAMA_MIN_NEW <= n <= LLAMA_MAX_NEW for b, _, n in llama)
     assert steps_of("llama_gen", 30, 5, 10, 2) == (10, 2) and steps_of("t5_dyn", 30, 5, 10, 2) == (30, 5)
+    det = step_plan("det_dyn", 100)
+    assert all(DET_MIN_BATCH <= b <= DET_MAX_BATCH and s in DET_SIDES and 1 <= n <= DET_MAX_BOXES for b, s, n in det)
+    assert len({s for _, s, _ in det}) > 10 and len({n for _, _, n in det}) > 20
+    serve = step_plan("bert_serve", 100)
+    assert all(len(r) == 2 * SERVE_REQUESTS for r in serve) and len({r[1] for r in serve}) > 80
+    assert all(1 <= b <= SERVE_MAX_BATCH and SERVE_MIN_SEQ <= q <= SERVE_MAX_SEQ for r in serve for b, q in zip(r[0::2], r[1::2]))
     assert set(EXTRA_MODELS) <= set(DYN_MODELS) and not set(EXTRA_MODELS) & set(MODELS)
 
     budgets, skipped = w8_budgets(w7, ["gpt2_dyn", "mlm_dyn", "gpt2"])
