@@ -33,7 +33,8 @@ bounds (an arm named `NAME#K` is another arm of allocator NAME).
 Each model is built once; each arm runs the warm-up (for a model whose
 shapes change, the timed plan once, untimed), then `--passes` passes over
 the `--steps` timed steps: each step is taken by every arm in turn (the
-order rotated every step), each between two synchronisations. Both
+order rotated with the step and the pass, so each arm takes each step
+first as often as the others), each between two synchronisations. Both
 allocators keep their memory, so this measures time only.
 
 Output: per model, each arm's per-step times, the ratio of totals and the
@@ -238,12 +239,14 @@ def run_model(torch, switch, args, model: str) -> Dict[str, Any]:
     raw: Dict[str, List[List[List[float]]]] = {a: [] for a in arms}
     counters = [0, 0, 0, 0]
     spent_before = list(switch.ab_spent())
-    k = 0
-    for _ in range(args.passes):
+    for p in range(args.passes):
         for a in arms:
             raw[a].append([])
         for s in range(args.steps):
-            for j in turn_order(len(arms), k):
+            # Rotated with the step and the pass: each arm takes each
+            # step first in turn (a step's first run can pay what the
+            # second then reuses, e.g. a library's plan for a new shape).
+            for j in turn_order(len(arms), p + s):
                 a = arms[j]
                 is_xlog = allocator_of(a) == "xlog"
                 switch.ab_set_mode(MODES[allocator_of(a)])
@@ -251,7 +254,6 @@ def run_model(torch, switch, args, model: str) -> Dict[str, Any]:
                 raw[a][-1].append(list(W.timed_step(torch, step, warm + s)))
                 if before is not None:
                     counters = [c + y - x for c, x, y in zip(counters, before, xlog_counters())]
-            k += 1
     spent = [y - x for x, y in zip(spent_before, switch.ab_spent())]
     switch.ab_set_mode(0)
     del built, step
@@ -286,7 +288,7 @@ def format_markdown(report: Dict[str, Any]) -> str:
         f"- device: {meta.get('device')} (driver {meta.get('driver')}); torch {meta.get('torch')}",
         f"- date: {meta.get('date')}; library: {meta.get('library')}",
         f"- {meta['steps']} timed steps a pass, {meta['passes']} passes; every step taken by each arm in turn "
-        f"(order rotated each step); ratios against `{meta['arms'][0]}`; cores {meta.get('cpus') or 'any'}",
+        f"(order rotated with the step and the pass); ratios against `{meta['arms'][0]}`; cores {meta.get('cpus') or 'any'}",
         "",
         "| model | arm | median step ms | median host ms | ratio of totals | median per-step ratio | pass ratios (min-max) |",
         "|---|---|---:|---:|---:|---:|---|",

@@ -290,23 +290,22 @@ def run_model(args, model: str, out_dir: str) -> Dict[str, Any]:
             children[a].expect("ready")
         # raw[a][p][s] = [wall, host, GPU] of allocator a, pass p, step s
         raw: Dict[str, List[List[List[float]]]] = {a: [] for a in allocs}
-        k = 0
-        for _ in range(args.passes):
+        for p in range(args.passes):
             for a in allocs:
                 raw[a].append([])
             if args.unit == "pass":
                 # A whole pass each, in turns: only a pass's first step
                 # follows the other process's work.
-                for j in turn_order(len(allocs), k):
+                for j in turn_order(len(allocs), p):
                     a = allocs[j]
                     raw[a][-1].extend(children[a].step(s) for s in range(steps))
-                k += 1
                 continue
             for s in range(steps):
-                for j in turn_order(len(allocs), k):
+                # Rotated with the step and the pass, so each allocator
+                # takes each step first in turn.
+                for j in turn_order(len(allocs), p + s):
                     a = allocs[j]
                     raw[a][-1].append(children[a].step(s))
-                k += 1
         times = {a: [[t[0] for t in p] for p in passes] for a, passes in raw.items()}
         res["times_ms"] = times
         res["host_ms"] = {a: [[t[1] for t in p] for p in passes] for a, passes in raw.items()}
@@ -334,7 +333,7 @@ def format_markdown(report: Dict[str, Any]) -> str:
         f"- device: {meta.get('device')} (driver {meta.get('driver')})",
         f"- date: {meta['date']}; library: {meta['library']}",
         f"- {meta['steps']} timed steps a pass, {meta['passes']} passes, in turns of one {meta['unit']} "
-        f"(the order rotated every turn); ratios against the first allocator; children pinned to cores "
+        f"(the order rotated with the step and the pass); ratios against the first allocator; children pinned to cores "
         f"{meta.get('cpus') or 'none'}",
         "",
         "| model | allocator | median step ms | host ms | GPU ms | ratio of totals | median per-step ratio | per-pass ratios |",
