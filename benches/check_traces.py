@@ -17,7 +17,9 @@ The traces: train_varlen (benches/make_trace.py, synthetic), and logs
 recorded on an H100 by `benches/w7_training.py --trace-dir` (GPT-2 fixed
 and with changing lengths, a BERT masked LM with random lengths, ResNet-50,
 the first 40,000 rows of GPT-2 generation with a growing KV cache; on an
-H200, generation with a Llama-style decoder, `llama_gen`) and by
+H200, generation with a Llama-style decoder, `llama_gen`, Faster R-CNN
+training on new image sizes, `det_dyn`, and BERT inference requests of new
+shapes, `bert_serve`) and by
 `benches/w11_run.sh` with XLOG_LOG_PATH (the four-stream relational
 engine).
 """
