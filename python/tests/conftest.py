@@ -56,6 +56,24 @@ def load_bench(name: str):
     return module
 
 
+def modules_loading_imports(script: str, names) -> list:
+    """Which of `names` a fresh interpreter has imported once it has loaded
+    `script` as a module (not run it): the benches' promise that loading
+    them, as their self-tests do, needs no framework and no library."""
+    import ast
+    import subprocess
+
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('bench', {script!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"print(sorted(n for n in {tuple(names)!r} if n in sys.modules))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return ast.literal_eval(p.stdout.strip())
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "pool_memory: the test is about the driver pool's mechanics; it runs with XLOG_MEMORY=pool")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, load_bench
+from conftest import REPO_ROOT, load_bench, modules_loading_imports
 
 SCRIPT = f"{REPO_ROOT}/benches/cupy_dyn.py"
 
@@ -41,11 +41,4 @@ def test_bad_arguments_are_refused(args):
 
 
 def test_loading_it_imports_nothing_heavy():
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('c', {SCRIPT!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "print(sorted(n for n in ('cupy', 'xlog_cuda', 'pynvml', 'torch') if n in sys.modules))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+    assert modules_loading_imports(SCRIPT, ("cupy", "xlog_cuda", "pynvml", "torch")) == []

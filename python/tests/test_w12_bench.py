@@ -5,14 +5,13 @@ library that matches this checkout can be loaded."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO_ROOT, load_bench
+from conftest import REPO_ROOT, load_bench, modules_loading_imports
 
 SCRIPT = f"{REPO_ROOT}/benches/w12_shared_gpu.py"
 
@@ -30,14 +29,7 @@ def test_self_test_passes(w12, capsys):
 def test_self_test_from_the_command_line_imports_nothing_heavy():
     p = subprocess.run([sys.executable, SCRIPT, "--self-test"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "w12_shared_gpu self-test: ok" in p.stdout, p.stdout + p.stderr
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('w12', {SCRIPT!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "print(sorted(n for n in ('torch', 'xlog_cuda', 'pynvml') if n in sys.modules))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+    assert modules_loading_imports(SCRIPT, ("torch", "xlog_cuda", "pynvml")) == []
 
 
 def test_arguments(w12):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, load_bench
+from conftest import REPO_ROOT, load_bench, modules_loading_imports
 
 SCRIPT = os.path.join(REPO_ROOT, "benches", "w7_training.py")
 
@@ -25,15 +25,7 @@ def w7():
 
 
 def test_importing_it_imports_neither_torch_nor_the_library(w7):
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('w7', {SCRIPT!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "print(sorted(n for n in ('torch', 'xlog_cuda', 'pynvml', 'transformers') if n in sys.modules))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "[]"
+    assert modules_loading_imports(SCRIPT, ("torch", "xlog_cuda", "pynvml", "transformers")) == []
     assert w7.MODELS == ["resnet50", "gpt2", "gpt2_dyn", "mlm_dyn", "gen_kv"]
     assert w7.ALLOCATORS == ["caching", "async", "expandable", "xlog", "xlog_pool"]
 
