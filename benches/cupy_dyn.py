@@ -58,6 +58,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from w7_turns import turn_order  # noqa: E402
 
 ALLOCATORS = ["default", "async", "xlog"]
 SEED = 5150
@@ -184,7 +185,7 @@ def ab(steps: int, passes: int, out: str) -> None:
             one(name, i, s)
     for p in range(passes):
         for i, s in enumerate(plan):
-            order = turn_order(names, p + i)  # each arm takes each step first in turn
+            order = [names[j] for j in turn_order(len(names), p + i)]  # each arm takes each step first in turn
             for name in order:
                 ms, answer = one(name, i, s)
                 times[name].append(ms)
@@ -203,12 +204,6 @@ def ab(steps: int, passes: int, out: str) -> None:
     print(f"in turns, {passes} passes of {steps} steps: xlog / CuPy's pool {result['ratio_of_totals']:.3f} by totals, "
           f"{result['median_step_ratio']:.3f} median per step; median ms {result['median_ms']}; "
           f"answers {'same' if result['same_answers'] else 'DIFFER'}; xlog pages mapped {result['pages_mapped']}")
-
-
-def turn_order(names: Sequence[str], k: int) -> List[str]:
-    """`names` rotated by `k`: each arm takes each place in turn."""
-    k %= len(names)
-    return list(names[k:]) + list(names[:k])
 
 
 def same_answers(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -265,7 +260,6 @@ def markdown(summary: Dict[str, Any]) -> str:
 def self_test() -> None:
     plan = step_plan(200)
     assert plan == step_plan(200) and plan != step_plan(200, seed=1)
-    assert turn_order(["a", "b"], 0) == ["a", "b"] and turn_order(["a", "b"], 3) == ["b", "a"]
     assert all(2**16 <= s["rows"] <= 2**24 and 2**12 <= s["dim"] <= 2**20 and 16 <= s["groups"] <= 4096 for s in plan)
     assert len({s["rows"] for s in plan}) > 190 and len({s["fft"] for s in plan}) > 190
     runs = [
