@@ -671,6 +671,15 @@ class NvmlPeak:
         return self.peak
 
 
+# The transformers classes each model is built from (GPT-2's where absent).
+TRANSFORMERS_CLASSES = {
+    "mlm_dyn": ("BertConfig", "BertForMaskedLM"),
+    "bert_serve": ("BertConfig", "BertModel"),
+    "t5_dyn": ("T5Config", "T5ForConditionalGeneration"),
+    "llama_gen": ("LlamaConfig", "LlamaForCausalLM"),
+}
+
+
 def preimport(spec: Dict[str, Any]) -> Dict[str, str]:
     """Import what the run needs, without touching CUDA (done while the
     previous run executes); returns the versions."""
@@ -690,10 +699,9 @@ def preimport(spec: Dict[str, Any]) -> Dict[str, str]:
         import transformers
 
         versions["transformers"] = transformers.__version__
-        if spec["model"] == "mlm_dyn":
-            from transformers import BertConfig, BertForMaskedLM  # noqa: F401
-        else:
-            from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401
+        # The model's classes (transformers loads them lazily, on first use).
+        for name in TRANSFORMERS_CLASSES.get(spec["model"], ("GPT2Config", "GPT2LMHeadModel")):
+            getattr(transformers, name)
     import pynvml  # noqa: F401
 
     return versions
