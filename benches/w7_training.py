@@ -49,6 +49,13 @@ are not in the default set):
             side (320..800 in steps of 32; aspect ratios 1, 1.5 and 2) with
             1..30 random boxes each, SGD, bf16 autocast: proposals and
             sampled regions change in number inside the model too
+  kv_serve  serving where the KV cache is most of the memory: a Llama-style
+            decoder (16 layers, hidden 2048, 16 heads and 16 key/value
+            heads, vocab 32000) in bf16 under torch.no_grad, batch uniform
+            in [8, 48], prompt in [128, 768], 64..160 new tokens; the
+            prompt's logits only for its last position (logits_to_keep=1),
+            so each token's torch.cat of every layer's keys and values is
+            what the allocator sees; steps as gen_kv's
   bert_serve BERT-base in bf16 under torch.no_grad as an inference
             server: each step four requests, each of its own batch (uniform
             in [1, 64]) and length (in [16, 512]), nothing kept between them
@@ -136,11 +143,11 @@ MiB = 1 << 20
 
 MODELS = ["resnet50", "gpt2", "gpt2_dyn", "mlm_dyn", "gen_kv"]
 # Run only when named (`--models`): more changing shapes to check against.
-EXTRA_MODELS = ["cnn_dyn", "t5_dyn", "llama_gen", "det_dyn", "bert_serve"]
+EXTRA_MODELS = ["cnn_dyn", "t5_dyn", "llama_gen", "det_dyn", "bert_serve", "kv_serve"]
 ALL_MODELS = MODELS + EXTRA_MODELS
 DYN_MODELS = ["gpt2_dyn", "mlm_dyn", "gen_kv"] + EXTRA_MODELS
 # Generation models: their steps are --gen-kv-steps / --gen-kv-warmup.
-GEN_MODELS = ("gen_kv", "llama_gen")
+GEN_MODELS = ("gen_kv", "llama_gen", "kv_serve")
 ALLOCATORS = ["caching", "async", "expandable", "xlog", "xlog_pool"]
 TORCH_ALLOCATORS = ("caching", "async", "expandable")
 XLOG_ALLOCATORS = ("xlog", "xlog_pool")
@@ -171,6 +178,8 @@ CNN_MIN_BATCH, CNN_MAX_BATCH, CNN_SIDES, CNN_SEED = 16, 128, list(range(128, 321
 T5_BATCH, T5_MIN_SRC, T5_MAX_SRC, T5_MIN_TGT, T5_MAX_TGT, T5_SEED = 16, 32, 512, 8, 256, 8642
 LLAMA_MIN_BATCH, LLAMA_MAX_BATCH, LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT = 1, 32, 32, 1024
 LLAMA_MIN_NEW, LLAMA_MAX_NEW, LLAMA_SEED = 16, 128, 9753
+KVS_MIN_BATCH, KVS_MAX_BATCH, KVS_MIN_PROMPT, KVS_MAX_PROMPT = 8, 48, 128, 768
+KVS_MIN_NEW, KVS_MAX_NEW, KVS_SEED = 64, 160, 8080
 DET_MIN_BATCH, DET_MAX_BATCH, DET_SIDES, DET_MAX_BOXES, DET_SEED = 2, 8, list(range(320, 801, 32)), 30, 2718
 SERVE_REQUESTS, SERVE_MAX_BATCH, SERVE_MIN_SEQ, SERVE_MAX_SEQ, SERVE_SEED = 4, 64, 16, 512, 3141
 SAMPLE_INTERVAL_S = 0.001
@@ -244,6 +253,9 @@ def step_plan(model: str, n: int) -> Optional[List[Any]]:
     if model == "llama_gen":
         return uniform_plan(n, LLAMA_SEED, (LLAMA_MIN_BATCH, LLAMA_MAX_BATCH), (LLAMA_MIN_PROMPT, LLAMA_MAX_PROMPT),
                             (LLAMA_MIN_NEW, LLAMA_MAX_NEW))
+    if model == "kv_serve":
+        return uniform_plan(n, KVS_SEED, (KVS_MIN_BATCH, KVS_MAX_BATCH), (KVS_MIN_PROMPT, KVS_MAX_PROMPT),
+                            (KVS_MIN_NEW, KVS_MAX_NEW))
     if model == "det_dyn":
         return uniform_plan(n, DET_SEED, (DET_MIN_BATCH, DET_MAX_BATCH), DET_SIDES, (1, DET_MAX_BOXES))
     if model == "bert_serve":
@@ -677,6 +689,7 @@ TRANSFORMERS_CLASSES = {
     "bert_serve": ("BertConfig", "BertModel"),
     "t5_dyn": ("T5Config", "T5ForConditionalGeneration"),
     "llama_gen": ("LlamaConfig", "LlamaForCausalLM"),
+    "kv_serve": ("LlamaConfig", "LlamaForCausalLM"),
 }
 
 
@@ -718,13 +731,16 @@ def train_step(torch, opt, loss_of: Callable[[], Any]) -> Any:
     return loss
 
 
-def generate(torch, model, vocab: int, gen, batch: int, prompt: int, new: int) -> Any:
+def generate(torch, model, vocab: int, gen, batch: int, prompt: int, new: int, last_logits_only: bool = False) -> Any:
     """Greedy generation under torch.no_grad: a random prompt of `batch` x
     `prompt` tokens, then `new` tokens one at a time with past_key_values
-    (a KV cache that grows every token). The last token, as a float."""
+    (a KV cache that grows every token). The last token, as a float.
+    `last_logits_only`: the prompt's logits only for its last position (as
+    transformers' own generate does)."""
     with torch.no_grad():
         ids = torch.randint(0, vocab, (batch, prompt), device="cuda", generator=gen)
-        out = model(input_ids=ids, use_cache=True)
+        keep = {"logits_to_keep": 1} if last_logits_only else {}
+        out = model(input_ids=ids, use_cache=True, **keep)
         past = out.past_key_values
         token = out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
         del out, ids
@@ -834,6 +850,15 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
         model.eval()
         gen = torch.Generator(device="cuda").manual_seed(0)
         return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i])
+    if model_name == "kv_serve":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                             num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+        model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+        model.eval()
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i], last_logits_only=True)
     if model_name == "det_dyn":
         import torchvision
 
@@ -1461,6 +1486,9 @@ def self_test() -> int:
     det = step_plan("det_dyn", 100)
     assert all(DET_MIN_BATCH <= b <= DET_MAX_BATCH and s in DET_SIDES and 1 <= n <= DET_MAX_BOXES for b, s, n in det)
     assert len({s for _, s, _ in det}) > 10 and len({n for _, _, n in det}) > 20
+    kvs = step_plan("kv_serve", 100)
+    assert all(KVS_MIN_BATCH <= b <= KVS_MAX_BATCH and KVS_MIN_PROMPT <= p <= KVS_MAX_PROMPT and KVS_MIN_NEW <= n <= KVS_MAX_NEW
+               for b, p, n in kvs) and kvs != llama and steps_of("kv_serve", 30, 5, 10, 2) == (10, 2)
     serve = step_plan("bert_serve", 100)
     assert all(len(r) == 2 * SERVE_REQUESTS for r in serve) and len({r[1] for r in serve}) > 80
     assert all(1 <= b <= SERVE_MAX_BATCH and SERVE_MIN_SEQ <= q <= SERVE_MAX_SEQ for r in serve for b, q in zip(r[0::2], r[1::2]))

@@ -54,7 +54,7 @@ def test_arguments(w7):
                           "--time-budget", "400", "--no-prestart", "--gen-kv-steps", "4"])
     assert (more.w8_allocators, more.w8_models, more.time_budget, more.prestart, more.gen_kv_steps) == (
         ["xlog", "xlog_pool"], ["gpt2_dyn"], 400.0, False, 4)
-    extra = w7.parse_args(["--out", "o", "--models", "cnn_dyn,t5_dyn,llama_gen,det_dyn,bert_serve"])
+    extra = w7.parse_args(["--out", "o", "--models", "cnn_dyn,t5_dyn,llama_gen,det_dyn,bert_serve,kv_serve"])
     assert extra.models == w7.EXTRA_MODELS and not set(w7.EXTRA_MODELS) & set(defaults.models)
     for bad in (["--out", "o", "--models", "bert"], ["--out", "o", "--steps", "0"], ["--models", "gpt2"],
                 ["--out", "o", "--w8-allocators", "caching"], ["--out", "o", "--gen-kv-steps", "0"],

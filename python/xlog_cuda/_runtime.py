@@ -726,6 +726,24 @@ class Runtime:
         nth = _checked_int("nth", nth, 0, U64_MAX)
         call(_lib().xlog_sim_inject_fault, self._handle, kind, nth)
 
+    def sim_touch(self, stream: "Stream", ptr: int, size: int) -> None:
+        """Sim only: queue on `stream`, in its order, a check that the `size`
+        bytes at `ptr` are mapped with access for the device (what a kernel
+        using a block there needs; a GPU faults otherwise). Failures are
+        counted: `sim_touch_faults()`."""
+        call(_lib().xlog_sim_touch, self._handle, stream.id, _checked_int("ptr", ptr, 0, U64_MAX),
+             _checked_int("size", size, 0, U64_MAX))
+
+    def sim_touch_faults(self) -> Tuple[int, str]:
+        """Sim only: how many `sim_touch` checks that have run failed, and
+        a message naming the first ("" with none)."""
+        count = ctypes.c_uint64(0)
+        try:
+            call(_lib().xlog_sim_touch_faults, self._handle, ctypes.byref(count))
+        except _errors.DriverError as e:
+            return count.value, str(e)
+        return count.value, ""
+
 
 def _uses_array(uses: Iterable[Tuple["Block", Any]]):
     items = []

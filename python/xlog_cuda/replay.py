@@ -541,8 +541,16 @@ def replay(
     cache: bool = True,
     reap_every: int = 0,
     gpu_lag: int = 0,
+    check_access: bool = False,
 ) -> Dict[str, Any]:
     """Run `trace` through a fresh sim runtime; returns what happened.
+
+    `check_access`: after each allocation and before each free, queue on
+    the block's stream a check that its bytes are mapped with access for
+    the device (`Runtime.sim_touch`), as the kernels using it would need:
+    with `gpu_lag` those run behind the host, so a page unmapped or moved
+    before the stream is done with it is caught. The result counts the
+    failures (`access_faults`, `first_access_fault`).
 
     `gpu_lag` N > 0 keeps the sim's streams N to 2N operations behind the
     host, as a GPU is behind the program that feeds it (`GpuLag`): every
@@ -583,7 +591,8 @@ def replay(
     except _errors.XlogError as e:
         raise ReplayError(f"cannot open a sim runtime of {capacity:,} bytes ({memory}): {e}") from None
     refusals = refused_bytes = 0
-    first_refusal = ""
+    first_refusal = first_access_fault = ""
+    access_faults = 0
     done = 0
     lag = GpuLag([], gpu_lag)
     started = time.perf_counter()
@@ -594,6 +603,7 @@ def replay(
         sizes = trace.sizes
         blocks: List[Any] = [None] * len(sizes)
         allocate = rt.allocate
+        touch = rt.sim_touch if check_access else None
         refused = (_errors.OutOfBudgetError, _errors.OutOfMemoryError)
         countdown = reap_every
         for done, op in enumerate(trace.ops):
@@ -611,13 +621,22 @@ def replay(
                     refused_bytes += sizes[op]
                     if not first_refusal:
                         first_refusal = str(e)
+                if touch is not None and blocks[op] is not None:
+                    touch(by_block[op], blocks[op].ptr, sizes[op])
             else:
                 block = blocks[~op]
                 if block is not None:  # None: its allocation was refused
+                    if touch is not None:
+                        touch(by_block[~op], block.ptr, sizes[~op])
                     block.free()
                     blocks[~op] = None
         seconds = time.perf_counter() - started
         stats = rt.stats()
+        if check_access:
+            lag.release()
+            for s in streams:
+                s.synchronize()
+            access_faults, first_access_fault = rt.sim_touch_faults()
         for block in blocks:
             if block is not None:
                 block.free()
@@ -640,6 +659,9 @@ def replay(
         "refusals": refusals,
         "refused_bytes": refused_bytes,
         "first_refusal": first_refusal,
+        "check_access": check_access,
+        "access_faults": access_faults,
+        "first_access_fault": first_access_fault,
         "seconds": round(seconds, 3),
         "ops_per_second": round(ops / seconds) if seconds > 0 else None,
         "stats": dataclasses.asdict(stats),
@@ -772,6 +794,9 @@ def format_report(result: Dict[str, Any]) -> str:
         f"  held at the end {_mib(s['outstanding_bytes'])} MiB: live {_mib(s['live_bytes'])}, "
         f"cached {_mib(s['cached_bytes'])}, pending {_mib(s['pending_bytes'])} MiB"
     )
+    if r.get("check_access"):
+        lines.append(f"  access checks: {r['access_faults']:,} failed" +
+                     (f"; {r['first_access_fault']}" if r["access_faults"] else ""))
     ratio = result["held_ratio"]
     bound = result["max_held_ratio"]
     verdict = f"held / live {ratio:.3f}" if ratio is not None else "held / live: no live bytes in the trace"
@@ -792,6 +817,7 @@ def run(
     max_held_ratio: Optional[float] = None,
     reap_every: int = 0,
     gpu_lag: int = 0,
+    check_access: bool = False,
 ) -> Dict[str, Any]:
     """Read, replay and judge one log; `scale` 0 means auto. Returns the
     result (what --json writes). Raises ReplayError (exit 2)."""
@@ -808,7 +834,7 @@ def run(
         scaled_budget = max(1, budget // k) if budget else 0
         try:
             rep = replay(trace, memory=memory, budget=scaled_budget, capacity=capacity, cache=cache,
-                         reap_every=reap_every, gpu_lag=gpu_lag)
+                         reap_every=reap_every, gpu_lag=gpu_lag, check_access=check_access)
             break
         except CapacityRefusedError as e:
             if auto and capacity is None and k < (1 << 20):
@@ -838,7 +864,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog="python -m xlog_cuda.replay",
         description="Replay an xlog or RMM allocation log (CSV, or .gz) through xlog on the sim backend and "
         "report xlog's peak held and live bytes against the trace's live peak.",
-        epilog="Exit status: 0 done, 1 the held/live bound (--max-held-ratio) exceeded, "
+        epilog="Exit status: 0 done, 1 the held/live bound (--max-held-ratio) exceeded or an access check failed, "
         "2 bad arguments, an unreadable log or a runtime that cannot be opened.",
     )
     ap.add_argument("log", help="the log: xlog's CSV (XLOG_LOG_PATH) or RMM's logging_resource_adaptor CSV, "
@@ -862,6 +888,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--gpu-lag", type=_count_arg, default=0, metavar="N",
                     help="keep the sim's streams N to 2N operations behind the host, as a GPU runs behind "
                     "its program (default 0: streams run at once)")
+    ap.add_argument("--check-access", action="store_true",
+                    help="check in stream order, after each allocation and before each free, that the block is "
+                    "mapped with access for the device, as its kernels need (with --gpu-lag, behind the host); "
+                    "any failure is reported and exits 1")
     ap.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE ('-': stdout)")
     ap.add_argument("--max-held-ratio", type=_ratio_arg, default=None, metavar="R",
                     help="exit 1 when xlog's peak held / the trace's live peak exceeds R (e.g. 1.10)")
@@ -879,6 +909,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             max_held_ratio=args.max_held_ratio,
             reap_every=args.reap_every,
             gpu_lag=args.gpu_lag,
+            check_access=args.check_access,
         )
     except ReplayError as e:
         print(f"xlog_cuda.replay: {e}", file=sys.stderr)
@@ -901,7 +932,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_USAGE
     if args.json != "-":
         print(text.splitlines()[-1].strip() if args.quiet else text)
-    return EXIT_OK if result["bound_ok"] else EXIT_BOUND
+    failed = not result["bound_ok"] or result["replay"]["access_faults"]
+    return EXIT_BOUND if failed else EXIT_OK
 
 
 if __name__ == "__main__":

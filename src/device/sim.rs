@@ -285,8 +285,18 @@ pub struct SimDevice {
     foreign_stream_limit: std::sync::atomic::AtomicU32,
     /// Stream capture (`sim_capture.rs`).
     captures: Mutex<SimCaptures>,
-    /// The virtual-memory model (`sim_vm.rs`). Lock order: the heap, then this.
-    vm: Mutex<SimVm>,
+    /// The virtual-memory model (`sim_vm.rs`). Lock order: the heap, then
+    /// this. Shared with the checks `touch_in_order` queues on streams.
+    vm: Arc<Mutex<SimVm>>,
+    /// What those checks found (`touch_faults`).
+    touches: Arc<Touches>,
+}
+
+/// The outcome of the stream-ordered access checks (`touch_in_order`).
+#[derive(Default)]
+struct Touches {
+    faults: AtomicU64,
+    first: Mutex<Option<String>>,
 }
 
 impl SimDevice {
@@ -333,7 +343,8 @@ impl SimDevice {
             instance,
             foreign_stream_limit: std::sync::atomic::AtomicU32::new(DEFAULT_FOREIGN_STREAM_LIMIT),
             captures: Mutex::new(SimCaptures::default()),
-            vm: Mutex::new(SimVm::default()),
+            vm: Arc::default(),
+            touches: Arc::default(),
         });
         sim_platform::register(&device);
         Ok(device)
@@ -416,6 +427,29 @@ impl SimDevice {
     /// Bytes mapped through `vm_map` now.
     pub fn mapped_bytes(&self) -> u64 {
         lock(&self.vm).mapped_bytes()
+    }
+
+    /// A check, to queue on a stream (`Runtime::enqueue_host`), that
+    /// `[ptr, ptr + len)` is mapped and that this device was granted access
+    /// to it: what a kernel touching a block there would need on a GPU,
+    /// where a miss is an illegal-address fault. Queued in stream order,
+    /// it runs when the work queued before it would (behind the host), so
+    /// a replay can check the arena's mappings against the blocks' use. A
+    /// failure is counted (`touch_faults`), not returned.
+    pub fn access_check(&self, ptr: DevicePtr, len: u64) -> HostFn {
+        let (vm, touches, ordinal) = (self.vm.clone(), self.touches.clone(), self.ordinal);
+        Box::new(move || {
+            if let Err(e) = lock(&vm).check_accessible(ptr, len, ordinal) {
+                touches.faults.fetch_add(1, Ordering::Relaxed);
+                lock(&touches.first).get_or_insert_with(|| format!("{len} bytes at {ptr:#x}: {e}"));
+            }
+        })
+    }
+
+    /// How many `access_check`s failed so far, and the first one's
+    /// message.
+    pub fn touch_faults(&self) -> (u64, Option<String>) {
+        (self.touches.faults.load(Ordering::Relaxed), lock(&self.touches.first).clone())
     }
 
     /// Fail the `nth` call of `kind` from now (1 = the next one). 0 disarms.

@@ -220,6 +220,21 @@ impl SimVm {
         }
     }
 
+    /// Every granule of `[va, va + bytes)` is mapped, and device `ordinal`
+    /// was granted access to each mapping there: what a kernel of that
+    /// device touching the range needs (a GPU faults otherwise).
+    pub fn check_accessible(&self, va: u64, bytes: u64, ordinal: i32) -> DeviceResult<()> {
+        self.check_mapped(va, bytes)?;
+        let end = va.saturating_add(bytes.max(1));
+        let first = self.mapped.range(..=va).next_back().map_or(va, |(&a, _)| a);
+        for (&a, _) in self.mapped.range(first..end) {
+            if !self.access.get(&a).is_some_and(|devices| devices.contains(&ordinal)) {
+                return Err(invalid(format!("sim access at {a:#x}: mapped, but device {ordinal} was never granted access there")));
+            }
+        }
+        Ok(())
+    }
+
     /// Every granule of `[va, va + bytes)` is mapped.
     fn check_mapped(&self, va: u64, bytes: u64) -> DeviceResult<()> {
         let end = va.saturating_add(bytes.max(1));

@@ -7,7 +7,7 @@
 #![allow(non_camel_case_types)]
 
 use super::types::*;
-use super::{boundary, out_ptr, runtime_of, write_out};
+use super::{boundary, out_ptr, runtime_of, stream_id, write_out};
 use crate::device::sim::FaultKind;
 use crate::device::CaptureMode;
 use crate::error::ResourceError;
@@ -126,6 +126,38 @@ pub extern "C" fn xlog_sim_stream_end_capture(rt: *mut xlog_runtime, stream: *mu
             write_out(graph_out, graph);
         }
         Ok(())
+    })
+}
+
+/// Sim backend only: queue on `stream`, in its order, a check that the
+/// `len` bytes at `ptr` are mapped with access for the device, as a kernel
+/// using a block there would need (a GPU faults otherwise). Failures are
+/// counted: `xlog_sim_touch_faults`.
+#[no_mangle]
+pub extern "C" fn xlog_sim_touch(rt: *mut xlog_runtime, stream: xlog_stream, ptr: u64, len: u64) -> xlog_status {
+    boundary("xlog_sim_touch", |_| {
+        let runtime = runtime_of(rt)?;
+        let sim = runtime.sim().ok_or_else(|| ResourceError::InvalidArgument("xlog_sim_touch needs a runtime on the sim backend".into()))?;
+        let check = sim.access_check(ptr, len);
+        runtime.enqueue_host(stream_id(stream)?, check)
+    })
+}
+
+/// Sim backend only: `count_out` receives how many `xlog_sim_touch` checks
+/// that have run failed. With any, the call fails (XLOG_ERR_DRIVER: a GPU
+/// would have faulted) and the error message is the first failure's.
+#[no_mangle]
+pub extern "C" fn xlog_sim_touch_faults(rt: *mut xlog_runtime, count_out: *mut u64) -> xlog_status {
+    boundary("xlog_sim_touch_faults", |_| {
+        out_ptr(count_out, "count_out")?;
+        let runtime = runtime_of(rt)?;
+        let sim = runtime.sim().ok_or_else(|| ResourceError::InvalidArgument("xlog_sim_touch_faults needs a runtime on the sim backend".into()))?;
+        let (count, first) = sim.touch_faults();
+        write_out(count_out, count);
+        match first {
+            Some(msg) if count > 0 => Err(ResourceError::Driver(format!("{count} access check(s) failed; the first: {msg}"))),
+            _ => Ok(()),
+        }
     })
 }
 
