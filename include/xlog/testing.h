@@ -83,6 +83,21 @@ xlog_status xlog_sim_stream_begin_capture(xlog_runtime *rt, void *stream, uint64
  */
 xlog_status xlog_sim_stream_end_capture(xlog_runtime *rt, void *stream, uint64_t *graph_out);
 
+/*
+ Sim backend only: queue on `stream`, in its order, a check that the
+ `len` bytes at `ptr` are mapped with access for the device, as a kernel
+ using a block there would need (a GPU faults otherwise). Failures are
+ counted: `xlog_sim_touch_faults`.
+ */
+xlog_status xlog_sim_touch(xlog_runtime *rt, xlog_stream stream, uint64_t ptr, uint64_t len);
+
+/*
+ Sim backend only: `count_out` receives how many `xlog_sim_touch` checks
+ that have run failed. With any, the call fails (XLOG_ERR_DRIVER: a GPU
+ would have faulted) and the error message is the first failure's.
+ */
+xlog_status xlog_sim_touch_faults(xlog_runtime *rt, uint64_t *count_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
