@@ -16,6 +16,22 @@
 
 
 /*
+ `xlog_sim_touch`'s `claim`: check only.
+ */
+#define XLOG_SIM_TOUCH_CHECK 0
+
+/*
+ The block starts being used: its physical bytes must be in use by no
+ other block.
+ */
+#define XLOG_SIM_TOUCH_TAKE 1
+
+/*
+ The block's use ends: it gives back the physical bytes it took.
+ */
+#define XLOG_SIM_TOUCH_GIVE 2
+
+/*
  Fault kinds for `xlog_sim_inject_fault`.
  */
 typedef uint32_t xlog_fault;
@@ -86,10 +102,13 @@ xlog_status xlog_sim_stream_end_capture(xlog_runtime *rt, void *stream, uint64_t
 /*
  Sim backend only: queue on `stream`, in its order, a check that the
  `len` bytes at `ptr` are mapped with access for the device, as a kernel
- using a block there would need (a GPU faults otherwise). Failures are
- counted: `xlog_sim_touch_faults`.
+ using a block there would need (a GPU faults otherwise). With `claim`
+ TAKE / GIVE the block also takes / gives back the physical bytes behind
+ it: physical memory serving two blocks at once in stream order, or a
+ block remapped while in use, fails the check. Failures are counted:
+ `xlog_sim_touch_faults`.
  */
-xlog_status xlog_sim_touch(xlog_runtime *rt, xlog_stream stream, uint64_t ptr, uint64_t len);
+xlog_status xlog_sim_touch(xlog_runtime *rt, xlog_stream stream, uint64_t ptr, uint64_t len, uint32_t claim);
 
 /*
  Sim backend only: `count_out` receives how many `xlog_sim_touch` checks

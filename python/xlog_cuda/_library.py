@@ -235,7 +235,7 @@ PROTOTYPES = {
     "xlog_sim_deny_peer_access": (xlog_status, [xlog_runtime_p, xlog_runtime_p]),
     "xlog_sim_stream_begin_capture": (xlog_status, [xlog_runtime_p, ctypes.c_void_p, _P(ctypes.c_uint64)]),
     "xlog_sim_stream_end_capture": (xlog_status, [xlog_runtime_p, ctypes.c_void_p, _P(ctypes.c_uint64)]),
-    "xlog_sim_touch": (xlog_status, [xlog_runtime_p, xlog_stream, ctypes.c_uint64, ctypes.c_uint64]),
+    "xlog_sim_touch": (xlog_status, [xlog_runtime_p, xlog_stream, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32]),
     "xlog_sim_touch_faults": (xlog_status, [xlog_runtime_p, _P(ctypes.c_uint64)]),
     # Framework hooks (src/ffi/interop.rs).
     "xlog_interop_configure": (xlog_status, [ctypes.c_int32, _P(XlogConfig)]),

@@ -726,13 +726,19 @@ class Runtime:
         nth = _checked_int("nth", nth, 0, U64_MAX)
         call(_lib().xlog_sim_inject_fault, self._handle, kind, nth)
 
-    def sim_touch(self, stream: "Stream", ptr: int, size: int) -> None:
+    def sim_touch(self, stream: "Stream", ptr: int, size: int, claim: str = "check") -> None:
         """Sim only: queue on `stream`, in its order, a check that the `size`
         bytes at `ptr` are mapped with access for the device (what a kernel
-        using a block there needs; a GPU faults otherwise). Failures are
-        counted: `sim_touch_faults()`."""
+        using a block there needs; a GPU faults otherwise). `claim` "take"
+        / "give": the block also takes / gives back the physical bytes
+        behind it, so physical memory serving two blocks at once in stream
+        order, or a block remapped while in use, fails the check. Failures
+        are counted: `sim_touch_faults()`."""
+        kinds = {"check": 0, "take": 1, "give": 2}
+        if claim not in kinds:
+            raise InvalidArgumentError(f"claim {claim!r} is not one of {', '.join(map(repr, kinds))}")
         call(_lib().xlog_sim_touch, self._handle, stream.id, _checked_int("ptr", ptr, 0, U64_MAX),
-             _checked_int("size", size, 0, U64_MAX))
+             _checked_int("size", size, 0, U64_MAX), kinds[claim])
 
     def sim_touch_faults(self) -> Tuple[int, str]:
         """Sim only: how many `sim_touch` checks that have run failed, and

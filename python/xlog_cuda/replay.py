@@ -547,9 +547,10 @@ def replay(
 
     `check_access`: after each allocation and before each free, queue on
     the block's stream a check that its bytes are mapped with access for
-    the device (`Runtime.sim_touch`), as the kernels using it would need:
-    with `gpu_lag` those run behind the host, so a page unmapped or moved
-    before the stream is done with it is caught. The result counts the
+    the device (`Runtime.sim_touch`), as the kernels using it would need,
+    and that no other block uses its physical bytes meanwhile: with
+    `gpu_lag` those run behind the host, so a page unmapped, moved or
+    handed to another block before the stream is done with it is caught. The result counts the
     failures (`access_faults`, `first_access_fault`).
 
     `gpu_lag` N > 0 keeps the sim's streams N to 2N operations behind the
@@ -622,12 +623,12 @@ def replay(
                     if not first_refusal:
                         first_refusal = str(e)
                 if touch is not None and blocks[op] is not None:
-                    touch(by_block[op], blocks[op].ptr, sizes[op])
+                    touch(by_block[op], blocks[op].ptr, sizes[op], "take")
             else:
                 block = blocks[~op]
                 if block is not None:  # None: its allocation was refused
                     if touch is not None:
-                        touch(by_block[~op], block.ptr, sizes[~op])
+                        touch(by_block[~op], block.ptr, sizes[~op], "give")
                     block.free()
                     blocks[~op] = None
         seconds = time.perf_counter() - started

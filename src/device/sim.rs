@@ -25,6 +25,7 @@ use std::thread::{self, JoinHandle, ThreadId};
 use super::faults::Faults;
 use super::sim_platform;
 use super::sim_capture::{SimCaptures, WaitKind};
+pub(crate) use super::sim_vm::Claim;
 use super::sim_vm::{SimVm, SIM_VM_GRANULARITY, SIM_VM_REGION_BYTES, SIM_VM_REGION_MAX};
 use super::{Backend, CaptureMode, Device, DevicePtr, DeviceResult, HostCallbackScope, HostFn, PhysHandle, RawEvent, RawStream};
 use crate::error::DeviceError;
@@ -436,10 +437,13 @@ impl SimDevice {
     /// it runs when the work queued before it would (behind the host), so
     /// a replay can check the arena's mappings against the blocks' use. A
     /// failure is counted (`touch_faults`), not returned.
-    pub fn access_check(&self, ptr: DevicePtr, len: u64) -> HostFn {
+    /// With `claim`, the check also takes (or gives back) the physical
+    /// bytes behind the block, so physical memory that serves two blocks at
+    /// once in stream order (or a live block remapped) fails it too.
+    pub(crate) fn access_check(&self, ptr: DevicePtr, len: u64, claim: Claim) -> HostFn {
         let (vm, touches, ordinal) = (self.vm.clone(), self.touches.clone(), self.ordinal);
         Box::new(move || {
-            if let Err(e) = lock(&vm).check_accessible(ptr, len, ordinal) {
+            if let Err(e) = lock(&vm).check_and_claim(ptr, len, ordinal, claim) {
                 touches.faults.fetch_add(1, Ordering::Relaxed);
                 lock(&touches.first).get_or_insert_with(|| format!("{len} bytes at {ptr:#x}: {e}"));
             }

@@ -65,6 +65,23 @@ pub(crate) struct SimVm {
     in_use: HashMap<PhysHandle, u32>,
     /// Devices granted access to each mapping (by its address).
     access: HashMap<u64, Vec<i32>>,
+    /// Bytes of physical allocations in use by a block, as stream-ordered
+    /// checks claim them (`claim`): handle → start offset → (end offset,
+    /// the block's address).
+    claims: HashMap<PhysHandle, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// What a stream-ordered check of a block does besides checking access.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Only check.
+    None,
+    /// The block starts being used: its physical bytes must be in use by
+    /// no other block.
+    Take,
+    /// The block's use ends: it gives back the physical bytes it took,
+    /// which must be the ones its addresses map now.
+    Give,
 }
 
 fn invalid(msg: String) -> DeviceError {
@@ -235,6 +252,54 @@ impl SimVm {
         Ok(())
     }
 
+    /// The physical pieces behind `[va, va + bytes)` (all mapped): (handle,
+    /// start offset, end offset).
+    fn pieces(&self, va: u64, bytes: u64) -> Vec<(PhysHandle, u64, u64)> {
+        let end = va + bytes.max(1);
+        let first = self.mapped.range(..=va).next_back().map_or(va, |(&a, _)| a);
+        self.mapped
+            .range(first..end)
+            .filter(|(&a, &(_, len))| a + len > va)
+            .map(|(&a, &(h, len))| (h, va.max(a) - a, end.min(a + len) - a))
+            .collect()
+    }
+
+    /// `check_accessible`, then take or give back the physical bytes behind
+    /// the block at `va` (`Claim`): physical memory used by two blocks at
+    /// once, or a block's pages remapped while in use, is an error.
+    pub fn check_and_claim(&mut self, va: u64, bytes: u64, ordinal: i32, claim: Claim) -> DeviceResult<()> {
+        self.check_accessible(va, bytes, ordinal)?;
+        if claim == Claim::None {
+            return Ok(());
+        }
+        let pieces = self.pieces(va, bytes);
+        for &(h, start, end) in &pieces {
+            let claims = self.claims.entry(h).or_default();
+            match claim {
+                Claim::Take => {
+                    if let Some((&s, &(e, other))) = claims.range(..end).next_back().filter(|(_, &(e, _))| e > start) {
+                        return Err(invalid(format!(
+                            "physical bytes [{s:#x}, {e:#x}) of allocation {h:#x} are in use by the block at {other:#x} \
+                             while the block at {va:#x} takes [{start:#x}, {end:#x}) of them"
+                        )));
+                    }
+                    claims.insert(start, (end, va));
+                }
+                Claim::Give => {
+                    if claims.get(&start) != Some(&(end, va)) {
+                        return Err(invalid(format!(
+                            "the block at {va:#x} gives back [{start:#x}, {end:#x}) of allocation {h:#x}, which it \
+                             did not take: its addresses were remapped while it was in use"
+                        )));
+                    }
+                    claims.remove(&start);
+                }
+                Claim::None => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Every granule of `[va, va + bytes)` is mapped.
     fn check_mapped(&self, va: u64, bytes: u64) -> DeviceResult<()> {
         let end = va.saturating_add(bytes.max(1));
@@ -351,3 +416,4 @@ mod tests {
         vm.free(base, 2 * G).unwrap();
     }
 }
+

@@ -8,7 +8,7 @@
 
 use super::types::*;
 use super::{boundary, out_ptr, runtime_of, stream_id, write_out};
-use crate::device::sim::FaultKind;
+use crate::device::sim::{Claim, FaultKind};
 use crate::device::CaptureMode;
 use crate::error::ResourceError;
 use std::ffi::c_void;
@@ -129,16 +129,33 @@ pub extern "C" fn xlog_sim_stream_end_capture(rt: *mut xlog_runtime, stream: *mu
     })
 }
 
+/// `xlog_sim_touch`'s `claim`: check only.
+pub const XLOG_SIM_TOUCH_CHECK: u32 = 0;
+/// The block starts being used: its physical bytes must be in use by no
+/// other block.
+pub const XLOG_SIM_TOUCH_TAKE: u32 = 1;
+/// The block's use ends: it gives back the physical bytes it took.
+pub const XLOG_SIM_TOUCH_GIVE: u32 = 2;
+
 /// Sim backend only: queue on `stream`, in its order, a check that the
 /// `len` bytes at `ptr` are mapped with access for the device, as a kernel
-/// using a block there would need (a GPU faults otherwise). Failures are
-/// counted: `xlog_sim_touch_faults`.
+/// using a block there would need (a GPU faults otherwise). With `claim`
+/// TAKE / GIVE the block also takes / gives back the physical bytes behind
+/// it: physical memory serving two blocks at once in stream order, or a
+/// block remapped while in use, fails the check. Failures are counted:
+/// `xlog_sim_touch_faults`.
 #[no_mangle]
-pub extern "C" fn xlog_sim_touch(rt: *mut xlog_runtime, stream: xlog_stream, ptr: u64, len: u64) -> xlog_status {
+pub extern "C" fn xlog_sim_touch(rt: *mut xlog_runtime, stream: xlog_stream, ptr: u64, len: u64, claim: u32) -> xlog_status {
     boundary("xlog_sim_touch", |_| {
+        let claim = match claim {
+            XLOG_SIM_TOUCH_CHECK => Claim::None,
+            XLOG_SIM_TOUCH_TAKE => Claim::Take,
+            XLOG_SIM_TOUCH_GIVE => Claim::Give,
+            other => return Err(ResourceError::InvalidArgument(format!("claim {other} is not XLOG_SIM_TOUCH_CHECK, _TAKE or _GIVE (0..2)"))),
+        };
         let runtime = runtime_of(rt)?;
         let sim = runtime.sim().ok_or_else(|| ResourceError::InvalidArgument("xlog_sim_touch needs a runtime on the sim backend".into()))?;
-        let check = sim.access_check(ptr, len);
+        let check = sim.access_check(ptr, len, claim);
         runtime.enqueue_host(stream_id(stream)?, check)
     })
 }
