@@ -551,6 +551,11 @@ impl Arena {
                 self.make_hot(region, &r);
                 return Some((region.clone(), addr, freed, Vec::new()));
             }
+            if !r.lent.is_empty() {
+                // Which old addresses of lent pages the GPU is done with:
+                // only those may be unmapped for this block.
+                self.learn_completed(&mut r);
+            }
             if let Some((addr, freed, missing, in_use)) = r.take_moving_back(len, !may_unmap) {
                 if !self.unmap_old_addresses(&mut r, &in_use) {
                     r.unreserve(addr, len, freed);
@@ -564,7 +569,8 @@ impl Arena {
     }
 
     /// Unmap the old addresses `pages` of lent pages in use elsewhere, so
-    /// the block carved over them can map pages there (one call per run).
+    /// the block carved over them can map pages there (one call per run):
+    /// only addresses whose frees are complete (`take_moving_back`).
     /// Whether all were unmapped.
     fn unmap_old_addresses(&self, r: &mut Region, pages: &[usize]) -> bool {
         for (first, n) in runs(pages) {
@@ -738,7 +744,7 @@ impl Drop for Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::sim::SimDevice;
+    use crate::device::sim::{Claim, SimDevice};
     use crate::ids::StreamId;
     use crate::resource::NoCharge;
     use std::collections::HashSet;
@@ -834,6 +840,23 @@ mod tests {
         /// a trim to nothing.
         sync_every: u64,
         trim_every: u64,
+        /// The GPU holds the stream between catch-ups (so frees stay
+        /// incomplete), and each block's use is checked in stream order:
+        /// mapped, and its physical bytes no other block's meanwhile
+        /// (`SimDevice::access_check`).
+        lagging: bool,
+    }
+
+    /// Hold `raw`: what is queued after this waits until the sender is
+    /// dropped, or 50 ms have passed (so a wait inside the arena cannot
+    /// deadlock).
+    fn hold(sim: &SimDevice, raw: RawStream) -> std::sync::mpsc::Sender<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        sim.enqueue_host(raw, Box::new(move || {
+            let _ = rx.recv_timeout(std::time::Duration::from_millis(50));
+        }))
+        .unwrap();
+        tx
     }
 
     /// 3000 allocations and frees on one stream in a random order as
@@ -843,17 +866,27 @@ mod tests {
     fn random_walk(sim: &SimDevice, arena: &Arena, s: StreamRef, walk: Walk, mut after: impl FnMut(&Arena)) -> Vec<(u64, u64)> {
         let mut next = below(walk.seed);
         let mut live: Vec<(u64, u64)> = Vec::new();
+        let check = |addr: u64, len: u64, claim: Claim| {
+            if walk.lagging {
+                sim.enqueue_host(s.raw, sim.access_check(addr, len, claim)).unwrap();
+            }
+        };
+        let mut gate = walk.lagging.then(|| hold(sim, s.raw));
         for i in 0..3000 {
             if live.len() < walk.max_live && (live.is_empty() || next(3) > 0) {
                 let len = (walk.len)(&mut next);
                 let placed = arena.allocate(len, s, &NoCharge, true).unwrap();
+                check(placed.addr, len, Claim::Take);
                 live.push((placed.addr, len));
             } else {
                 let (addr, len) = live.swap_remove(next(live.len() as u64) as usize);
+                check(addr, len, Claim::Give);
                 arena.free(addr, len, Some(s.raw));
             }
             if next(walk.sync_every) == 0 {
+                drop(gate.take());
                 sim.synchronize_stream(s.raw).unwrap();
+                gate = walk.lagging.then(|| hold(sim, s.raw));
             }
             if next(walk.trim_every) == 0 {
                 arena.trim(0, true);
@@ -862,6 +895,10 @@ mod tests {
             assert_eq!(arena.held.now(), sim.physical_bytes(), "call {i}: held vs the device");
             after(arena);
         }
+        drop(gate);
+        sim.synchronize_stream(s.raw).unwrap();
+        let (faults, first) = sim.touch_faults();
+        assert_eq!(faults, 0, "a block was used where nothing was mapped, or shared physical memory: {first:?}");
         live
     }
 
@@ -871,7 +908,7 @@ mod tests {
         // caught up at random, a trim now and then: pages are lent, moved
         // back, their old addresses unmapped.
         let (sim, arena, s) = sim_arena();
-        let walk = Walk { seed: 0x9e37_79b9_7f4a_7c15, max_live: 8, len: |next| (256 + next(769)) * MIB, sync_every: 5, trim_every: 200 };
+        let walk = Walk { seed: 0x9e37_79b9_7f4a_7c15, max_live: 8, len: |next| (256 + next(769)) * MIB, sync_every: 5, trim_every: 200, lagging: true };
         let mut moved_back_runs = 0;
         random_walk(&sim, &arena, s, walk, |arena| {
             let lent_here = arena.every_region().iter().any(|r| r.lock().lent.iter().any(|l| l.free));
@@ -916,7 +953,7 @@ mod tests {
         let (sim, arena, s) = sim_arena();
         let len: fn(&mut dyn FnMut(u64) -> u64) -> u64 =
             |next| if next(4) == 0 { (256 + next(385)) * MIB } else { (1 + next(64)) * MIB };
-        let walk = Walk { seed: 0x2545_f491_4f6c_dd1d, max_live: 10, len, sync_every: 4, trim_every: 300 };
+        let walk = Walk { seed: 0x2545_f491_4f6c_dd1d, max_live: 10, len, sync_every: 4, trim_every: 300, lagging: true };
         let live = random_walk(&sim, &arena, s, walk, |_| {});
         let u = arena.usage();
         assert!(u.lent_pages > 0 && u.recycled_pages > 0, "pages were lent and recycled: {u:?}");

@@ -508,6 +508,11 @@ impl Arena {
         self.every_region().iter().any(|region| region.lock().lent.iter().any(|l| l.handle == handle))
     }
 
+    /// `refresh` with no host wait: completed seal events, an idle stream.
+    pub(super) fn learn_completed(&self, r: &mut Region) {
+        self.refresh(r, Completion::Query);
+    }
+
     /// Learn how far the GPU got through `region`'s frees: completed seal
     /// events, an idle stream, or (with `Completion::Wait`) a synchronise.
     /// Frees still running get a seal, so a later call can tell.

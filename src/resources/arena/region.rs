@@ -38,7 +38,11 @@
 //!   granule free: a block later carved over it takes the page back
 //!   (`move_back`, no driver call) while the page's new place is idle (its
 //!   granule there becomes the lent one), else the arena unmaps the old
-//!   address first. A step that lends the same pages to and fro (the
+//!   address first, but only once the frees that made it idle are
+//!   complete: while the GPU may still run work there, the old address
+//!   leaves the free ranges instead until `lent_done` gives it to the
+//!   arena to unmap (no address is unmapped under running work: that is an
+//!   illegal-address fault). A step that lends the same pages to and fro (the
 //!   fixed-shape GPT-2 step, 21 large pages a step) so settles with both
 //!   places mapped and maps nothing more.
 //! - The region does no driver call itself: the arena maps, unmaps and
@@ -341,10 +345,13 @@ impl Region {
     /// `take`, with lent pages moved back into the block where they can
     /// (`move_back`): the address, the free sequence, the granules still
     /// to map, and which of those are old addresses of lent pages in use
-    /// elsewhere (the caller unmaps them first). With `withhold`, such an
-    /// old address instead leaves the free ranges (until the arena unmaps
-    /// it) and the search goes on.
-    pub fn take_moving_back(&mut self, len: u64, withhold: bool) -> Option<(u64, u64, Vec<usize>, Vec<usize>)> {
+    /// elsewhere whose frees are known complete (the caller unmaps them
+    /// first). An old address whose frees are not known complete, or any
+    /// with `withhold_all`, instead leaves the free ranges (until the arena
+    /// unmaps it, `lent_done`) and the search goes on: the GPU may still
+    /// run work of the block freed there, and unmapping an address under
+    /// running work is an illegal-address fault.
+    pub fn take_moving_back(&mut self, len: u64, withhold_all: bool) -> Option<(u64, u64, Vec<usize>, Vec<usize>)> {
         loop {
             let (addr, freed) = self.take(len)?;
             let missing = self.unmapped_in(addr, len);
@@ -363,14 +370,21 @@ impl Region {
                     None => still.push(page),
                 }
             }
-            if in_use.is_empty() || !withhold {
+            let running: Vec<usize> = in_use.iter().copied().filter(|&p| withhold_all || !self.lent_complete(p)).collect();
+            if running.is_empty() {
                 return Some((addr, freed, still, in_use));
             }
             self.unreserve(addr, len, freed);
-            for page in in_use {
+            for page in running {
                 self.withhold(page);
             }
         }
+    }
+
+    /// Whether the old address `page` of a lent page is out of use on the
+    /// GPU: the frees that made it idle are complete.
+    fn lent_complete(&self, page: usize) -> bool {
+        self.lent.iter().any(|l| l.page == page && l.freed <= self.done)
     }
 
     /// `page`, a granule of a block just carved, is the old address of a
@@ -551,20 +565,32 @@ mod tests {
 
     #[test]
     fn a_page_lent_within_its_region_moves_back_when_the_old_place_is_carved_again() {
-        let mut r = mapped_and_free(2);
         // Granule 0's page lent to granule 4 of this region (as the arena
-        // maps it there: installed).
-        assert_eq!(r.lend_pages(1, true), vec![100]);
+        // maps it there: installed), where a block is live.
+        let lent_to_4 = || {
+            let mut r = mapped_and_free(2);
+            assert_eq!(r.lend_pages(1, true), vec![100]);
+            r.free.withdraw(4 * G, G).unwrap();
+            r.install(4, 100);
+            r
+        };
         let free = |r: &Region| r.free.iter().map(|(a, s)| (a, s.len)).collect::<Vec<_>>();
-        assert_eq!(free(&r), vec![(0, 16 * G)], "the old address stays free");
-        r.free.withdraw(4 * G, G).unwrap();
-        r.install(4, 100);
-        // A block at granule 4 is live: granule 0 cannot have its page.
+        let mut r = lent_to_4();
+        assert_eq!(free(&r), vec![(0, 4 * G), (5 * G, 11 * G)], "the old address stays free");
+        // Granule 0 cannot have its page back. The free that made it idle
+        // is not known complete: the GPU may still use the old address, so
+        // it is not for unmapping; withheld, the search goes on past it.
+        let (a, _, missing, in_use) = r.take_moving_back(2 * G, false).unwrap();
+        assert_eq!((a, missing, in_use), (G, vec![2], Vec::<usize>::new()), "withheld while its free runs");
+        assert!(!free(&r).iter().any(|&(s, _)| s == 0), "granule 0 left the free ranges");
+        // Complete: the old address is in the way, for the caller to unmap.
+        let mut r = lent_to_4();
+        r.all_done();
         let (a, _, missing, in_use) = r.take_moving_back(2 * G, false).unwrap();
         assert_eq!((a, missing, in_use), (0, vec![0], vec![0]), "the old address is in the way, its page in use");
         r.unreserve(a, 2 * G, 1);
         let (a, _, missing, in_use) = r.take_moving_back(2 * G, true).unwrap();
-        assert_eq!((a, missing, in_use), (G, vec![2], Vec::<usize>::new()), "withheld, the search goes on past it");
+        assert_eq!((a, missing, in_use), (G, vec![2], Vec::<usize>::new()), "withhold_all: withheld even so");
         assert!(!free(&r).iter().any(|&(s, _)| s == 0), "granule 0 left the free ranges");
         r.unreserve(a, 2 * G, 1);
         r.forget_lent(0);
