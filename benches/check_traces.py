@@ -4,9 +4,11 @@ sim with the footprint bound: the ctest `replay_footprint`.
 
     python3 benches/check_traces.py [--max-held-ratio 1.10] [--gpu-lags 0,200] [DIR]
 
-Runs `python -m xlog_cuda.replay TRACE --max-held-ratio R --gpu-lag N` for
-each trace and each lag (xlog's default memory, the arena) and exits 1 if
-any run did not exit 0. Lag 0 lets the sim's streams run at once; lag 200
+Runs `python -m xlog_cuda.replay TRACE --max-held-ratio R --gpu-lag N
+--check-access` for each trace and each lag (xlog's default memory, the
+arena) and exits 1 if any run did not exit 0: the footprint bound, and
+every block's use checked in stream order (mapped with access, its
+physical bytes no other block's meanwhile), as the GPU would fault. Lag 0 lets the sim's streams run at once; lag 200
 keeps them 200-400 operations behind, as a GPU runs behind its program,
 so the latest frees are still running when the next allocations come (what
 made the arena hold 1.08x the live peak on the GPU while a lag-free replay
@@ -49,7 +51,7 @@ def main() -> int:
     for trace in traces:
         for lag in lags:
             cmd = [sys.executable, "-m", "xlog_cuda.replay", trace, "--max-held-ratio", args.max_held_ratio,
-                   "--gpu-lag", lag, "-q"]
+                   "--gpu-lag", lag, "--check-access", "-q"]
             print("$ " + " ".join(cmd[1:]), flush=True)
             rc = subprocess.call(cmd)
             if rc != 0:
@@ -58,7 +60,7 @@ def main() -> int:
     if failed:
         print(f"replay_footprint: {len(failed)} of {runs} replay(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"replay_footprint: {len(traces)} trace(s) x lags {','.join(lags)} within held/live <= {args.max_held_ratio}")
+    print(f"replay_footprint: {len(traces)} trace(s) x lags {','.join(lags)} within held/live <= {args.max_held_ratio}, every access check passed")
     return 0
 
 

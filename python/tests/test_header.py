@@ -146,6 +146,8 @@ def test_test_entry_points_are_declared_only_in_the_testing_header():
         "xlog_sim_deny_peer_access",
         "xlog_sim_stream_begin_capture",
         "xlog_sim_stream_end_capture",
+        "xlog_sim_touch",
+        "xlog_sim_touch_faults",
     }
     assert not set(testing) & set(_functions(PUBLIC_TEXT)), "test-only functions in xlog_cuda.h"
     assert "XLOG_FAULT_ALLOC" not in PUBLIC_TEXT and "xlog_fault" not in PUBLIC_TEXT

@@ -249,3 +249,46 @@ def test_committed_trace_is_what_the_generator_makes(tmp_path):
     with gzip.open(os.path.join(TRACES, "train_varlen.csv.gz"), "rt") as f:
         committed = f.read()
     assert make_trace.make(200, 7) == committed
+
+
+def test_check_access_passes_a_replay_and_is_reported(tmp_path, capsys):
+    path = _write(tmp_path, "run.csv", _xlog_log())
+    for lag in (0, 2):
+        result = replay.run(path, gpu_lag=lag, check_access=True)
+        assert result["replay"]["check_access"] and result["replay"]["access_faults"] == 0
+        assert result["replay"]["first_access_fault"] == ""
+    assert replay.run(path)["replay"]["check_access"] is False
+    assert replay.main([path, "--check-access", "--gpu-lag", "2"]) == 0
+    assert "access checks: 0 failed" in capsys.readouterr().out
+
+
+def test_sim_touch_finds_unmapped_memory_and_shared_physical_bytes():
+    from xlog_cuda._config import Config
+    from xlog_cuda._runtime import Runtime
+
+    rt = Runtime(device=0, config=Config(backend="sim", memory="arena", sim_capacity_bytes=1 << 30))
+    try:
+        s = rt.acquire_stream()
+        a = rt.allocate(4 * MiB, s)
+        rt.sim_touch(s, a.ptr, 4 * MiB, "take")
+        s.synchronize()
+        assert rt.sim_touch_faults() == (0, "")
+        # A second block taking the same physical bytes while A holds them.
+        rt.sim_touch(s, a.ptr + 4096, 512, "take")
+        s.synchronize()
+        count, message = rt.sim_touch_faults()
+        assert count == 1 and "in use by the block at" in message
+        rt.sim_touch(s, a.ptr, 4 * MiB, "give")
+        ptr = a.ptr
+        a.free()
+        s.synchronize()
+        rt.trim()
+        # The address, unmapped by the trim: a kernel there would fault.
+        rt.sim_touch(s, ptr, 4 * MiB)
+        s.synchronize()
+        count, message = rt.sim_touch_faults()
+        assert count == 2 and message.count("in use by the block at") == 1  # the first failure is named
+        with pytest.raises(Exception):
+            rt.sim_touch(s, ptr, 1, "borrow")
+    finally:
+        rt.close()
