@@ -916,6 +916,54 @@ mod tests {
     }
 
     #[test]
+    fn streams_that_take_turns_never_use_memory_another_stream_still_runs_on() {
+        // Three streams, each held behind the host between catch-ups, take
+        // each other's mapped space and pages (behind GPU-side waits) and
+        // lend and recycle them: every block's use, checked in its stream's
+        // order, finds it mapped and its physical bytes its own.
+        let (sim, arena, first) = sim_arena();
+        let mut streams = vec![first];
+        for id in 2..=3 {
+            streams.push(StreamRef { id: StreamId(id), raw: sim.create_stream().unwrap() });
+        }
+        let check = |s: StreamRef, addr: u64, len: u64, claim: Claim| {
+            sim.enqueue_host(s.raw, sim.access_check(addr, len, claim)).unwrap();
+        };
+        let mut gates: Vec<_> = streams.iter().map(|s| Some(hold(&sim, s.raw))).collect();
+        let mut next = below(0x5151_7e57);
+        let mut live: Vec<(u64, u64, StreamRef)> = Vec::new();
+        for i in 0..1000 {
+            if live.len() < 24 && (live.is_empty() || next(3) > 0) {
+                let s = streams[next(3) as usize];
+                let len = (1 + next(1 << 17)) * 512;
+                let placed = arena.allocate(len, s, &NoCharge, true).unwrap();
+                check(s, placed.addr, len, Claim::Take);
+                live.push((placed.addr, len, s));
+            } else {
+                let (addr, len, s) = live.swap_remove(next(live.len() as u64) as usize);
+                check(s, addr, len, Claim::Give);
+                arena.free(addr, len, Some(s.raw));
+            }
+            let k = next(8) as usize;
+            if k < 3 {
+                drop(gates[k].take());
+                sim.synchronize_stream(streams[k].raw).unwrap();
+                gates[k] = Some(hold(&sim, streams[k].raw));
+            }
+            arena.audit();
+            assert_eq!(arena.held.now(), sim.physical_bytes(), "call {i}: held vs the device");
+        }
+        drop(gates);
+        for s in &streams {
+            sim.synchronize_stream(s.raw).unwrap();
+        }
+        let (faults, first) = sim.touch_faults();
+        assert_eq!(faults, 0, "a block was used where nothing was mapped, or shared physical memory: {first:?}");
+        let u = arena.usage();
+        assert!(u.lent_pages > 0, "pages were lent: {u:?}");
+    }
+
+    #[test]
     fn random_large_blocks_never_share_a_page_while_pages_move_back() {
         // Blocks of 256 MiB to 1 GiB (large pages), the GPU lagging or
         // caught up at random, a trim now and then: pages are lent, moved
