@@ -753,6 +753,30 @@ def generate(torch, model, vocab: int, gen, batch: int, prompt: int, new: int, l
     return token.float().mean()
 
 
+# The Llama-style decoders that generate: their shapes, and whether the
+# prompt's logits are kept only for its last position.
+LLAMA_SHAPES: Dict[str, Dict[str, Any]] = {
+    "llama_gen": dict(hidden=1024, intermediate=2816, layers=12, heads=16, kv_heads=4, last_logits_only=False),
+    "kv_serve": dict(hidden=2048, intermediate=5632, layers=16, heads=16, kv_heads=16, last_logits_only=True),
+}
+
+
+def llama_generator(torch, plan: Optional[List[Any]], hidden: int, intermediate: int, layers: int, heads: int,
+                    kv_heads: int, last_logits_only: bool):
+    """A Llama-style decoder in bf16 (vocab 32000) and its step: one
+    generation of `plan[i]` (`generate`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000,
+                         max_position_embeddings=2048)
+    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+    model.eval()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i],
+                                           last_logits_only=last_logits_only)
+
+
 def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
     """(model, optimizer or None, step(i) -> a tensor to report)."""
     F = torch.nn.functional
@@ -841,24 +865,8 @@ def build_workload(torch, model_name: str, plan: Optional[List[Any]]):
             return train_step(torch, opt, lambda: model(input_ids=ids, labels=labels).loss)
 
         return model, opt, step
-    if model_name == "llama_gen":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
-                             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
-        model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
-        model.eval()
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i])
-    if model_name == "kv_serve":
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                             num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
-        model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
-        model.eval()
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        return model, None, lambda i: generate(torch, model, config.vocab_size, gen, *plan[i], last_logits_only=True)
+    if model_name in LLAMA_SHAPES:
+        return llama_generator(torch, plan, **LLAMA_SHAPES[model_name])
     if model_name == "det_dyn":
         import torchvision
 
