@@ -8,9 +8,10 @@ Runs `python -m xlog_cuda.replay TRACE --max-held-ratio R --gpu-lag N
 --check-access` for each trace and each lag (xlog's default memory, the
 arena) and exits 1 if any run did not exit 0: the footprint bound, and
 every block's use checked in stream order (mapped with access, its
-physical bytes no other block's meanwhile), as the GPU would fault. Lag 0 lets the sim's streams run at once; lag 200
-keeps them 200-400 operations behind, as a GPU runs behind its program,
-so the latest frees are still running when the next allocations come (what
+physical bytes no other block's meanwhile), as the GPU would fault. Lag 0
+lets the sim's streams run at once; lag 200 keeps them 200-400 operations
+behind, as a GPU runs behind its program, so the latest frees are still
+running when the next allocations come (what
 made the arena hold 1.08x the live peak on the GPU while a lag-free replay
 of the same trace held 1.02x). A trace dropped into the directory (a log
 recorded on a GPU, compressed) is checked with the others.

@@ -550,8 +550,8 @@ def replay(
     the device (`Runtime.sim_touch`), as the kernels using it would need,
     and that no other block uses its physical bytes meanwhile: with
     `gpu_lag` those run behind the host, so a page unmapped, moved or
-    handed to another block before the stream is done with it is caught. The result counts the
-    failures (`access_faults`, `first_access_fault`).
+    handed to another block before the stream is done with it is caught.
+    The result counts the failures (`access_faults`, `first_access_fault`).
 
     `gpu_lag` N > 0 keeps the sim's streams N to 2N operations behind the
     host, as a GPU is behind the program that feeds it (`GpuLag`): every

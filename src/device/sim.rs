@@ -287,13 +287,13 @@ pub struct SimDevice {
     /// Stream capture (`sim_capture.rs`).
     captures: Mutex<SimCaptures>,
     /// The virtual-memory model (`sim_vm.rs`). Lock order: the heap, then
-    /// this. Shared with the checks `touch_in_order` queues on streams.
+    /// this. Shared with the checks `access_check` makes for streams.
     vm: Arc<Mutex<SimVm>>,
     /// What those checks found (`touch_faults`).
     touches: Arc<Touches>,
 }
 
-/// The outcome of the stream-ordered access checks (`touch_in_order`).
+/// The outcome of the stream-ordered access checks (`access_check`).
 #[derive(Default)]
 struct Touches {
     faults: AtomicU64,

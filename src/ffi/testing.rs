@@ -36,11 +36,8 @@ pub extern "C" fn xlog_sim_inject_fault(rt: *mut xlog_runtime, fault: xlog_fault
                 )))
             }
         };
-        let runtime = runtime_of(rt)?;
-        let sim = runtime.sim().ok_or_else(|| {
-            ResourceError::InvalidArgument("fault injection needs a runtime on the sim backend".into())
-        })?;
-        sim.inject_fault(kind, nth);
+        let runtime = sim_runtime(rt, "fault injection")?;
+        runtime.sim().expect("a sim runtime").inject_fault(kind, nth);
         Ok(())
     })
 }
@@ -153,9 +150,8 @@ pub extern "C" fn xlog_sim_touch(rt: *mut xlog_runtime, stream: xlog_stream, ptr
             XLOG_SIM_TOUCH_GIVE => Claim::Give,
             other => return Err(ResourceError::InvalidArgument(format!("claim {other} is not XLOG_SIM_TOUCH_CHECK, _TAKE or _GIVE (0..2)"))),
         };
-        let runtime = runtime_of(rt)?;
-        let sim = runtime.sim().ok_or_else(|| ResourceError::InvalidArgument("xlog_sim_touch needs a runtime on the sim backend".into()))?;
-        let check = sim.access_check(ptr, len, claim);
+        let runtime = sim_runtime(rt, "xlog_sim_touch")?;
+        let check = runtime.sim().expect("a sim runtime").access_check(ptr, len, claim);
         runtime.enqueue_host(stream_id(stream)?, check)
     })
 }
@@ -167,9 +163,7 @@ pub extern "C" fn xlog_sim_touch(rt: *mut xlog_runtime, stream: xlog_stream, ptr
 pub extern "C" fn xlog_sim_touch_faults(rt: *mut xlog_runtime, count_out: *mut u64) -> xlog_status {
     boundary("xlog_sim_touch_faults", |_| {
         out_ptr(count_out, "count_out")?;
-        let runtime = runtime_of(rt)?;
-        let sim = runtime.sim().ok_or_else(|| ResourceError::InvalidArgument("xlog_sim_touch_faults needs a runtime on the sim backend".into()))?;
-        let (count, first) = sim.touch_faults();
+        let (count, first) = sim_runtime(rt, "xlog_sim_touch_faults")?.sim().expect("a sim runtime").touch_faults();
         write_out(count_out, count);
         match first {
             Some(msg) if count > 0 => Err(ResourceError::Driver(format!("{count} access check(s) failed; the first: {msg}"))),
@@ -178,12 +172,18 @@ pub extern "C" fn xlog_sim_touch_faults(rt: *mut xlog_runtime, count_out: *mut u
     })
 }
 
-/// The sim runtime of `rt` and the device stream of native handle `stream`.
-fn sim_stream(rt: *mut xlog_runtime, stream: *mut c_void) -> Result<(std::sync::Arc<crate::runtime::Runtime>, u64), ResourceError> {
+/// The runtime of `rt`, which must be on the sim backend for `what`.
+fn sim_runtime(rt: *mut xlog_runtime, what: &str) -> Result<std::sync::Arc<crate::runtime::Runtime>, ResourceError> {
     let runtime = runtime_of(rt)?;
     if runtime.sim().is_none() {
-        return Err(ResourceError::InvalidArgument("capturing behind the runtime's back needs a runtime on the sim backend".into()));
+        return Err(ResourceError::InvalidArgument(format!("{what} needs a runtime on the sim backend")));
     }
+    Ok(runtime)
+}
+
+/// The sim runtime of `rt` and the device stream of native handle `stream`.
+fn sim_stream(rt: *mut xlog_runtime, stream: *mut c_void) -> Result<(std::sync::Arc<crate::runtime::Runtime>, u64), ResourceError> {
+    let runtime = sim_runtime(rt, "capturing behind the runtime's back")?;
     let id = runtime.import_stream(stream as u64)?;
     let native = runtime.native_stream(id)?;
     let raw = runtime.device().import_stream(native)?;
