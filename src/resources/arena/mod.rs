@@ -52,7 +52,7 @@
 //!   device granules (2 MiB on Hopper), or a large page. A miss first
 //!   takes back the pages it was the old address of, where they are idle
 //!   (no driver call: `region.rs`); its other pages come from spare ones,
-//!   else (past the live peak plus 1/32) idle pages lent or recycled,
+//!   else (past the live peak plus 1/64) idle pages lent or recycled,
 //!   else new ones; trim and pressure give idle pages back.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the

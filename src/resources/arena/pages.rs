@@ -23,7 +23,7 @@
 //!   has run past their frees (a host wait, on a refusal only), since any
 //!   stream takes a spare page with no fence.
 //! - **Lending.** A page no live block overlaps is idle. Before the arena
-//!   creates a page while it holds more than its live peak plus 1/32 (at
+//!   creates a page while it holds more than its live peak plus 1/64 (at
 //!   least one page), and before any refusal, it *lends* idle pages,
 //!   longest idle first: each is mapped a second time where it is needed
 //!   (GMLake's stitching, in page units), while its old address stays
@@ -92,8 +92,15 @@ const OLD_ADDRESSES_PER_PAGE: u64 = 32;
 /// 1.078x), each granted again every step on the GPU (about 1 ms of the
 /// step, "eleventh pass"); pages lent within a region now come back to
 /// their old address with no driver call, and the step maps nothing from
-/// its fourth repeat, at 1.027x ("twelfth pass").
-const SLACK_DIV: u64 = 32;
+/// its fourth repeat, at 1.027x ("twelfth pass"). Since lending, and
+/// the return of lent pages, settle layouts that 1/64 once kept moving,
+/// 1/64 is back (BENCHMARKS.md, "Physical memory, twenty-first pass"): at
+/// 1/32 idle pages piled up to the cap on every changing-shape model, so
+/// that a Llama KV-cache server held 1.013x and a detector with changing
+/// image sizes 1.016x expandable segments' device peak on an H200; at
+/// 1/64 they held 0.998x and 0.978x, GPT-2 with changing length 0.942x,
+/// and static GPT-2 still mapped nothing in its timed steps.
+const SLACK_DIV: u64 = 64;
 const MIN_SLACK_PAGES: u64 = 1;
 
 /// How sure recycling must be that an idle page's frees are complete.
