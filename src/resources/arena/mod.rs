@@ -52,7 +52,8 @@
 //!   device granules (2 MiB on Hopper), or a large page. A miss first
 //!   takes back the pages it was the old address of, where they are idle
 //!   (no driver call: `region.rs`); its other pages come from spare ones,
-//!   else (past the live peak plus 1/64) idle pages lent or recycled,
+//!   else (past the live peak plus 1/64, widened up to 1/32 where a layout
+//!   lends at its peak) idle pages lent or recycled,
 //!   else new ones; trim and pressure give idle pages back.
 //! - **Captures.** While a capture is active nothing is unmapped (the
 //!   caller says so with `may_unmap`); new pages can still be mapped (the
@@ -206,6 +207,9 @@ pub struct Arena {
     lent: AtomicU64,
     /// Bytes of the old addresses of lent pages still mapped.
     lent_now: AtomicU64,
+    /// Bytes the soft cap has been widened by (`pages.rs`, `SLACK_DIV`):
+    /// pages lent at or near the live peak.
+    widened: AtomicU64,
     /// Pages mapped and unmapped so far (the stats' remapping cost).
     mapped: AtomicU64,
     unmapped: AtomicU64,
@@ -264,6 +268,7 @@ impl Arena {
             recycled: AtomicU64::new(0),
             lent: AtomicU64::new(0),
             lent_now: AtomicU64::new(0),
+            widened: AtomicU64::new(0),
             mapped: AtomicU64::new(0),
             unmapped: AtomicU64::new(0),
             peers: Mutex::default(),
