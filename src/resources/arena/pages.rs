@@ -110,8 +110,10 @@ const OLD_ADDRESSES_PER_PAGE: u64 = 32;
 /// server 0.998x against 1.013x, GPT-2 with changing length 0.942x), but
 /// static GPT-2 then remapped 1-37 pages in every step, where at 1/32 it
 /// maps none from its ninth. On sim the widening slack keeps the
-/// detector's trace at 1.017x its live peak (1/32: 1.030x, 1/64: 1.016x)
-/// and static GPT-2 maps nothing in the second half of its repeats.
+/// detector's trace at 1.017x its live peak (1/32: 1.030x, 1/64: 1.016x),
+/// and static GPT-2 maps 0.5 pages a step in the second half of 30
+/// repeats of its H100 step (1/32: none, 1/64: 3.9) and none in that of
+/// its 25 recorded H200 steps (1/64: 25.8). Not yet run on a GPU.
 const SLACK_DIV: u64 = 64;
 /// The slack widens up to 1/`MAX_WIDENING_DIV` of the live peak.
 const MAX_WIDENING_DIV: u64 = 32;
