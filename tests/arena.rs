@@ -42,7 +42,7 @@ fn check_exact(rt: &Runtime, what: &str) {
 }
 
 /// The held peak stays within the arena's bound: the live peak in pages,
-/// plus 1/32 and two pages of slack.
+/// plus the widest slack (1/32) and two pages.
 fn check_footprint(rt: &Runtime, what: &str) {
     let stats = rt.stats().unwrap();
     let bound = (stats.peak_live_bytes.div_ceil(PAGE) * 33 / 32 + 2) * PAGE;
@@ -905,10 +905,12 @@ fn random_sizes_large_and_small_stay_near_the_live_peak() {
     check_exact(&rt, "after the steps");
     let st = rt.stats().unwrap();
     let ratio = st.peak_outstanding_bytes as f64 / st.peak_live_bytes as f64;
-    // The soft cap is the live peak plus 1/32: 1.029x here in most runs,
-    // 1.041x in about one of five, when the frees of the step before are
-    // still running at the peak (pages of two granules and a cap of 1/64
-    // gave 1.023x; BENCHMARKS.md "Physical memory, tenth pass").
+    // The soft cap is the live peak plus a slack of 1/64 to 1/32 (it
+    // widens where the layout lends at its peak); at a fixed 1/32 this held
+    // 1.029x in most runs, 1.041x in about one of five, when the frees of
+    // the step before are still running at the peak (pages of two granules
+    // and a cap of 1/64 gave 1.023x; BENCHMARKS.md "Physical memory, tenth
+    // pass").
     assert!(ratio <= 1.05, "held peak {} is {ratio:.3}x the live peak {}", st.peak_outstanding_bytes, st.peak_live_bytes);
     for (b, _) in live {
         rt.deallocate(&b.id).unwrap();

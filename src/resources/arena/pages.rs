@@ -97,8 +97,8 @@ const OLD_ADDRESSES_PER_PAGE: u64 = 32;
 /// its fourth repeat, at 1.027x ("twelfth pass").
 ///
 /// The slack starts at 1/64 and widens up to 1/32 (`MAX_WIDENING_DIV`)
-/// by the pages lent while the live bytes, with the miss's pages, are
-/// within 1/64 of the live peak or past it (`widen_at_peak`). Lending
+/// by the pages lent while the live bytes are within 1/64 of the live
+/// peak (`widen_at_peak`). Lending
 /// there means the layout's own fragmentation at its peak needs more
 /// room than the slack: a repeating step would lend the same pages at
 /// every repetition. Lending below the peak hands on idle pages of shapes
@@ -206,7 +206,7 @@ impl Arena {
             let lent = self.lend(count - got.len(), page, stream, to);
             lent_any |= !lent.is_empty();
             sources.lent = lent.len();
-            self.widen_at_peak(lent.len() as u64 * page, count as u64 * page);
+            self.widen_at_peak(lent.len() as u64 * page);
             got.extend(lent);
             if got.len() < count {
                 let recycled = self.recycle(count - got.len(), page, Completion::Query);
@@ -327,15 +327,16 @@ impl Arena {
         (peak_pages + base + widened) * self.page_bytes
     }
 
-    /// Widen the slack by `lent` bytes, lent for a miss of `missing` bytes,
-    /// where the live bytes with the miss's are within 1/`SLACK_DIV` of
-    /// the live peak or past it: the layout needs that room at its peak.
-    fn widen_at_peak(&self, lent: u64, missing: u64) {
+    /// Widen the slack by `lent` bytes, lent for a miss where the live
+    /// bytes (the missing block counted, `count_live`) are within
+    /// 1/`SLACK_DIV` of the live peak: the layout needs that room at its
+    /// peak.
+    fn widen_at_peak(&self, lent: u64) {
         if lent == 0 {
             return;
         }
         let peak = self.peak_live.load(Ordering::Relaxed);
-        if self.live.load(Ordering::Relaxed) + missing >= peak - peak / SLACK_DIV {
+        if self.live.load(Ordering::Relaxed) >= peak - peak / SLACK_DIV {
             self.widened.fetch_add(lent, Ordering::Relaxed);
         }
     }
