@@ -809,7 +809,7 @@ mod tests {
     }
 
     /// An arena on a sim device (16 GiB) and one stream of it.
-    fn sim_arena() -> (Arc<SimDevice>, Arena, StreamRef) {
+    pub(super) fn sim_arena() -> (Arc<SimDevice>, Arena, StreamRef) {
         let sim = SimDevice::new(0, 16 << 30).unwrap();
         let raw = sim.create_stream().unwrap();
         let device: Arc<dyn Device> = sim.clone();

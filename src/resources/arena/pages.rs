@@ -674,3 +674,36 @@ impl Arena {
         released
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::super::tests::sim_arena;
+
+    #[test]
+    fn the_slack_widens_only_by_pages_lent_at_the_live_peak_and_to_a_32nd_at_most() {
+        let (_sim, arena, _s) = sim_arena();
+        let page = arena.page_bytes;
+        let pages = |n: u64| n * page;
+        arena.peak_live.store(pages(1024), Ordering::Relaxed);
+        assert_eq!(arena.soft_cap(), pages(1024 + 16), "the live peak plus 1/64");
+        // Lent well below the peak: idle pages of shapes past, no widening.
+        arena.live.store(pages(900), Ordering::Relaxed);
+        arena.widen_at_peak(pages(8));
+        assert_eq!(arena.soft_cap(), pages(1024 + 16), "lent below the peak");
+        // Lent within 1/64 of the peak: the layout needs the room there.
+        arena.live.store(pages(1009), Ordering::Relaxed);
+        arena.widen_at_peak(pages(8));
+        assert_eq!(arena.soft_cap(), pages(1024 + 16 + 8), "lent at the peak");
+        arena.live.store(pages(1024), Ordering::Relaxed);
+        arena.widen_at_peak(pages(100));
+        assert_eq!(arena.soft_cap(), pages(1024 + 32), "never past the live peak plus 1/32");
+        // A tiny peak still gets one page of slack, and no widening room.
+        let (_sim, small, _s) = sim_arena();
+        small.peak_live.store(pages(10), Ordering::Relaxed);
+        small.live.store(pages(10), Ordering::Relaxed);
+        small.widen_at_peak(pages(4));
+        assert_eq!(small.soft_cap(), pages(11), "one page");
+    }
+}
