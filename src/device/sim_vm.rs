@@ -242,9 +242,7 @@ impl SimVm {
     /// device touching the range needs (a GPU faults otherwise).
     pub fn check_accessible(&self, va: u64, bytes: u64, ordinal: i32) -> DeviceResult<()> {
         self.check_mapped(va, bytes)?;
-        let end = va.saturating_add(bytes.max(1));
-        let first = self.mapped.range(..=va).next_back().map_or(va, |(&a, _)| a);
-        for (&a, _) in self.mapped.range(first..end) {
+        for (a, _, _) in self.mappings_over(va, bytes) {
             if !self.access.get(&a).is_some_and(|devices| devices.contains(&ordinal)) {
                 return Err(invalid(format!("sim access at {a:#x}: mapped, but device {ordinal} was never granted access there")));
             }
@@ -252,16 +250,19 @@ impl SimVm {
         Ok(())
     }
 
+    /// The mappings that overlap `[va, va + bytes)`: (address, handle,
+    /// length).
+    fn mappings_over(&self, va: u64, bytes: u64) -> impl Iterator<Item = (u64, PhysHandle, u64)> + '_ {
+        let end = va.saturating_add(bytes.max(1));
+        let first = self.mapped.range(..=va).next_back().map_or(va, |(&a, _)| a);
+        self.mapped.range(first..end).map(|(&a, &(h, len))| (a, h, len)).filter(move |&(a, _, len)| a + len > va)
+    }
+
     /// The physical pieces behind `[va, va + bytes)` (all mapped): (handle,
     /// start offset, end offset).
     fn pieces(&self, va: u64, bytes: u64) -> Vec<(PhysHandle, u64, u64)> {
         let end = va + bytes.max(1);
-        let first = self.mapped.range(..=va).next_back().map_or(va, |(&a, _)| a);
-        self.mapped
-            .range(first..end)
-            .filter(|(&a, &(_, len))| a + len > va)
-            .map(|(&a, &(h, len))| (h, va.max(a) - a, end.min(a + len) - a))
-            .collect()
+        self.mappings_over(va, bytes).map(|(a, h, len)| (h, va.max(a) - a, end.min(a + len) - a)).collect()
     }
 
     /// `check_accessible`, then take or give back the physical bytes behind
@@ -416,4 +417,3 @@ mod tests {
         vm.free(base, 2 * G).unwrap();
     }
 }
-

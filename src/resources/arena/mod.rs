@@ -845,11 +845,6 @@ mod tests {
         /// a trim to nothing.
         sync_every: u64,
         trim_every: u64,
-        /// The GPU holds the stream between catch-ups (so frees stay
-        /// incomplete), and each block's use is checked in stream order:
-        /// mapped, and its physical bytes no other block's meanwhile
-        /// (`SimDevice::access_check`).
-        lagging: bool,
     }
 
     /// Hold `raw`: what is queued after this waits until the sender is
@@ -871,12 +866,14 @@ mod tests {
     fn random_walk(sim: &SimDevice, arena: &Arena, s: StreamRef, walk: Walk, mut after: impl FnMut(&Arena)) -> Vec<(u64, u64)> {
         let mut next = below(walk.seed);
         let mut live: Vec<(u64, u64)> = Vec::new();
+        // The GPU holds the stream between catch-ups (so frees stay
+        // incomplete), and each block's use is checked in stream order:
+        // mapped, and its physical bytes no other block's meanwhile
+        // (`SimDevice::access_check`).
         let check = |addr: u64, len: u64, claim: Claim| {
-            if walk.lagging {
-                sim.enqueue_host(s.raw, sim.access_check(addr, len, claim)).unwrap();
-            }
+            sim.enqueue_host(s.raw, sim.access_check(addr, len, claim)).unwrap();
         };
-        let mut gate = walk.lagging.then(|| hold(sim, s.raw));
+        let mut gate = Some(hold(sim, s.raw));
         for i in 0..3000 {
             if live.len() < walk.max_live && (live.is_empty() || next(3) > 0) {
                 let len = (walk.len)(&mut next);
@@ -891,7 +888,7 @@ mod tests {
             if next(walk.sync_every) == 0 {
                 drop(gate.take());
                 sim.synchronize_stream(s.raw).unwrap();
-                gate = walk.lagging.then(|| hold(sim, s.raw));
+                gate = Some(hold(sim, s.raw));
             }
             if next(walk.trim_every) == 0 {
                 arena.trim(0, true);
@@ -914,7 +911,7 @@ mod tests {
         // finds it mapped and its physical bytes its own.
         let (sim, arena, s) = sim_arena();
         let len: fn(&mut dyn FnMut(u64) -> u64) -> u64 = |next| (1 + next(1 << 19)) * 512;
-        let walk = Walk { seed: 0x1234_5679, max_live: 40, len, sync_every: 9, trim_every: 500, lagging: true };
+        let walk = Walk { seed: 0x1234_5679, max_live: 40, len, sync_every: 9, trim_every: 500 };
         random_walk(&sim, &arena, s, walk, |_| {});
         let u = arena.usage();
         assert!(u.lent_pages > 0, "pages were lent while frees ran: {u:?}");
@@ -974,7 +971,7 @@ mod tests {
         // caught up at random, a trim now and then: pages are lent, moved
         // back, their old addresses unmapped.
         let (sim, arena, s) = sim_arena();
-        let walk = Walk { seed: 0x9e37_79b9_7f4a_7c15, max_live: 8, len: |next| (256 + next(769)) * MIB, sync_every: 5, trim_every: 200, lagging: true };
+        let walk = Walk { seed: 0x9e37_79b9_7f4a_7c15, max_live: 8, len: |next| (256 + next(769)) * MIB, sync_every: 5, trim_every: 200 };
         let mut moved_back_runs = 0;
         random_walk(&sim, &arena, s, walk, |arena| {
             let lent_here = arena.every_region().iter().any(|r| r.lock().lent.iter().any(|l| l.free));
@@ -1019,7 +1016,7 @@ mod tests {
         let (sim, arena, s) = sim_arena();
         let len: fn(&mut dyn FnMut(u64) -> u64) -> u64 =
             |next| if next(4) == 0 { (256 + next(385)) * MIB } else { (1 + next(64)) * MIB };
-        let walk = Walk { seed: 0x2545_f491_4f6c_dd1d, max_live: 10, len, sync_every: 4, trim_every: 300, lagging: true };
+        let walk = Walk { seed: 0x2545_f491_4f6c_dd1d, max_live: 10, len, sync_every: 4, trim_every: 300 };
         let live = random_walk(&sim, &arena, s, walk, |_| {});
         let u = arena.usage();
         assert!(u.lent_pages > 0 && u.recycled_pages > 0, "pages were lent and recycled: {u:?}");

@@ -98,10 +98,9 @@ const OLD_ADDRESSES_PER_PAGE: u64 = 32;
 ///
 /// The slack starts at 1/64 and widens up to 1/32 (`MAX_WIDENING_DIV`)
 /// by the pages lent while the live bytes are within 1/64 of the live
-/// peak (`widen_at_peak`). Lending
-/// there means the layout's own fragmentation at its peak needs more
-/// room than the slack: a repeating step would lend the same pages at
-/// every repetition. Lending below the peak hands on idle pages of shapes
+/// peak (`widen_at_peak`). Lending there means the layout's own
+/// fragmentation at its peak needs more room than the slack: a repeating
+/// step would lend the same pages at every repetition. Lending below the peak hands on idle pages of shapes
 /// past, which is what the slack is for; at a fixed 1/32 those piled up
 /// to the cap on every changing-shape model. On an H200 (BENCHMARKS.md,
 /// "Physical memory, twenty-first pass"): at a fixed 1/32 a detector
